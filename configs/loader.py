@@ -1,0 +1,73 @@
+"""Strict config loading: schema defaults <- YAML file <- CLI dotlist, checked before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from configs.schema import Config
+
+CONFIG_DIR = Path(__file__).resolve().parent
+
+# String fields with a closed set of values; checked once here so a typo fails at start-up.
+CHOICES = {
+    "run.wandb_mode": ("offline", "online", "disabled"),
+    "data.source": ("synthetic", "gsm8k", "math"),
+    "model.dtype": ("float32", "bfloat16"),
+    "deepspeed.zero_stage": (0, 1, 2, 3),
+    "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo"),
+    "grpo.supervision": ("outcome", "process"),
+    "grpo.reward": ("rule", "step_oracle"),
+}
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Merge the schema, an optional YAML file and `key=value` overrides; fail naming the key."""
+    cfg = OmegaConf.structured(Config)
+    where = "defaults"
+    try:
+        if path is not None:
+            where = str(path)
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        where = "command-line overrides"
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"{where}: bad config key {key!r}: {err}".replace("\n", " ")) from err
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file not found: {path}") from err
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    """The resolved config, verbatim, as written to run folders and checkpoints."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def to_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs."""
+    keys = sorted(set(old) | set(new))
+    out: list[str] = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        dotted = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff_configs(a, b, dotted + ".")
+        elif a != b:
+            out.append(dotted)
+    return out

@@ -1,0 +1,197 @@
+"""The configuration schema: typed dataclasses are the one source of truth.
+
+YAML files in `configs/` only override these defaults; `configs.loader.load_config` merges them
+strictly, so an unknown key or a wrongly typed value fails before any work starts, naming the key.
+Defaults are the tiny CPU setup; `deepseekmath_7b.yaml` holds the paper's settings (§4.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunConfig:
+    name: str = "tiny"
+    """Run folder name: everything a run writes goes to `<root>/<name>/`."""
+    root: str = "runs"
+    """Folder holding the run folders."""
+    seed: int = 0
+    """Seeds data generation, sampling and model initialisation."""
+    wandb_mode: str = "offline"
+    """wandb mode: offline (default, sync later with `wandb sync`), online, or disabled."""
+    wandb_project: str = "iterative-grpo"
+    """wandb project name."""
+    threads: int = 0
+    """torch intra-op threads for this process; 0 keeps torch's default."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"
+    """Question set: synthetic (built in), gsm8k, math (MATH / MATH-500 schema)."""
+    path: str = ""
+    """Training data: a hub id or a local JSONL/JSON/parquet path; empty = built in (synthetic)."""
+    eval_path: str = ""
+    """Held-out data (same schema); empty = built in (synthetic) or the shipped GSM8K/MATH-500 test set."""
+    hub_config: str = ""
+    """Dataset config name when `path` is a hub id (e.g. `main` for openai/gsm8k)."""
+    skip_bad_rows: bool = False
+    """Skip malformed rows (and report how many) instead of stopping at the first one."""
+    prompt_template: str = "{question}\n"
+    """How a question becomes the policy's prompt."""
+    sft_questions: int = 2000
+    """Synthetic: size of the fixed set of worked solutions the SFT warm start sees."""
+    rl_questions: int = 50000
+    """Synthetic: questions with gold answers only, for RL and reward-model sampling."""
+    eval_questions: int = 300
+    """Held-out questions used for evaluation."""
+    min_ops: int = 2
+    """Synthetic: fewest operations (solution steps) per problem."""
+    max_ops: int = 4
+    """Synthetic: most operations per problem."""
+
+
+@dataclass
+class TinyModelConfig:
+    """The built-in offline model: a small Llama over a character tokenizer."""
+
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_positions: int = 256
+
+
+@dataclass
+class ModelConfig:
+    policy_path: str = ""
+    """Policy to start from: a local folder or hub id; empty = build the tiny model in the run folder."""
+    dtype: str = "float32"
+    """Weights dtype: float32 or bfloat16."""
+    trust_remote_code: bool = False
+    """Allow hub models to run their own code (off unless you trust the source)."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 0
+    """ZeRO stage 0, 1, 2 or 3."""
+    bf16: bool = False
+    """Train in bf16 (GPU); CPU runs use fp32."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward pass on one device."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in optimizer steps."""
+    offload_optimizer: bool = False
+    """ZeRO-Offload of optimizer states to CPU."""
+    offload_param: bool = False
+    """ZeRO-3 parameter offload to CPU."""
+
+
+@dataclass
+class SFTConfig:
+    lr: float = 1e-3
+    batch_size: int = 64
+    """Sequences per optimizer step (all devices)."""
+    epochs: float = 30.0
+    """Passes over the fixed SFT set."""
+    eval_every: int = 200
+    """Optimizer steps between held-out evaluations (0 = only at the end)."""
+    patience: int = 3
+    """Stop early after this many evaluations without a new best greedy accuracy (0 = never)."""
+
+
+@dataclass
+class GRPOConfig:
+    steps: int = 200
+    """Optimizer steps (each: one exploration stage, then `mu` updates)."""
+    questions_per_step: int = 8
+    """Questions sampled per step (all devices)."""
+    group_size: int = 64
+    """G: samples per question."""
+    lr: float = 1e-6
+    beta: float = 0.04
+    """KL weight (k3 estimator against the reference policy)."""
+    clip_eps: float = 0.2
+    """Lower clip range: ratios below 1 - clip_eps are clipped."""
+    clip_eps_high: float = 0.2
+    """Upper clip range (DAPO's clip-higher raises it, e.g. 0.28)."""
+    loss: str = "grpo"
+    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo (see policy/losses.py)."""
+    supervision: str = "outcome"
+    """outcome (one reward per sample) or process (one reward per step)."""
+    reward: str = "rule"
+    """Reward callable: rule (final answer vs gold), step_oracle (synthetic task: exact step
+    correctness, a perfect PRM for tests and controls)."""
+    mu: int = 1
+    """Policy updates per exploration stage (the paper uses 1)."""
+    std_unbiased: bool = False
+    """Advantage std convention: False = population std (the seed's example), True = sample std."""
+    std_eps: float = 1e-6
+    """Added to the std before dividing; groups with zero std get advantage 0."""
+    scale_by_std: bool = True
+    """Divide advantages by the group std (Dr. GRPO turns this off)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal."""
+    overlong_buffer: int = 0
+    """DAPO overlong penalty: completions within this many tokens of the limit lose reward linearly (0 = off)."""
+    overlong_penalty: float = 1.0
+    """Largest reward lost to the overlong penalty."""
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eval_every: int = 50
+    """Steps between held-out evaluations (0 = only at start and end)."""
+    save_every: int = 50
+    """Steps between resumable checkpoints."""
+    shuffle_rewards: bool = False
+    """Control experiment: permute rewards within each step's batch (learning should stop)."""
+    zero_advantages: bool = False
+    """Control experiment: set every advantage to 0 (only the KL term trains)."""
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str = ""
+    """`igrpo eval`: the policy to evaluate; empty = this run's latest (GRPO final, else SFT best)."""
+    k: int = 8
+    """Samples per question for maj@K and pass@K."""
+    temperature: float = 0.7
+    """Sampling temperature for maj@K / pass@K."""
+    max_new_tokens: int = 64
+    batch_size: int = 256
+    """Prompts per generate call."""
+    grade_timeout_s: int = 2
+    """Per-answer time limit of the grader."""
+
+
+@dataclass
+class RewardModelConfig:
+    lr: float = 2e-5
+    """Reward-model learning rate (the paper's 2e-5)."""
+
+
+@dataclass
+class IterateConfig:
+    iterations: int = 2
+    """Outer iterations of Algorithm 1."""
+    replay_fraction: float = 0.1
+    """Share of each reward-model refresh set drawn from earlier iterations' data."""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rm: RewardModelConfig = field(default_factory=RewardModelConfig)
+    iterate: IterateConfig = field(default_factory=IterateConfig)

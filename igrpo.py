@@ -1,0 +1,203 @@
+"""igrpo: the command line of iterative-grpo.
+
+    igrpo build-tiny --config configs/tiny.yaml        # tokenizer + tiny Llama into <run>/base
+    igrpo sft        --config configs/tiny.yaml        # SFT warm start -> <run>/sft/best
+    igrpo grpo       --config configs/tiny.yaml grpo.group_size=16   # GRPO -> <run>/grpo/final
+    igrpo eval       --config configs/tiny.yaml [eval.checkpoint=PATH]
+    igrpo demo       --config configs/tiny.yaml        # the longest pipeline: build, SFT, GRPO, eval
+
+Every command takes `--config FILE` and `key=value` overrides of the schema in configs/schema.py;
+a typo or a wrong type fails before any work starts. Each stage also runs as `python -m policy
+<stage> ...`, and under `torchrun`/`deepspeed` launchers for many processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from configs import ConfigError, load_config, to_dict, to_yaml
+from configs.loader import diff_configs
+
+
+
+def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="igrpo", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=stages)
+    parser.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
+    return parser.parse_intermixed_args(argv)
+
+
+class Session:
+    """What every stage needs: the config, its run folder and its YAML, the metrics logger."""
+
+    def __init__(self, cfg, stage: str):
+        import torch
+
+        from runtime.engine import init_distributed, is_main
+        from runtime.rundir import RunDir
+
+        self.cfg, self.stage = cfg, stage
+        if cfg.run.threads > 0:
+            torch.set_num_threads(cfg.run.threads)
+        torch.manual_seed(cfg.run.seed)
+        init_distributed()
+        self.run = RunDir(cfg.run.root, cfg.run.name)
+        self.config_yaml = to_yaml(cfg)
+        if is_main():
+            self._check_resume(stage)
+            self.run.write_config(self.config_yaml)
+
+    def _check_resume(self, stage: str) -> None:
+        """A stage folder made with a different config refuses to resume, naming the keys."""
+        previous = self.run.read_config(f"{stage}/config.yaml")
+        if previous is not None:
+            changed = diff_configs(previous, to_dict(self.cfg))
+            if changed:
+                raise ConfigError(
+                    f"{self.run.path / stage} was made with a different config; differing keys: "
+                    f"{', '.join(changed)}. Use a new run.name or restore those values.")
+        self.run.write_config(self.config_yaml, f"{stage}/config.yaml")
+
+    def logger(self, stage: str):
+        from runtime.engine import is_main
+        from runtime.tracking import MetricsLogger
+
+        return MetricsLogger(self.run.child(stage, "metrics.jsonl"), config=to_dict(self.cfg),
+                             mode=self.cfg.run.wandb_mode, project=self.cfg.run.wandb_project,
+                             name=f"{self.cfg.run.name}-{stage}", enabled=is_main())
+
+
+def base_policy(session: Session) -> Path:
+    """`model.policy_path`, or the tiny model built (once) in `<run>/base`."""
+    cfg = session.cfg
+    if cfg.model.policy_path:
+        return Path(cfg.model.policy_path) if Path(cfg.model.policy_path).exists() \
+            else cfg.model.policy_path
+    base = session.run.child("base")
+    if not (base / "config.json").exists():
+        from runtime.engine import is_main
+        from runtime.tiny_model import build_tiny
+
+        if is_main():
+            build_tiny(base, cfg.model.tiny, cfg.run.seed)
+            print(f"[igrpo] built the tiny tokenizer and model in {base}")
+    return base
+
+
+def warm_start(session: Session) -> Path:
+    """The policy GRPO starts from: `model.policy_path` if set, else this run's SFT export."""
+    if session.cfg.model.policy_path:
+        return base_policy(session)
+    best = session.run.child("sft", "best")
+    if not (best / "config.json").exists():
+        raise SystemExit(f"no warm start at {best}: run `igrpo sft` with the same config first, "
+                         "or set model.policy_path")
+    return best
+
+
+def make_reward(cfg, tokenizer):
+    """The reward callable chosen by `grpo.reward`."""
+    from policy.rewards import RuleReward
+    from process_supervision.oracle import StepOracleReward
+
+    rewards = {
+        "rule": lambda: RuleReward(cfg.eval.grade_timeout_s),
+        "step_oracle": lambda: StepOracleReward(tokenizer, cfg.eval.grade_timeout_s),
+    }
+    return rewards[cfg.grpo.reward]()
+
+
+def run_sft(session: Session) -> Path:
+    from policy.sft import train_sft
+    from runtime.data import load_splits
+
+    splits = load_splits(session.cfg.data, session.cfg.run.seed)
+    logger = session.logger("sft")
+    try:
+        return train_sft(session.cfg, session.run.path, base_policy(session), splits.sft,
+                         splits.eval, logger, session.config_yaml)
+    finally:
+        logger.close()
+
+
+def run_grpo(session: Session) -> Path:
+    from policy.grpo import train_grpo
+    from runtime.data import load_splits
+    from runtime.tiny_model import load_tokenizer
+
+    cfg = session.cfg
+    splits = load_splits(cfg.data, cfg.run.seed)
+    start = warm_start(session)
+    reward = make_reward(cfg, load_tokenizer(start, cfg.model.trust_remote_code))
+    logger = session.logger("grpo")
+    try:
+        return train_grpo(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
+                          session.config_yaml)
+    finally:
+        logger.close()
+
+
+def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
+    from policy.evaluate import evaluate_policy
+    from runtime.data import load_splits
+    from runtime.rundir import atomic_write_json
+    from runtime.tiny_model import load_causal_lm, load_tokenizer
+
+    cfg = session.cfg
+    if checkpoint is None:
+        checkpoint = Path(cfg.eval.checkpoint) if cfg.eval.checkpoint else next(
+            (p for p in (session.run.child("grpo", "final"), session.run.child("sft", "best"))
+             if (p / "config.json").exists()), None)
+    if checkpoint is None:
+        raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
+    splits = load_splits(cfg.data, cfg.run.seed)
+    model = load_causal_lm(checkpoint, cfg.model.dtype, cfg.model.trust_remote_code).eval()
+    tokenizer = load_tokenizer(checkpoint, cfg.model.trust_remote_code)
+    metrics = evaluate_policy(model, tokenizer, splits.eval, cfg.data.prompt_template, k=cfg.eval.k,
+                              temperature=cfg.eval.temperature,
+                              max_new_tokens=cfg.eval.max_new_tokens,
+                              batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s,
+                              progress=True)
+    metrics["checkpoint"] = str(checkpoint)
+    atomic_write_json(session.run.child("eval", f"{Path(checkpoint).parent.name}.json"), metrics)
+    print(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def run_demo(session: Session) -> None:
+    """The longest pipeline that exists: build the tiny model, SFT warm start, GRPO, evaluate."""
+    warm = run_sft(session)
+    before = run_eval(session, warm)
+    final = run_grpo(session)
+    after = run_eval(session, final)
+    print(f"\n{'':>22}{'warm start':>12}{'after GRPO':>12}")
+    for key in ("eval/greedy_accuracy", "eval/maj_accuracy", "eval/pass_at_k"):
+        print(f"{key:>22}{before[key]:>12.3f}{after[key]:>12.3f}")
+    print(f"\nrun folder: {session.run.path}")
+
+
+COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval": run_eval,
+            "demo": run_demo}
+
+
+def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
+    args = _parse(argv, stages or tuple(COMMANDS))
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"igrpo: {err}", file=sys.stderr)
+        return 2
+    session = Session(cfg, args.stage)
+    result = COMMANDS[args.stage](session)
+    if isinstance(result, Path):
+        print(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Group-relative advantages (DeepSeekMath §4.1.2 outcome, §4.1.3 process) as pure functions.
+
+Samples are laid out group by group: rows [q*G, (q+1)*G) are the G samples of question q.
+Groups whose rewards are all equal get advantage 0 (never NaN).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _normalise(values: torch.Tensor, valid: torch.Tensor, scale_by_std: bool, unbiased: bool,
+               eps: float) -> torch.Tensor:
+    """(v - mean) / (std + eps) over the valid entries of each row of `values` [Q, K]."""
+    valid = valid.to(values.dtype)
+    count = valid.sum(-1, keepdim=True).clamp(min=1)
+    mean = (values * valid).sum(-1, keepdim=True) / count
+    centred = (values - mean) * valid
+    if not scale_by_std:
+        return centred
+    dof = (count - 1).clamp(min=1) if unbiased else count
+    std = (centred.square().sum(-1, keepdim=True) / dof).sqrt()
+    # A zero-std group carries no signal: its centred values are exactly 0, and stay 0.
+    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+
+
+def outcome_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True,
+                       unbiased: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean) / std within each group of G samples.
+
+    rewards: [Q*G] one scalar per sample. Returns [Q*G]; every token of sample i gets entry i.
+    """
+    grouped = rewards.view(-1, group_size)
+    valid = torch.ones_like(grouped, dtype=torch.bool)
+    return _normalise(grouped, valid, scale_by_std, unbiased, eps).view(-1)
+
+
+def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                       step_end_index: torch.Tensor, num_tokens: int, group_size: int, *,
+                       scale_by_std: bool = True, unbiased: bool = False,
+                       eps: float = 1e-6) -> torch.Tensor:
+    """Process-supervision advantages: a token gets the sum of the normalised rewards of its own
+    step and every later step.
+
+    step_rewards:   [Q*G, S] reward of each step (padding entries ignored).
+    step_mask:      [Q*G, S] bool, True for real steps.
+    step_end_index: [Q*G, S] completion-token index (0-based, inclusive) where each step ends.
+    num_tokens:     T, the completion length of the returned tensor.
+    All step rewards of a group (all its samples' steps together) are normalised by their mean
+    and std; token t of a sample then gets sum_j norm_j over its steps j with end_j >= t.
+    Tokens after a sample's last step end get 0. Returns [Q*G, T].
+    """
+    n, s = step_rewards.shape
+    grouped = step_rewards.reshape(-1, group_size * s)
+    valid = step_mask.reshape(-1, group_size * s)
+    normalised = _normalise(grouped, valid, scale_by_std, unbiased, eps).view(n, s)
+    token = torch.arange(num_tokens, device=step_rewards.device)
+    covers = (step_end_index[:, None, :] >= token[None, :, None]) & step_mask[:, None, :]
+    return (covers.to(normalised.dtype) * normalised[:, None, :]).sum(-1)

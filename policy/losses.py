@@ -1,0 +1,148 @@
+"""Policy losses: the paper's GRPO objective and its seed variants, as a plain table of functions.
+
+Every loss takes per-token tensors of shape [N, T] (N sequences of one micro-batch, T completion
+tokens, `mask` 1 on real completion tokens) and the *global* normalisers of the optimizer step
+(`num_sequences`, `num_tokens` over all micro-batches and ranks), so that summing the micro-batch
+losses gives exactly the loss of the whole batch. Each returns the loss to minimise (minus the
+objective). The KL term `beta * k3` against the reference is part of every objective when
+`beta > 0` and reference log-probs are given (the variants that drop it are run with beta = 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Unbiased, non-negative per-token KL estimator: pi_ref/pi - log(pi_ref/pi) - 1. [N, T]."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor
+    """Scalar to minimise (this micro-batch's share of the step's loss)."""
+    clip_fraction: torch.Tensor
+    """Share of this micro-batch's tokens whose clipped term was active."""
+    kl: torch.Tensor
+    """Mean k3 KL per token of this micro-batch (0 without a reference)."""
+
+
+def _clipped_surrogate(ratio, advantages, clip_eps_low, clip_eps_high):
+    clipped = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+    active = ((advantages > 0) & (ratio > 1 + clip_eps_high)) | \
+             ((advantages < 0) & (ratio < 1 - clip_eps_low))
+    return surrogate, active
+
+
+def _with_kl(per_token, logprobs, ref_logprobs, beta):
+    if ref_logprobs is None or beta == 0:
+        return per_token, torch.zeros_like(per_token)
+    kl = k3_kl(logprobs, ref_logprobs)
+    return per_token - beta * kl, kl
+
+
+def _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages, clip_eps_low, clip_eps_high,
+               beta):
+    """Per-token clipped surrogate minus beta * KL, the clip-active mask, and the KL. [N, T] each."""
+    surrogate, active = _clipped_surrogate(torch.exp(logprobs - old_logprobs), advantages,
+                                           clip_eps_low, clip_eps_high)
+    per_token, kl = _with_kl(surrogate, logprobs, ref_logprobs, beta)
+    return per_token, active, kl
+
+
+def _output(objective, active, kl, mask):
+    tokens = mask.sum().clamp(min=1)
+    return LossOutput(-objective, (active.float() * mask).sum().detach() / tokens,
+                      (kl * mask).sum().detach() / tokens)
+
+
+def _seq_mean(per_token, mask):
+    return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """DeepSeekMath: 1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL]."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output(_seq_mean(per_token, mask).sum() / num_sequences, active, kl, mask)
+
+
+def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+            clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """DeepSeek-R1 as in the seed: 1/G sum_i sum_t [...] (no 1/|o_i|)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output((per_token * mask).sum() / num_sequences, active, kl, mask)
+
+
+def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+                 clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """Dr. GRPO: no length normalisation, a constant normaliser G * max_tokens (advantages are
+    not divided by the std: see POLICY_LOSSES)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output((per_token * mask).sum() / (num_sequences * max_tokens), active, kl, mask)
+
+
+def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """DAPO: token-level 1/sum_i |o_i|, decoupled clip range [1 - eps_low, 1 + eps_high]."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
+
+
+def gpg_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+             clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """GPG: 1/sum_i |o_i| sum log pi * A, no ratio and no clipping."""
+    per_token, kl = _with_kl(logprobs * advantages, logprobs, ref_logprobs, beta)
+    return _output((per_token * mask).sum() / num_tokens, torch.zeros_like(mask), kl, mask)
+
+
+def cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+               clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """CISPO: 1/sum_i |o_i| sum sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi."""
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    weight = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high)
+    active = (ratio < 1 - clip_eps_low) | (ratio > 1 + clip_eps_high)
+    per_token, kl = _with_kl(weight * advantages * logprobs, logprobs, ref_logprobs, beta)
+    return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    fn: Callable[..., LossOutput]
+    std_normalised_advantages: bool = True
+    """Whether group advantages are divided by the group std (Dr. GRPO: no)."""
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "grpo": PolicyLoss(grpo_loss),
+    "r1": PolicyLoss(r1_loss),
+    "dr_grpo": PolicyLoss(dr_grpo_loss, std_normalised_advantages=False),
+    "dapo": PolicyLoss(dapo_loss),
+    "gpg": PolicyLoss(gpg_loss),
+    "cispo": PolicyLoss(cispo_loss),
+}
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int,
+                     penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to max - buffer, then linearly down to -penalty."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    excess = (lengths.float() - (max_tokens - buffer)).clamp(min=0)
+    return -penalty * (excess / buffer).clamp(max=1.0)
+
+
+def keep_informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO dynamic sampling: [Q] bool, True for groups whose rewards are not all equal."""
+    grouped = rewards.view(-1, group_size)
+    return (grouped.max(-1).values - grouped.min(-1).values) > 0

@@ -1,0 +1,99 @@
+"""Rollout: G samples per question with transformers `generate` (KV cache, left padding).
+
+The G samples of a question share its prompt, so the prompt is prefilled once per question and
+its KV cache repeated G times, instead of paying the prefill G times.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rollout:
+    prompt_ids: torch.Tensor
+    """[N, P] left-padded prompt tokens; N = questions x G, grouped question by question."""
+    prompt_mask: torch.Tensor
+    """[N, P] 1 on real prompt tokens."""
+    completion_ids: torch.Tensor
+    """[N, T] sampled tokens, right-padded with the pad token."""
+    completion_mask: torch.Tensor
+    """[N, T] 1 on real completion tokens (up to and including EOS)."""
+    texts: list[str]
+    """Decoded completions, without special tokens."""
+    truncated: torch.Tensor
+    """[N] bool: the sample hit max_new_tokens without EOS."""
+    group_size: int
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)
+
+    def select(self, rows: torch.Tensor) -> "Rollout":
+        """The rollout restricted to `rows` (e.g. DAPO's kept groups)."""
+        idx = rows.nonzero().squeeze(-1) if rows.dtype == torch.bool else rows
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
+                       self.completion_mask[idx], [self.texts[i] for i in idx.tolist()],
+                       self.truncated[idx], self.group_size)
+
+
+def _completion_mask(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 up to and including the first EOS; also whether each row never produced EOS."""
+    is_eos = completion_ids == eos_id
+    has_eos = is_eos.any(-1)
+    first_eos = torch.where(has_eos, is_eos.int().argmax(-1),
+                            torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return (positions[None, :] <= first_eos[:, None]).long(), ~has_eos
+
+
+@torch.no_grad()
+def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
+                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                    greedy: bool = False, share_prefill: bool = True) -> Rollout:
+    """Sample `group_size` completions for each prompt; rows are grouped prompt by prompt."""
+    from transformers import DynamicCache
+
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    device = next(model.parameters()).device
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=tokenizer.eos_token_id, use_cache=True)
+    if greedy:
+        gen_kwargs.update(do_sample=False)
+    else:
+        gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    was_training = model.training
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # generate's deprecation notices on cache kwargs
+        if share_prefill and group_size > 1 and ids.shape[1] > 1:
+            # Prefill all but the last prompt token once per prompt, then fan the cache out.
+            cache = DynamicCache(config=model.config)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                  position_ids=positions[:, :-1], past_key_values=cache, use_cache=True)
+            cache.batch_repeat_interleave(group_size)
+            gen_kwargs["past_key_values"] = cache
+        ids, mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+        out = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+    model.train(was_training)
+    completion = out[:, ids.shape[1]:]
+    if completion.shape[1] == 0:
+        completion = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, device=device)
+    completion_mask, truncated = _completion_mask(completion, tokenizer.eos_token_id)
+    completion = torch.where(completion_mask.bool(), completion,
+                             torch.full_like(completion, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
+    return Rollout(ids, mask, completion, completion_mask, texts, truncated, group_size)

@@ -1,0 +1,1 @@
+"""Process supervision: steps and their token positions, Math-Shepherd automatic step labels."""

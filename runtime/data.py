@@ -1,0 +1,207 @@
+"""Math question sets mapped to one internal record: GSM8K, MATH / MATH-500, and the synthetic task.
+
+Files and hub ids are read with `datasets`; every row is checked, and a malformed one stops loading
+with an error naming the file, the row (1-based, as an editor shows JSONL lines) and the field, or is
+skipped and counted when the caller asks for that.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime import synthetic
+from runtime.grading import extract_boxed
+
+BUNDLED = Path(__file__).resolve().parent / "bundled"
+GSM8K_TEST = BUNDLED / "gsm8k" / "test.jsonl"
+MATH500_TEST = BUNDLED / "math500" / "test.jsonl"
+_CALCULATOR_NOTE = re.compile(r"<<[^>]*>>")
+
+
+@dataclass(frozen=True)
+class MathRecord:
+    question: str
+    answer: str
+    """Gold final answer, as text."""
+    solution_steps: tuple[str, ...]
+    """Reference solution split into steps; the last one states the final answer."""
+    source_id: str
+    """Where the record came from: `<file or hub id>:<row>` or `synthetic:<seed>:<index>`."""
+
+
+class DataError(ValueError):
+    """A data row that does not fit the expected schema; the message names file, row and field."""
+
+
+@dataclass
+class LoadReport:
+    rows: int = 0
+    skipped: int = 0
+    first_error: str = ""
+
+
+def _str_field(row: dict, name: str, where: str) -> str:
+    if name not in row or row[name] is None:
+        raise DataError(f"{where}: field {name!r}: missing")
+    value = row[name]
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {name!r}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise DataError(f"{where}: field {name!r}: empty")
+    return value
+
+
+def gsm8k_record(row: dict, where: str) -> MathRecord:
+    question = _str_field(row, "question", where)
+    solution = _str_field(row, "answer", where)
+    body, sep, final = solution.rpartition("####")
+    answer = final.strip().replace(",", "")
+    if not sep or not answer:
+        raise DataError(f"{where}: field 'answer': no final '#### N' answer")
+    steps = [_CALCULATOR_NOTE.sub("", line).strip() for line in body.strip().splitlines()]
+    steps = [s for s in steps if s] + [f"{synthetic.ANSWER_PREFIX}{answer}"]
+    return MathRecord(question, answer, tuple(steps), where)
+
+
+def split_latex_steps(solution: str) -> list[str]:
+    """MATH solutions are paragraphs: split on blank lines and sentence ends outside `$...$`."""
+    steps: list[str] = []
+    for para in re.split(r"\n\s*\n", solution.strip()):
+        start, in_math = 0, False
+        for i, ch in enumerate(para):
+            if ch == "$":
+                in_math = not in_math
+            elif ch == "." and not in_math and para[i + 1:i + 3].startswith((" ", "\n")) \
+                    and para[i + 1:].strip()[:1].isupper():
+                steps.append(para[start:i + 1].strip())
+                start = i + 1
+        if para[start:].strip():
+            steps.append(para[start:].strip())
+    return steps
+
+
+def math_record(row: dict, where: str) -> MathRecord:
+    question = _str_field(row, "problem", where)
+    solution = _str_field(row, "solution", where)
+    if row.get("answer") is not None:
+        answer = _str_field(row, "answer", where)
+    else:
+        answer = extract_boxed(solution) or ""
+        if not answer:
+            raise DataError(f"{where}: field 'solution': no \\boxed{{}} answer and no 'answer' field")
+    source = str(row.get("unique_id") or where)
+    return MathRecord(question, answer.strip(), tuple(split_latex_steps(solution)), source)
+
+
+RECORD_BUILDERS = {"gsm8k": gsm8k_record, "math": math_record}
+
+
+def _datasets_rows(path: str, hub_config: str, split: str):
+    """Rows of a local JSONL/JSON/parquet file or a hub dataset, read by `datasets`."""
+    import datasets
+
+    local = Path(path)
+    if local.exists():
+        builder = "parquet" if local.suffix == ".parquet" else "json"
+        return datasets.load_dataset(builder, data_files=str(local), split="train")
+    return datasets.load_dataset(path, hub_config or None, split=split)
+
+
+def _locate_bad_jsonl_row(path: Path, err: Exception) -> DataError:
+    """`datasets` rejected the file as a whole: find the first line it could not take."""
+    first_keys: set[str] | None = None
+    first_types: dict[str, type] = {}
+    with open(path, "rb") as handle:
+        for lineno, raw in enumerate(handle, 1):
+            where = f"{path}: row {lineno}"
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as bad:
+                return DataError(f"{where}: not valid UTF-8 ({bad.reason} at byte {bad.start})")
+            except json.JSONDecodeError as bad:
+                return DataError(f"{where}: not valid JSON ({bad.msg})")
+            if not isinstance(row, dict):
+                return DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            if first_keys is None:
+                first_keys = set(row)
+                first_types = {k: type(v) for k, v in row.items()}
+                continue
+            for key, value in row.items():
+                expected = first_types.get(key)
+                if expected is not None and value is not None and not isinstance(value, expected):
+                    return DataError(f"{where}: field {key!r}: expected {expected.__name__}, "
+                                     f"got {type(value).__name__}")
+    return DataError(f"{path}: could not be read: {err}")
+
+
+def load_records(path: str, schema: str, *, split: str = "test", hub_config: str = "",
+                 skip_bad_rows: bool = False, limit: int | None = None,
+                 report: LoadReport | None = None) -> list[MathRecord]:
+    """Load GSM8K (`schema='gsm8k'`) or MATH/MATH-500 (`schema='math'`) records from a file or hub id."""
+    build = RECORD_BUILDERS[schema]
+    report = report if report is not None else LoadReport()
+    try:
+        rows = _datasets_rows(path, hub_config, split)
+    except Exception as err:  # datasets raises many types for a malformed file
+        if Path(path).suffix in (".jsonl", ".json") and Path(path).exists():
+            raise _locate_bad_jsonl_row(Path(path), err) from err
+        raise DataError(f"{path}: could not be read: {err}") from err
+    records: list[MathRecord] = []
+    for index, row in enumerate(rows):
+        where = f"{path}: row {index + 1}"
+        try:
+            records.append(build(row, where))
+        except DataError as err:
+            if not skip_bad_rows:
+                raise
+            report.skipped += 1
+            report.first_error = report.first_error or str(err)
+        if limit is not None and len(records) >= limit:
+            break
+    report.rows = len(records)
+    return records
+
+
+def synthetic_records(seed: int, count: int, min_ops: int, max_ops: int, offset: int = 0) -> list[MathRecord]:
+    problems = synthetic.make_problems(seed, count + offset, min_ops, max_ops)[offset:]
+    return [MathRecord(p.question, str(p.answer), p.steps, f"synthetic:{seed}:{offset + i}")
+            for i, p in enumerate(problems)]
+
+
+@dataclass(frozen=True)
+class Splits:
+    sft: list[MathRecord]
+    """Fixed, limited set of worked solutions for the SFT warm start."""
+    rl: list[MathRecord]
+    """Questions with gold answers for RL (their solutions are not used for training)."""
+    eval: list[MathRecord]
+    """Held-out questions."""
+
+
+def load_splits(data, seed: int) -> Splits:
+    """The three disjoint splits a run uses, from a `DataConfig`."""
+    if data.source == "synthetic":
+        # Distinct seeds per split; held-out questions that also occur in training are dropped.
+        sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops, data.max_ops)
+        rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops)
+        seen = {r.question for r in sft} | {r.question for r in rl}
+        pool = synthetic_records(seed * 3 + 3, data.eval_questions * 2, data.min_ops, data.max_ops)
+        held_out = [r for r in pool if r.question not in seen][:data.eval_questions]
+        return Splits(sft, rl, held_out)
+    default_eval = GSM8K_TEST if data.source == "gsm8k" else MATH500_TEST
+    train = load_records(data.path or str(default_eval), data.source, split="train",
+                         hub_config=data.hub_config, skip_bad_rows=data.skip_bad_rows)
+    held_out = load_records(data.eval_path or str(default_eval), data.source, split="test",
+                            hub_config=data.hub_config, skip_bad_rows=data.skip_bad_rows,
+                            limit=data.eval_questions)
+    held_questions = {r.question for r in held_out}
+    train = [r for r in train if r.question not in held_questions]
+    return Splits(train[:data.sft_questions], train[data.sft_questions:] or train, held_out)
+
+
+def format_solution(steps: tuple[str, ...] | list[str]) -> str:
+    """Steps as the policy writes them: one step a line."""
+    return "\n".join(steps)

@@ -1,0 +1,134 @@
+"""DeepSpeed engines and the distributed setup, the same on one CPU process and on many GPUs.
+
+Launch with `torchrun`/`deepspeed` for many processes; a plain `python` process is rank 0 of 1.
+On CPU, set DS_ACCELERATOR=cpu (the CLI does it when no GPU is present) and gloo is the backend.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Initialise torch.distributed once; a launcher-less process becomes rank 0 of 1."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main() -> bool:
+    return world()[0] == 0
+
+
+def deepspeed_config(ds, *, lr: float, micro_batch_size: int, grad_accum: int) -> dict:
+    """The DeepSpeed JSON config for one engine, from a `DeepSpeedConfig` and derived numbers."""
+    _, world_size = world()
+    zero: dict = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if ds.offload_param and ds.zero_stage == 3:
+        zero["offload_param"] = {"device": "cpu"}
+    config = {
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": ds.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": ds.bf16},
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
+            "torch_adam": True}},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if ds.warmup_steps > 0:
+        config["scheduler"] = {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": ds.warmup_steps,
+            "warmup_type": "linear"}}
+    return config
+
+
+def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int):
+    """Wrap `model` in a DeepSpeed training engine (optimizer, schedule, clipping, ZeRO)."""
+    import deepspeed
+
+    init_distributed()
+    config = deepspeed_config(ds, lr=lr, micro_batch_size=micro_batch_size, grad_accum=grad_accum)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
+                                                                      if p.requires_grad],
+                                      config=config)
+    return engine
+
+
+def current_lr(engine) -> float:
+    return float(engine.get_lr()[0])
+
+
+def global_sum(value: float) -> float:
+    """Sum of a per-rank number over all ranks (the number itself on one process)."""
+    import torch
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return value
+    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def broadcast_from_main(obj):
+    """`obj` as rank 0 has it, on every rank."""
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def engine_step(engine) -> float | None:
+    """`engine.step()`; at an optimizer step, also the global gradient norm before clipping.
+
+    ZeRO optimizers report the norm themselves; plain (stage 0) fp32 engines do not, so it is
+    measured from the module's gradients just before the step.
+    """
+    import torch
+
+    norm = None
+    boundary = engine.is_gradient_accumulation_boundary()
+    if boundary and not engine.zero_optimization():
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    engine.step()
+    if boundary and norm is None:
+        reported = engine.get_global_grad_norm()
+        norm = float(reported) if reported is not None else None
+    return norm

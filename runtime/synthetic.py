@@ -1,0 +1,139 @@
+"""The built-in offline task: seeded multi-step arithmetic word problems.
+
+A problem is a start value and a chain of operations applied in order:
+
+    Start with 7. Add 3. Multiply by 2. Subtract 4.
+
+and its worked solution is one step a line, then a final answer line:
+
+    7+3=10
+    10*2=20
+    20-4=16
+    The answer is 16
+
+Small enough that a few-million-parameter model learns part of it in minutes on 2 CPU cores, and
+every step is checkable, so `corrupt_solution` can produce solutions whose first wrong step is known:
+later stages measure process-label accuracy against that ground truth.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+ANSWER_PREFIX = "The answer is "
+MAX_VALUE = 999
+_WORDS = {"+": "Add {n}.", "-": "Subtract {n}.", "*": "Multiply by {n}."}
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    steps: tuple[str, ...]
+    """Worked solution, one step a line; the last step is the final answer line."""
+    answer: int
+
+
+def _random_op(rng: random.Random, value: int) -> tuple[str, int]:
+    """A random operation that keeps the running value in [1, MAX_VALUE]."""
+    choices = ((["+"] if value < MAX_VALUE else []) + (["-"] if value > 1 else [])
+               + (["*"] if 2 <= value <= MAX_VALUE // 2 else []))
+    op = rng.choice(choices)
+    if op == "+":
+        return op, rng.randint(1, min(20, MAX_VALUE - value))
+    if op == "-":
+        return op, rng.randint(1, min(value - 1, 20))
+    return op, rng.randint(2, min(5, MAX_VALUE // value))
+
+
+def _apply(value: int, op: str, n: int) -> int:
+    return value + n if op == "+" else value - n if op == "-" else value * n
+
+
+def make_problem(rng: random.Random, min_ops: int, max_ops: int) -> Problem:
+    value = rng.randint(2, 20)
+    question = [f"Start with {value}."]
+    steps = []
+    for _ in range(rng.randint(min_ops, max_ops)):
+        op, n = _random_op(rng, value)
+        result = _apply(value, op, n)
+        question.append(_WORDS[op].format(n=n))
+        steps.append(f"{value}{op}{n}={result}")
+        value = result
+    steps.append(f"{ANSWER_PREFIX}{value}")
+    return Problem(" ".join(question), tuple(steps), value)
+
+
+def make_problems(seed: int, count: int, min_ops: int = 2, max_ops: int = 4) -> list[Problem]:
+    """`count` problems, the same for the same seed."""
+    rng = random.Random(seed)
+    return [make_problem(rng, min_ops, max_ops) for _ in range(count)]
+
+
+def parse_step(step: str) -> tuple[int, str, int, int] | None:
+    """`a+b=c` -> (a, op, b, c); None for anything else."""
+    lhs, eq, rhs = step.partition("=")
+    if not eq:
+        return None
+    for op in "+-*":
+        a, found, b = lhs.partition(op)
+        if found and a.isdigit() and b.isdigit() and rhs.lstrip("-").isdigit():
+            return int(a), op, int(b), int(rhs)
+    return None
+
+
+def step_correctness(question: str, steps: list[str] | tuple[str, ...]) -> list[bool]:
+    """Ground truth for a (possibly model-written) solution: is each step still on track?
+
+    A step is correct when every step up to and including it matches the true chain of the
+    question: right operand carried over, right operation, right result. Once a step goes wrong,
+    every later step is wrong too (the gold answer can no longer be reached), which is the
+    Math-Shepherd notion of a step's correctness.
+    """
+    truth = _true_chain(question)
+    out, on_track = [], True
+    for k, step in enumerate(steps):
+        if k < len(truth):
+            on_track = on_track and parse_step(step) == truth[k]
+        else:
+            on_track = on_track and k == len(truth) and step == f"{ANSWER_PREFIX}{truth[-1][3]}"
+        out.append(on_track)
+    return out
+
+
+def _true_chain(question: str) -> list[tuple[int, str, int, int]]:
+    words = question.rstrip(".").split(". ")
+    value = int(words[0].removeprefix("Start with "))
+    chain = []
+    for sentence in words[1:]:
+        verb, n = sentence.rsplit(" ", 1)
+        op = {"Add": "+", "Subtract": "-", "Multiply by": "*"}[verb]
+        result = _apply(value, op, int(n))
+        chain.append((value, op, int(n), result))
+        value = result
+    return chain
+
+
+def corrupt_solution(problem: Problem, rng: random.Random) -> tuple[tuple[str, ...], int]:
+    """A wrong solution whose first wrong step is known: (steps, first_wrong_index).
+
+    One computation step gets a wrong result; later steps compute correctly from the wrong value,
+    as a model that slipped once would, so the final answer is wrong too.
+    """
+    chain = _true_chain(problem.question)
+    k = rng.randrange(len(chain))
+    steps = list(problem.steps[:k])
+    value = None
+    for j in range(k, len(chain)):
+        a, op, n, result = chain[j]
+        if j == k:
+            result = max(0, result + rng.choice([-1, 1]) * rng.randint(1, 10))
+            if result == chain[j][3]:
+                result += 1
+        else:
+            a = value
+            result = _apply(a, op, n)
+        steps.append(f"{a}{op}{n}={result}")
+        value = result
+    steps.append(f"{ANSWER_PREFIX}{value}")
+    return tuple(steps), k

@@ -1,0 +1,79 @@
+"""The built-in offline model: a character tokenizer and a small Llama, saved with `save_pretrained`.
+
+Every stage then loads it through `from_pretrained`, exactly as it would load a hub model, so the
+tiny default exercises the real loading code with nothing downloaded.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+STEP_TAG = "ки"
+"""Math-Shepherd's step tag; kept one token in the tiny vocabulary."""
+CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n"
+
+
+def build_tokenizer():
+    """Character-level fast tokenizer over printable ASCII, with pad/eos/unk and the step tag."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *CHARSET])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS,
+                                        unk_token=UNK, padding_side="left")
+    tokenizer.add_tokens([STEP_TAG])
+    return tokenizer
+
+
+def build_model(tokenizer, hidden_size: int, num_layers: int, num_heads: int,
+                intermediate_size: int, max_positions: int, seed: int):
+    """A small Llama with tied embeddings, initialised from `seed`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def build_tiny(out_dir: str | Path, tiny, seed: int) -> Path:
+    """Build and save the tokenizer and model (from a `TinyModelConfig`) into `out_dir`."""
+    out = Path(out_dir)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads,
+                        tiny.intermediate_size, tiny.max_positions, seed)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """Tokenizer with left padding set explicitly (save/load of a wrapped tokenizer can drop it)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)

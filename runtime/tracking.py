@@ -1,0 +1,65 @@
+"""Metrics to a JSONL file in the run folder and to wandb (offline unless the user set it up).
+
+Metric names live in fixed namespaces, documented in the README's metric reference:
+`rollout/`, `reward/`, `train/`, `time/`, `eval/` (and later `rm/`, `prm/`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLogger:
+    """Append-only JSONL log plus an optional wandb run; only the main rank writes."""
+
+    def __init__(self, path: Path, *, config: dict, mode: str, project: str, name: str,
+                 enabled: bool = True):
+        self.path = path
+        self.enabled = enabled
+        self.wandb_run = None
+        if not enabled:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if mode != "disabled":
+            import wandb
+
+            if mode == "online" and not (os.environ.get("WANDB_API_KEY") or _has_netrc()):
+                print("[igrpo] no wandb credentials found: logging offline "
+                      f"(sync later with `wandb sync {path.parent}/wandb/offline-run-*`)")
+                mode = "offline"
+            self.wandb_run = wandb.init(project=project, name=name, group=name, config=config,
+                                        dir=str(path.parent), mode=mode, reinit="create_new")
+
+    def log(self, metrics: dict, step: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def _has_netrc() -> bool:
+    return (Path.home() / ".netrc").exists()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

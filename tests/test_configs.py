@@ -1,0 +1,55 @@
+"""Every shipped YAML loads into the schema; typos and wrong types fail naming the key."""
+
+import pytest
+
+from configs import CONFIG_DIR, ConfigError, load_config
+from configs.plan import plan_grpo_batch
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_yaml_loads(path):
+    cfg = load_config(path)
+    assert cfg.grpo.group_size > 0
+
+
+def test_paper_settings():
+    cfg = load_config(CONFIG_DIR / "deepseekmath_7b.yaml")
+    assert (cfg.grpo.lr, cfg.rm.lr, cfg.grpo.beta, cfg.grpo.group_size) == (1e-6, 2e-5, 0.04, 64)
+    assert cfg.grpo.max_new_tokens == 1024 and cfg.grpo.mu == 1
+    assert cfg.grpo.questions_per_step * cfg.grpo.group_size == 1024
+    assert cfg.iterate.replay_fraction == 0.1
+    assert cfg.deepspeed.zero_stage == 3 and cfg.deepspeed.bf16
+
+
+def test_unknown_key_names_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo:\n  grop_size: 8\n")
+    with pytest.raises(ConfigError, match="grop_size") as err:
+        load_config(bad)
+    assert str(bad) in str(err.value)
+    with pytest.raises(ConfigError, match="grpo.nope"):
+        load_config(None, ["grpo.nope=1"])
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match="grpo.group_size"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.group_size=sixteen"])
+
+
+def test_bad_choice_names_the_key():
+    with pytest.raises(ConfigError, match="grpo.loss"):
+        load_config(None, ["grpo.loss=ppo"])
+
+
+def test_dotlist_overrides_yaml():
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", ["grpo.group_size=16"])
+    assert cfg.grpo.group_size == 16
+
+
+def test_batch_plan():
+    plan = plan_grpo_batch(8, 64, 64, world_size=2)
+    assert (plan.rank_sequences, plan.micro_batch_size, plan.grad_accum) == (256, 64, 4)
+    with pytest.raises(ValueError, match="questions_per_step=3"):
+        plan_grpo_batch(3, 8, 8, world_size=2)
+    with pytest.raises(ValueError, match="micro_batch_size=48"):
+        plan_grpo_batch(8, 8, 48, world_size=1)

@@ -1,0 +1,97 @@
+"""Loaders on the shipped real data, the synthetic task, and malformed-row errors."""
+
+import json
+import random
+
+import pytest
+
+from runtime import synthetic
+from runtime.data import (GSM8K_TEST, MATH500_TEST, DataError, LoadReport, load_records,
+                          load_splits)
+from configs import load_config
+
+
+def test_gsm8k_reads_all_shipped_test_rows():
+    records = load_records(str(GSM8K_TEST), "gsm8k")
+    assert len(records) == 1319
+    first = records[0]
+    assert first.answer == "18"
+    assert first.solution_steps[-1] == "The answer is 18"
+    assert "<<" not in "".join(first.solution_steps)
+
+
+def test_math500_reads_all_rows():
+    records = load_records(str(MATH500_TEST), "math")
+    assert len(records) == 500
+    assert records[0].answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert all(r.solution_steps for r in records)
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_missing_field_names_file_row_field(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    _write_jsonl(f, [{"question": "q1", "answer": "x\n#### 3"}, {"question": "q2"},
+                     {"question": "q3", "answer": "#### 4"}])
+    with pytest.raises(DataError, match=r"bad.jsonl: row 2: field 'answer'"):
+        load_records(str(f), "gsm8k")
+
+
+def test_unparseable_gold_answer(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    _write_jsonl(f, [{"question": "q1", "answer": "no final answer here"}])
+    with pytest.raises(DataError, match=r"row 1: field 'answer': no final"):
+        load_records(str(f), "gsm8k")
+
+
+def test_wrong_type_names_row_and_field(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    _write_jsonl(f, [{"question": "q1", "answer": "#### 3"}, {"question": 7, "answer": "#### 4"}])
+    with pytest.raises(DataError, match=r"bad.jsonl: row 2: field 'question'"):
+        load_records(str(f), "gsm8k")
+
+
+def test_broken_json_line_is_named(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"question": "q1", "answer": "#### 3"}\n{"question": "q2", "ans\n')
+    with pytest.raises(DataError, match=r"bad.jsonl: row 2: not valid JSON"):
+        load_records(str(f), "gsm8k")
+
+
+def test_skip_bad_rows_counts_them(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    _write_jsonl(f, [{"question": "q1", "answer": "#### 3"}, {"question": "q2", "answer": "none"},
+                     {"question": "q3", "answer": "#### 5"}])
+    report = LoadReport()
+    records = load_records(str(f), "gsm8k", skip_bad_rows=True, report=report)
+    assert [r.answer for r in records] == ["3", "5"]
+    assert report.skipped == 1 and "row 2" in report.first_error
+
+
+def test_synthetic_is_seeded_and_solutions_are_right():
+    a = synthetic.make_problems(3, 50)
+    assert a == synthetic.make_problems(3, 50)
+    assert a != synthetic.make_problems(4, 50)
+    for p in a:
+        assert p.steps[-1] == f"The answer is {p.answer}"
+        assert all(synthetic.step_correctness(p.question, p.steps))
+
+
+def test_corrupted_solution_has_known_first_wrong_step():
+    rng = random.Random(0)
+    for p in synthetic.make_problems(5, 200):
+        steps, first_wrong = synthetic.corrupt_solution(p, rng)
+        truth = synthetic.step_correctness(p.question, steps)
+        assert truth == [k < first_wrong for k in range(len(steps))]
+        assert steps[-1] != f"The answer is {p.answer}"
+
+
+def test_synthetic_splits_are_disjoint():
+    cfg = load_config(None, ["data.sft_questions=300", "data.rl_questions=2000",
+                             "data.eval_questions=100"])
+    splits = load_splits(cfg.data, seed=0)
+    assert (len(splits.sft), len(splits.rl), len(splits.eval)) == (300, 2000, 100)
+    train = {r.question for r in splits.sft} | {r.question for r in splits.rl}
+    assert not train & {r.question for r in splits.eval}
