@@ -16,12 +16,15 @@ def split_steps(text: str, separator: str = "\n") -> list[str]:
 
 
 def step_char_ends(text: str, separator: str = "\n") -> list[int]:
-    """Index of the last character of each non-empty step in `text`."""
+    """Index of the last character of each non-empty step in `text`, counting the separator that
+    closes it (writing the separator is the step's own decision to end)."""
     ends, start = [], 0
-    for piece in text.split(separator):
+    pieces = text.split(separator)
+    for k, piece in enumerate(pieces):
         stop = start + len(piece)
         if piece.strip():
-            ends.append(stop - 1)
+            closed = k < len(pieces) - 1
+            ends.append(stop + len(separator) - 1 if closed else stop - 1)
         start = stop + len(separator)
     return ends
 

@@ -47,7 +47,7 @@ def set_rng_state(state: dict) -> None:
 def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     """Optimizer, schedule, weights and `client_state` (+ RNG) in DeepSpeed's format."""
     engine.save_checkpoint(str(state_dir), tag="state",
-                           client_state={**client_state, "rng": rng_state()})
+                           client_state={"igrpo": {**client_state, "rng": rng_state()}})
 
 
 def load_training_state(engine, state_dir: Path) -> dict | None:
@@ -55,6 +55,6 @@ def load_training_state(engine, state_dir: Path) -> dict | None:
     if not (Path(state_dir) / "latest").exists():
         return None
     _, client_state = engine.load_checkpoint(str(state_dir), tag="state")
-    if client_state and "rng" in client_state:
-        set_rng_state(client_state["rng"])
-    return client_state
+    ours = dict(client_state["igrpo"])
+    set_rng_state(ours.pop("rng"))
+    return ours

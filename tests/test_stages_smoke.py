@@ -1,0 +1,128 @@
+"""CPU smoke runs of the SFT and GRPO stages on a tiny random model, through the CLI and DeepSpeed."""
+
+import json
+import pytest
+import torch
+
+import igrpo
+from configs import load_config
+from policy.grpo import train_grpo
+from policy.rewards import RuleReward
+from runtime.data import load_splits
+from runtime.tiny_model import build_tiny, load_causal_lm
+from runtime.tracking import MetricsLogger, read_metrics
+from runtime.wandb_offline import read_offline_run
+
+SMALL = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64", "data.sft_questions=64", "data.rl_questions=256",
+    "data.eval_questions=8", "sft.batch_size=16", "sft.epochs=0.5", "sft.eval_every=1",
+    "deepspeed.micro_batch_size=8", "grpo.steps=2", "grpo.questions_per_step=2",
+    "grpo.group_size=4", "grpo.max_new_tokens=12", "grpo.eval_every=1", "eval.max_new_tokens=12",
+    "eval.k=2", "run.threads=2",
+]
+STEP_METRICS = [
+    "reward/mean", "reward/std", "reward/zero_std_groups", "reward/accuracy", "rollout/length_mean",
+    "rollout/truncation_rate", "train/kl", "train/clip_fraction", "train/entropy",
+    "train/grad_norm", "train/lr", "time/rollout", "time/scoring", "time/update",
+]
+
+
+def _args(tmp_path, *extra):
+    return ["--config", "configs/tiny.yaml", f"run.root={tmp_path}", *SMALL, *extra]
+
+
+def test_cli_sft_then_grpo_process(tmp_path):
+    assert igrpo.main(["sft", *_args(tmp_path)]) == 0
+    run = tmp_path / "tiny"
+    best = run / "sft" / "best"
+    assert load_causal_lm(best) is not None and (best / "model.safetensors").exists()
+    sft_rows = read_metrics(run / "sft" / "metrics.jsonl")
+    assert sft_rows[-1]["train/loss"] > 0 and "eval/greedy_accuracy" in sft_rows[-1]
+    assert igrpo.main(["grpo", *_args(tmp_path, "grpo.supervision=process",
+                                      "grpo.reward=step_oracle")]) == 0
+    assert load_causal_lm(run / "grpo" / "final") is not None
+    rows = read_metrics(run / "grpo" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in STEP_METRICS:
+        assert all(key in r for r in rows[1:]), key
+    assert "eval/maj_accuracy" in rows[-1] and "eval/pass_at_k" in rows[-1]
+    # The offline wandb run holds the same metrics.
+    runs = list((run / "grpo" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    offline = read_offline_run(runs[0])
+    assert [r["_step"] for r in offline["history"]] == [0, 1, 2]
+    for key in STEP_METRICS:
+        assert offline["history"][-1][key] == pytest.approx(rows[-1][key]), key
+    assert offline["config"]["grpo"]["reward"] == "step_oracle"  # the resolved config, verbatim
+    assert (run / "config.yaml").exists() and (run / "grpo" / "config.yaml").exists()
+
+
+def test_changed_config_refuses_to_resume(tmp_path):
+    assert igrpo.main(["sft", *_args(tmp_path)]) == 0
+    with pytest.raises(Exception, match="sft.lr"):
+        igrpo.main(["sft", *_args(tmp_path, "sft.lr=0.5")])
+
+
+def test_bad_override_fails_before_work(tmp_path, capsys):
+    assert igrpo.main(["sft", *_args(tmp_path, "sft.lrr=1")]) == 2
+    assert "sft.lrr" in capsys.readouterr().err
+    assert not (tmp_path / "tiny").exists()
+
+
+class _RandomReward:
+    """Seeded random rewards: every group has signal, so every loss must move the weights."""
+
+    def __init__(self):
+        self.gen = torch.Generator().manual_seed(0)
+
+    def __call__(self, records, rollout):
+        from policy.rewards import Scores
+
+        return Scores(rewards=torch.rand(len(records), generator=self.gen))
+
+
+class _CrashAt:
+    """The rule reward, but raising on its `n`-th call (a crash in the middle of a run)."""
+
+    def __init__(self, n):
+        self.n, self.calls, self.inner = n, 0, RuleReward()
+
+    def __call__(self, records, rollout):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("simulated crash")
+        return self.inner(records, rollout)
+
+
+def test_grpo_resumes_after_crash(tmp_path):
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=3",
+                                            "grpo.save_every=1", "grpo.eval_every=0",
+                                            "run.wandb_mode=disabled"])
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_grpo(cfg, tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
+    reward = _CrashAt(0)
+    train_grpo(cfg, tmp_path, base, reward, splits.rl, splits.eval, logger, "")
+    assert reward.calls == 1  # only step 3 was left to do
+    steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl")]
+    assert steps == [0, 1, 2, 3]
+    assert (tmp_path / "grpo" / "final" / "config.json").exists()
+
+
+@pytest.mark.parametrize("loss", ["r1", "dr_grpo", "dapo", "gpg", "cispo"])
+def test_every_loss_variant_runs_a_step(tmp_path, loss):
+    extra = ["grpo.dynamic_sampling=true", "grpo.overlong_buffer=4"] if loss == "dapo" else []
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=1",
+                                            "grpo.eval_every=0", f"grpo.loss={loss}",
+                                            "grpo.mu=2", "run.wandb_mode=disabled", *extra])
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    final = train_grpo(cfg, tmp_path, base, _RandomReward(), splits.rl, splits.eval[:2], logger, "")
+    row = read_metrics(tmp_path / "m.jsonl")[-1]
+    assert torch.isfinite(torch.tensor(row["train/loss"])) and row["train/grad_norm"] > 0
+    before, after = load_causal_lm(base), load_causal_lm(final)
+    assert not torch.equal(before.lm_head.weight, after.lm_head.weight)
