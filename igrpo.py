@@ -4,6 +4,9 @@
     igrpo sft        --config configs/tiny.yaml        # SFT warm start -> <run>/sft/best
     igrpo grpo       --config configs/tiny.yaml grpo.group_size=16   # GRPO -> <run>/grpo/final
     igrpo eval       --config configs/tiny.yaml [eval.checkpoint=PATH]
+    igrpo label      --config configs/tiny.yaml label.num_completions=8   # Math-Shepherd labels
+    igrpo train-rm   --config configs/tiny.yaml rm.kind=prm [rm.data_path=labels.jsonl]
+    igrpo eval-rm    --config configs/tiny.yaml        # step metrics and best-of-N of the RMs
     igrpo demo       --config configs/tiny.yaml        # the longest pipeline: build, SFT, GRPO, eval
 
 Every command takes `--config FILE` and `key=value` overrides of the schema in configs/schema.py;
@@ -169,6 +172,98 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     return metrics
 
 
+def run_label(session: Session) -> Path:
+    """Sample the policy on training questions and label every step Math-Shepherd style."""
+    from process_supervision.formats import write_math_shepherd_jsonl
+    from process_supervision.label import Labeller, label_in_shards, label_statistics
+    from process_supervision.sampling import sample_solutions
+    from runtime.data import load_splits
+    from runtime.rundir import atomic_write_json
+    from runtime.tiny_model import load_causal_lm, load_tokenizer
+
+    cfg, lab = session.cfg, session.cfg.label
+    splits = load_splits(cfg.data, cfg.run.seed)
+    completer_path = Path(lab.completer) if lab.completer else warm_start(session)
+    completer = load_causal_lm(completer_path, cfg.model.dtype, cfg.model.trust_remote_code).eval()
+    tokenizer = load_tokenizer(completer_path, cfg.model.trust_remote_code)
+    out = session.run.child("labels")
+    solutions = sample_solutions(completer, tokenizer, splits.rl[:lab.questions],
+                                 cfg.data.prompt_template, lab.samples_per_question,
+                                 lab.max_new_tokens, lab.temperature, out / "solutions.jsonl")
+    labeller = Labeller(completer, tokenizer, cfg.data.prompt_template, lab.num_completions,
+                        lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
+                        lab.prefixes_per_batch)
+    labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size)
+    dataset = out / "math_shepherd.jsonl"
+    write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled], cfg.rm.step_tag,
+                              soft_labels=[x.soft for x in labelled])
+    stats = label_statistics(labelled)
+    atomic_write_json(out / "stats.json", stats)
+    print(json.dumps(stats, indent=2))
+    return dataset
+
+
+def rm_init(session: Session) -> Path:
+    """The backbone a reward model starts from: `rm.init_path`, else the run's warm start."""
+    cfg = session.cfg
+    if cfg.rm.init_path:
+        return Path(cfg.rm.init_path) if Path(cfg.rm.init_path).exists() else cfg.rm.init_path
+    best = session.run.child("sft", "best")
+    return best if (best / "config.json").exists() else base_policy(session)
+
+
+def run_train_rm(session: Session) -> Path:
+    from reward_model.examples import training_examples
+    from reward_model.train import train_reward_model
+    from runtime.data import load_splits
+
+    cfg = session.cfg
+    splits = load_splits(cfg.data, cfg.run.seed)
+    examples = training_examples(cfg.rm, splits.rl, cfg.run.seed, cfg.label.soft)
+    logger = session.logger(f"rm-{cfg.rm.kind}")
+    try:
+        return train_reward_model(cfg, session.run.child(f"rm-{cfg.rm.kind}"), rm_init(session),
+                                  examples, logger, session.config_yaml)
+    finally:
+        logger.close()
+
+
+def run_eval_rm(session: Session) -> dict:
+    """Report every reward model of the run (rm-orm, rm-prm): labelled metrics and best-of-N."""
+    from reward_model.examples import as_orm, synthetic_step_examples
+    from reward_model.report import best_of_n_report, labelled_report
+    from reward_model.score import TagScorer
+    from runtime.data import load_splits
+    from runtime.rundir import atomic_write_json
+    from runtime.tiny_model import load_causal_lm, load_tokenizer
+
+    cfg = session.cfg
+    splits = load_splits(cfg.data, cfg.run.seed)
+    scorers = {}
+    for kind in ("orm", "prm"):
+        path = session.run.child(f"rm-{kind}", "final")
+        if (path / "config.json").exists():
+            scorers[kind] = (TagScorer.from_pretrained(path, cfg.rm.step_tag, cfg.rm.max_length,
+                                                       cfg.model.dtype), kind)
+    if not scorers:
+        raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first")
+    report: dict = {}
+    if cfg.data.source == "synthetic":
+        held_out = synthetic_step_examples(splits.eval[:cfg.rm.eval_solutions], cfg.run.seed + 1)
+        for kind, (scorer, _) in scorers.items():
+            examples = as_orm(held_out) if kind == "orm" else held_out
+            report.update({f"{kind}/{k}": v for k, v in labelled_report(scorer, examples).items()})
+    policy_path = warm_start(session)
+    report.update({f"bon/{k}": v for k, v in best_of_n_report(
+        load_causal_lm(policy_path, cfg.model.dtype).eval(), load_tokenizer(policy_path),
+        splits.eval[:cfg.rm.bon_questions], cfg.data.prompt_template, scorers, cfg.rm.aggregate,
+        cfg.rm.bon_samples, cfg.eval.temperature, cfg.eval.max_new_tokens,
+        cfg.eval.grade_timeout_s, seed=cfg.run.seed).items()})
+    atomic_write_json(session.run.child("eval", "reward_models.json"), report)
+    print(json.dumps(report, indent=2))
+    return report
+
+
 def run_demo(session: Session) -> None:
     """The longest pipeline that exists: build the tiny model, SFT warm start, GRPO, evaluate."""
     warm = run_sft(session)
@@ -182,7 +277,7 @@ def run_demo(session: Session) -> None:
 
 
 COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval": run_eval,
-            "demo": run_demo}
+            "label": run_label, "train-rm": run_train_rm, "eval-rm": run_eval_rm, "demo": run_demo}
 
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:

@@ -20,6 +20,8 @@ CHOICES = {
     "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo"),
     "grpo.supervision": ("outcome", "process"),
     "grpo.reward": ("rule", "step_oracle"),
+    "rm.kind": ("prm", "orm"),
+    "rm.aggregate": ("min", "prod", "last", "mean"),
 }
 
 

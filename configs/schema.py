@@ -172,8 +172,57 @@ class EvalConfig:
 
 @dataclass
 class RewardModelConfig:
+    kind: str = "prm"
+    """`igrpo train-rm`: prm (a score per step) or orm (a score per solution)."""
     lr: float = 2e-5
     """Reward-model learning rate (the paper's 2e-5)."""
+    batch_size: int = 32
+    """Labelled solutions per optimizer step (all devices)."""
+    epochs: float = 2.0
+    max_length: int = 512
+    """Tokens per input; longer inputs are cut at the end, dropping the tags past the cut."""
+    eval_every: int = 100
+    """Optimizer steps between validation passes (0 = only at the end)."""
+    val_fraction: float = 0.1
+    """Share of the training file held out for validation."""
+    step_tag: str = "ки"
+    """Tag after each step (Math-Shepherd's); must be one token for the tokenizer."""
+    aggregate: str = "min"
+    """PRM step scores -> solution score: min (Math-Shepherd), prod, last, mean."""
+    init_path: str = ""
+    """Backbone to start from; empty = this run's SFT warm start."""
+    data_path: str = ""
+    """`igrpo train-rm`: Math-Shepherd or TRL-format JSONL/parquet or hub id; empty = synthetic
+    solutions generated from the task, half with a known first wrong step."""
+    synthetic_solutions: int = 4000
+    """Generated solutions when `data_path` is empty."""
+    eval_solutions: int = 300
+    """`igrpo eval-rm`: held-out labelled solutions (synthetic: first wrong step known)."""
+    bon_questions: int = 100
+    """`igrpo eval-rm`: held-out questions for best-of-N."""
+    bon_samples: int = 16
+    """N: policy samples per question for best-of-N."""
+
+
+@dataclass
+class LabelConfig:
+    completer: str = ""
+    """Policy that completes step prefixes; empty = this run's warm start."""
+    num_completions: int = 8
+    """N continuations per step prefix (Math-Shepherd's 8)."""
+    questions: int = 200
+    """Questions whose policy samples get labelled (`igrpo label`)."""
+    samples_per_question: int = 4
+    """Policy solutions sampled per question for labelling."""
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    """Sampling temperature of the solutions and of the completions."""
+    shard_size: int = 64
+    """Solutions per shard: finished shards are kept and not recomputed on resume."""
+    prefixes_per_batch: int = 64
+    """Step prefixes completed together in one generate call (x N continuations each)."""
+    soft: bool = False
+    """Train the PRM on soft estimates (fractions) instead of hard ones."""
 
 
 @dataclass
@@ -194,4 +243,5 @@ class Config:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
+    label: LabelConfig = field(default_factory=LabelConfig)
     iterate: IterateConfig = field(default_factory=IterateConfig)

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 
 ANSWER_PREFIX = "The answer is "
-MAX_VALUE = 999
+MAX_VALUE = 99
 _WORDS = {"+": "Add {n}.", "-": "Subtract {n}.", "*": "Multiply by {n}."}
 
 
@@ -117,23 +117,26 @@ def _true_chain(question: str) -> list[tuple[int, str, int, int]]:
 def corrupt_solution(problem: Problem, rng: random.Random) -> tuple[tuple[str, ...], int]:
     """A wrong solution whose first wrong step is known: (steps, first_wrong_index).
 
-    One computation step gets a wrong result; later steps compute correctly from the wrong value,
-    as a model that slipped once would, so the final answer is wrong too.
+    One computation step goes wrong, either in its result (an arithmetic slip) or in the operand
+    it copies from the question (a reading slip); later steps compute correctly from the wrong
+    value, as a model that slipped once would, so the final answer is wrong too.
     """
     chain = _true_chain(problem.question)
     k = rng.randrange(len(chain))
     steps = list(problem.steps[:k])
-    value = None
+    value = chain[k][0]
     for j in range(k, len(chain)):
-        a, op, n, result = chain[j]
-        if j == k:
-            result = max(0, result + rng.choice([-1, 1]) * rng.randint(1, 10))
-            if result == chain[j][3]:
-                result += 1
+        _, op, n, _ = chain[j]
+        if j == k and rng.random() < 0.5:
+            n = max(1, n + rng.choice([-1, 1]) * rng.randint(1, 3))
+            if n == chain[j][2]:
+                n += 1
+            result = _apply(value, op, n)
         else:
-            a = value
-            result = _apply(a, op, n)
-        steps.append(f"{a}{op}{n}={result}")
+            result = _apply(value, op, n)
+        if j == k and result == chain[j][3]:  # a slip must change the value
+            result += rng.choice([-1, 1]) * rng.randint(1, 10) or 1
+        steps.append(f"{value}{op}{n}={result}")
         value = result
     steps.append(f"{ANSWER_PREFIX}{value}")
     return tuple(steps), k

@@ -1,0 +1,148 @@
+"""PRM dataset formats: Math-Shepherd (native) and TRL's stepwise format, read and written.
+
+Math-Shepherd rows hold `input` = the question followed by "Step 1: ... ки\\nStep 2: ... ки..." and
+`label` = the same text with each tag replaced by `+` (the step can still reach the gold answer) or
+`-`. Soft estimates ride along as `soft_labels` (a fraction in [0, 1] per step). TRL rows hold
+`prompt`, `completions` (a list of steps) and `labels` (a list of bools).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.data import DataError
+
+STEP_TAG = "ки"
+GOOD, BAD = "+", "-"
+
+
+@dataclass(frozen=True)
+class StepExample:
+    """One solution with a label per step (hard 0/1 or soft fractions)."""
+
+    question: str
+    steps: tuple[str, ...]
+    labels: tuple[float, ...]
+    source_id: str = ""
+
+
+def to_math_shepherd(question: str, steps: list[str] | tuple[str, ...],
+                     labels: list[float] | tuple[float, ...] | None = None,
+                     tag: str = STEP_TAG) -> tuple[str, str | None]:
+    """(input text with tags, label text with +/- in their place); a label >= 0.5 is `+`."""
+    body = [f"Step {k + 1}: {step.strip()} {{}}" for k, step in enumerate(steps)]
+    template = f"{question.strip()} " + "\n".join(body)
+    text = template.format(*([tag] * len(steps)))
+    if labels is None:
+        return text, None
+    return text, template.format(*(GOOD if y >= 0.5 else BAD for y in labels))
+
+
+def parse_math_shepherd(input_text: str, label_text: str, tag: str = STEP_TAG,
+                        where: str = "") -> tuple[str, tuple[str, ...], tuple[float, ...]]:
+    """Invert `to_math_shepherd`: (question, steps, hard labels); errors name `where`."""
+    pieces = input_text.split(tag)
+    if len(pieces) < 2:
+        raise DataError(f"{where}: field 'input': no step tag {tag!r}")
+    labels, pos = [], 0
+    for k, piece in enumerate(pieces[:-1]):
+        if label_text[pos:pos + len(piece)] != piece:
+            raise DataError(f"{where}: field 'label': text differs from 'input' before tag {k + 1}"
+                            f" ({len(pieces) - 1} tags in 'input')")
+        mark = label_text[pos + len(piece):pos + len(piece) + 1]
+        if mark not in (GOOD, BAD):
+            raise DataError(f"{where}: field 'label': expected '+' or '-' at tag {k + 1} of "
+                            f"{len(pieces) - 1}, found {mark!r}")
+        labels.append(1.0 if mark == GOOD else 0.0)
+        pos += len(piece) + 1
+    if label_text[pos:] != pieces[-1]:
+        raise DataError(f"{where}: field 'label': tag count does not match 'input' "
+                        f"({len(pieces) - 1} tags in 'input')")
+    question, steps = "", []
+    for k, piece in enumerate(pieces[:-1]):
+        head, found, step = piece.partition(f"Step {k + 1}:")
+        if k == 0:
+            question = head if found else ""
+        steps.append((step if found else piece).strip())
+    return question.strip(), tuple(steps), tuple(labels)
+
+
+def example_from_row(row: dict, where: str, tag: str = STEP_TAG,
+                     use_soft: bool = False) -> StepExample:
+    """A StepExample from a Math-Shepherd row (input/label[/soft_labels]) or a TRL row; with
+    `use_soft`, the labels are the row's soft estimates."""
+    if "input" in row:
+        for name in ("input", "label"):
+            if not isinstance(row.get(name), str):
+                raise DataError(f"{where}: field {name!r}: missing or not a string")
+        question, steps, labels = parse_math_shepherd(row["input"], row["label"], tag, where)
+        soft = row.get("soft_labels")
+        if soft is not None and use_soft:
+            if not isinstance(soft, list) or len(soft) != len(steps):
+                raise DataError(f"{where}: field 'soft_labels': expected {len(steps)} numbers, "
+                                f"one per step tag")
+            if any(not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in soft):
+                raise DataError(f"{where}: field 'soft_labels': values must lie in [0, 1]")
+            labels = tuple(float(v) for v in soft)
+        return StepExample(question, steps, labels, row.get("source_id") or where)
+    if "completions" in row:
+        prompt, steps, labels = row.get("prompt"), row.get("completions"), row.get("labels")
+        if not isinstance(prompt, str):
+            raise DataError(f"{where}: field 'prompt': missing or not a string")
+        if not isinstance(steps, list) or not isinstance(labels, list):
+            raise DataError(f"{where}: fields 'completions'/'labels': expected lists")
+        if len(steps) != len(labels):
+            raise DataError(f"{where}: field 'labels': {len(labels)} labels for "
+                            f"{len(steps)} steps")
+        return StepExample(prompt, tuple(steps), tuple(float(bool(v)) for v in labels), where)
+    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd) or 'prompt'/'completions'/"
+                    "'labels' (TRL) fields")
+
+
+def trl_to_math_shepherd(row: dict, tag: str = STEP_TAG) -> dict:
+    """Convert one TRL stepwise row to a Math-Shepherd row."""
+    example = example_from_row(row, "row", tag)
+    text, label = to_math_shepherd(example.question, example.steps, example.labels, tag)
+    return {"input": text, "label": label}
+
+
+def load_step_examples(path: str, tag: str = STEP_TAG, split: str = "train",
+                       skip_bad_rows: bool = False,
+                       use_soft: bool = False) -> tuple[list[StepExample], int]:
+    """Examples from a Math-Shepherd/TRL JSONL/parquet file or hub id; (examples, rows skipped)."""
+    from runtime.data import _datasets_rows, _locate_bad_jsonl_row
+
+    try:
+        rows = _datasets_rows(path, "", split)
+    except Exception as err:
+        if Path(path).suffix in (".jsonl", ".json") and Path(path).exists():
+            raise _locate_bad_jsonl_row(Path(path), err) from err
+        raise DataError(f"{path}: could not be read: {err}") from err
+    examples, skipped = [], 0
+    for index, row in enumerate(rows):
+        try:
+            examples.append(example_from_row(row, f"{path}: row {index + 1}", tag, use_soft))
+        except DataError:
+            if not skip_bad_rows:
+                raise
+            skipped += 1
+    return examples, skipped
+
+
+def write_math_shepherd_jsonl(path: Path, examples: list[StepExample], tag: str = STEP_TAG,
+                              soft_labels: list[tuple[float, ...]] | None = None) -> None:
+    """Write examples as Math-Shepherd JSONL (the +/- text from `labels`, plus `soft_labels`
+    when given), atomically."""
+    import json
+
+    from runtime.rundir import atomic_write_text
+
+    lines = []
+    for i, ex in enumerate(examples):
+        text, label = to_math_shepherd(ex.question, ex.steps, ex.labels, tag)
+        row = {"input": text, "label": label, "source_id": ex.source_id}
+        if soft_labels is not None:
+            row["soft_labels"] = list(soft_labels[i])
+        lines.append(json.dumps(row, ensure_ascii=False))
+    atomic_write_text(Path(path), "\n".join(lines) + "\n")

@@ -1,0 +1,40 @@
+"""Sample policy solutions to label, cached on disk so a resumed run labels the same solutions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tqdm import tqdm
+
+from policy.rollout import generate_groups
+from process_supervision.label import Solution
+from process_supervision.steps import split_steps
+from runtime.data import MathRecord
+from runtime.rundir import atomic_write_text
+
+
+def sample_solutions(policy, tokenizer, records: list[MathRecord], prompt_template: str,
+                     per_question: int, max_new_tokens: int, temperature: float,
+                     cache: Path | None = None, questions_per_batch: int = 32) -> list[Solution]:
+    """`per_question` sampled solutions per record (those with at least one step)."""
+    by_id = {r.source_id: r for r in records}
+    if cache is not None and cache.exists():
+        rows = [json.loads(line) for line in cache.read_text(encoding="utf-8").splitlines()]
+        return [Solution(by_id[r["source_id"]], tuple(r["steps"])) for r in rows]
+    solutions = []
+    for start in tqdm(range(0, len(records), questions_per_batch), desc="sample", leave=False):
+        chunk = records[start:start + questions_per_batch]
+        rollout = generate_groups(policy, tokenizer,
+                                  [prompt_template.format(question=r.question) for r in chunk],
+                                  per_question, max_new_tokens=max_new_tokens,
+                                  temperature=temperature)
+        for i, text in enumerate(rollout.texts):
+            steps = split_steps(text)
+            if steps:
+                solutions.append(Solution(chunk[i // per_question], tuple(steps)))
+    if cache is not None:
+        atomic_write_text(cache, "".join(
+            json.dumps({"source_id": s.record.source_id, "steps": list(s.steps)}) + "\n"
+            for s in solutions))
+    return solutions

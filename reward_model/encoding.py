@@ -1,0 +1,85 @@
+"""Turn labelled solutions into tagged token batches: labels land exactly on the tag tokens.
+
+A PRM example is the Math-Shepherd text (a tag after every step); an ORM example is the same text
+with the whole solution as its one step, so its single tag sits at the last token. Inputs longer
+than `max_length` are cut at the end: the tags past the cut and their labels are dropped together,
+never shifted onto other tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from process_supervision.formats import BAD, GOOD, StepExample, to_math_shepherd
+
+
+@dataclass(frozen=True)
+class TagTokens:
+    tag_id: int
+    plus_id: int
+    minus_id: int
+
+
+@dataclass(frozen=True)
+class TagBatch:
+    input_ids: torch.Tensor
+    """[B, L] right-padded token ids."""
+    attention_mask: torch.Tensor
+    """[B, L] 1 on real tokens."""
+    targets: torch.Tensor
+    """[B, L] label of the tag at each position (0 elsewhere); soft labels allowed."""
+    label_mask: torch.Tensor
+    """[B, L] bool, True exactly at the tag tokens that carry a label."""
+    steps_kept: list[int]
+    """Per example: how many of its tags survived truncation."""
+
+
+def tag_tokens(tokenizer, tag: str) -> TagTokens:
+    """Token ids of the tag and of `+`/`-` (the last token of each, as Math-Shepherd reads them).
+
+    `encode` then checks that every tag really is one token in context.
+    """
+    def last_id(text: str) -> int:
+        return tokenizer(text, add_special_tokens=False)["input_ids"][-1]
+
+    return TagTokens(last_id(tag), last_id(GOOD), last_id(BAD))
+
+
+def orm_example(question: str, solution: str, correct: float | None = None) -> StepExample:
+    """An ORM example: the whole solution is one step, labelled with its correctness."""
+    return StepExample(question, (solution,), (float(correct),) if correct is not None else (0.0,))
+
+
+def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
+           max_length: int) -> TagBatch:
+    """Tokenise Math-Shepherd texts and put each label on its tag token."""
+    rows, targets, masks, kept = [], [], [], []
+    for ex in examples:
+        text, _ = to_math_shepherd(ex.question, ex.steps, None, tag)
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        positions = [i for i, t in enumerate(ids) if t == tags.tag_id]
+        if len(positions) != len(ex.steps):
+            raise ValueError(f"reward model: found {len(positions)} tag tokens for "
+                             f"{len(ex.steps)} steps in {ex.source_id or ex.question[:40]!r}: the tag "
+                             f"{tag!r} must tokenise to one token in context")
+        ids = ids[:max_length]
+        positions = [p for p in positions if p < len(ids)]
+        target, mask = [0.0] * len(ids), [False] * len(ids)
+        for p, y in zip(positions, ex.labels):
+            target[p], mask[p] = float(y), True
+        rows.append(ids)
+        targets.append(target)
+        masks.append(mask)
+        kept.append(len(positions))
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+
+    def padded(values, fill):
+        return [v + [fill] * (width - len(v)) for v in values]
+
+    return TagBatch(torch.tensor(padded(rows, pad)),
+                    torch.tensor(padded([[1] * len(r) for r in rows], 0)),
+                    torch.tensor(padded(targets, 0.0)),
+                    torch.tensor(padded(masks, False)), kept)

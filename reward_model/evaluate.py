@@ -1,0 +1,101 @@
+"""Reward-model evaluation: step accuracy/F1/AUROC, first-error F1, and best-of-N selection.
+
+Pure functions over plain lists: predictions are P(+) per step (or per solution for an ORM),
+labels are 0/1 (soft labels are thresholded at 0.5).
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def auroc(scores: list[float], labels: list[bool]) -> float:
+    """Area under the ROC curve: P(score of a random positive > score of a random negative)."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return float("nan")
+    ranked = sorted((s, y) for s, y in zip(scores, labels))
+    rank_sum, i = 0.0, 0
+    while i < len(ranked):  # average ranks over ties
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        avg_rank = (i + 1 + j) / 2
+        rank_sum += avg_rank * sum(1 for k in range(i, j) if ranked[k][1])
+        i = j
+    return (rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
+
+
+def _f1(tp: int, fp: int, fn: int) -> float:
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def step_metrics(predicted: list[list[float]], labels: list[list[float]]) -> dict[str, float]:
+    """Step-level accuracy, F1 of finding wrong steps, F1 of right steps, and AUROC.
+
+    Steps without a prediction (cut off by max_length) are left out.
+    """
+    scores, truth = [], []
+    for pred, lab in zip(predicted, labels):
+        scores += pred
+        truth += [y >= 0.5 for y in lab[:len(pred)]]
+    guess = [s >= 0.5 for s in scores]
+    tp_bad = sum(1 for g, t in zip(guess, truth) if not g and not t)
+    fp_bad = sum(1 for g, t in zip(guess, truth) if not g and t)
+    fn_bad = sum(1 for g, t in zip(guess, truth) if g and not t)
+    tp_good = sum(1 for g, t in zip(guess, truth) if g and t)
+    return {
+        "step_accuracy": sum(g == t for g, t in zip(guess, truth)) / max(len(truth), 1),
+        "error_f1": _f1(tp_bad, fp_bad, fn_bad),
+        "correct_f1": _f1(tp_good, fn_bad, fp_bad),
+        "auroc": auroc(scores, truth),
+        "steps": float(len(truth)),
+    }
+
+
+def first_error(scores_or_labels: list[float]) -> int | None:
+    """Index of the first step judged wrong (< 0.5), None when all are right."""
+    return next((k for k, v in enumerate(scores_or_labels) if v < 0.5), None)
+
+
+def first_error_metrics(predicted: list[list[float]], labels: list[list[float]]) -> dict[str, float]:
+    """ProcessBench-style: accuracy of the first-error index on erroneous solutions, accuracy of
+    'no error' on correct ones, and their harmonic mean (F1)."""
+    err_hit = err_n = ok_hit = ok_n = 0
+    for pred, lab in zip(predicted, labels):
+        truth, guess = first_error(lab), first_error(pred)
+        if truth is None:
+            ok_n += 1
+            ok_hit += guess is None
+        else:
+            err_n += 1
+            err_hit += guess == truth
+    err_acc, ok_acc = err_hit / max(err_n, 1), ok_hit / max(ok_n, 1)
+    f1 = 2 * err_acc * ok_acc / (err_acc + ok_acc) if err_acc + ok_acc else 0.0
+    return {"first_error_accuracy": err_acc, "no_error_accuracy": ok_acc, "first_error_f1": f1}
+
+
+def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: list[list[str | None]],
+              seed: int = 0) -> dict[str, float]:
+    """Accuracy of the sample picked by the reward model, beside majority vote and random.
+
+    Per question: `correct[q][i]` (is sample i right), `scores[q][i]` (reward-model score),
+    `answers[q][i]` (its extracted final answer, for the vote). Random is the expected accuracy
+    of a uniform pick (the mean correctness) and one seeded draw.
+    """
+    from collections import Counter
+
+    rng = random.Random(seed)
+    picked = voted = drawn = expected = 0.0
+    for right, score, answer in zip(correct, scores, answers):
+        picked += right[max(range(len(score)), key=score.__getitem__)]
+        counts = Counter(a for a in answer if a is not None)
+        if counts:
+            top = counts.most_common(1)[0][0]
+            voted += right[answer.index(top)]
+        drawn += right[rng.randrange(len(right))]
+        expected += sum(right) / len(right)
+    n = max(len(correct), 1)
+    return {"rm_pick": picked / n, "majority": voted / n, "random": expected / n,
+            "random_draw": drawn / n}

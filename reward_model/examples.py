@@ -1,0 +1,45 @@
+"""Training examples for the reward models: from a Math-Shepherd/TRL file, or generated from the
+synthetic task (solutions whose first wrong step is known by construction)."""
+
+from __future__ import annotations
+
+import random
+
+from process_supervision.formats import StepExample, load_step_examples
+from reward_model.encoding import orm_example
+from runtime import synthetic
+from runtime.data import MathRecord, format_solution
+
+
+def as_orm(examples: list[StepExample]) -> list[StepExample]:
+    """PRM examples -> ORM examples: the whole solution, labelled by its last step's label."""
+    return [orm_example(ex.question, format_solution(ex.steps), ex.labels[-1]) for ex in examples]
+
+
+def synthetic_step_examples(records: list[MathRecord], seed: int,
+                            wrong_fraction: float = 0.5) -> list[StepExample]:
+    """Per synthetic record: its correct solution, or (with `wrong_fraction`) a corrupted one;
+    labels are the true step correctness."""
+    rng = random.Random(seed)
+    out = []
+    for rec in records:
+        problem = synthetic.Problem(rec.question, rec.solution_steps, int(rec.answer))
+        steps = problem.steps
+        if rng.random() < wrong_fraction:
+            steps, _ = synthetic.corrupt_solution(problem, rng)
+        truth = synthetic.step_correctness(rec.question, steps)
+        out.append(StepExample(rec.question, tuple(steps), tuple(float(t) for t in truth),
+                               rec.source_id))
+    return out
+
+
+def training_examples(rm, records: list[MathRecord], seed: int,
+                      soft_labels: bool = False) -> list[StepExample]:
+    """The examples `igrpo train-rm` trains on, for `rm.kind` (from an `RewardModelConfig`)."""
+    if rm.data_path:
+        examples, skipped = load_step_examples(rm.data_path, rm.step_tag, use_soft=soft_labels)
+        if skipped:
+            print(f"[igrpo] skipped {skipped} malformed rows of {rm.data_path}")
+    else:
+        examples = synthetic_step_examples(records[:rm.synthetic_solutions], seed)
+    return as_orm(examples) if rm.kind == "orm" else examples

@@ -1,0 +1,56 @@
+"""Reward-model math: scores at step tags, the (soft-label) loss, and step-score aggregation.
+
+Both reward models are causal LMs read at tag tokens, the Math-Shepherd way: the score of a tag is
+P(`+`) over {`+`, `-`} from the logits at the tag's position. A PRM has one tag after every step; an
+ORM has a single tag after the whole solution (one scalar per solution, read at the last token), so
+pointwise binary cross-entropy on final-answer correctness is the same loss with one label.
+A released Math-Shepherd PRM (e.g. peiyi9979/math-shepherd-mistral-7b-prm) scores identically.
+Pure functions over tensors; shapes in the docstrings.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def tag_logit_margin(logits: torch.Tensor, plus_id: int, minus_id: int) -> torch.Tensor:
+    """logit(+) - logit(-) at every position: [B, L, V] -> [B, L] (float32).
+
+    sigmoid(margin) = softmax over {+, -} of the two logits = P(+).
+    """
+    return (logits[..., plus_id] - logits[..., minus_id]).float()
+
+
+def tag_loss(margin: torch.Tensor, targets: torch.Tensor, label_mask: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy at labelled tag positions, soft targets allowed.
+
+    margin: [B, L] logit(+) - logit(-); targets: [B, L] in [0, 1]; label_mask: [B, L] bool.
+    Each labelled tag adds -(y log P(+) + (1 - y) log P(-)).
+    """
+    per_position = F.binary_cross_entropy_with_logits(margin, targets.float(), reduction="none")
+    mask = label_mask.float()
+    return (per_position * mask).sum() / mask.sum().clamp(min=1)
+
+
+def aggregate_min(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Math-Shepherd's choice: the weakest step. scores, mask: [N, S] -> [N]."""
+    return scores.masked_fill(~mask, float("inf")).min(-1).values.masked_fill(~mask.any(-1), 0.0)
+
+
+def aggregate_prod(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return scores.masked_fill(~mask, 1.0).prod(-1).masked_fill(~mask.any(-1), 0.0)
+
+
+def aggregate_last(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    last = (mask.long().cumsum(-1).argmax(-1))  # index of the last real step
+    return scores.gather(-1, last[:, None]).squeeze(-1).masked_fill(~mask.any(-1), 0.0)
+
+
+def aggregate_mean(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.float()
+    return (scores * m).sum(-1) / m.sum(-1).clamp(min=1)
+
+
+STEP_AGGREGATORS = {"min": aggregate_min, "prod": aggregate_prod, "last": aggregate_last,
+                    "mean": aggregate_mean}

@@ -1,0 +1,71 @@
+"""`igrpo eval-rm`: a reward model's report on held-out data.
+
+Step-level accuracy/F1/AUROC against labels, first-error accuracy where the first wrong step is
+known, and best-of-N: on held-out questions with N policy samples each, the accuracy of the sample
+each reward model picks, beside majority vote and a random pick.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from policy.rollout import generate_groups
+from process_supervision.formats import StepExample
+from process_supervision.steps import split_steps
+from reward_model.encoding import orm_example
+from reward_model.evaluate import best_of_n, first_error_metrics, step_metrics
+from reward_model.heads import STEP_AGGREGATORS
+from reward_model.score import TagScorer
+from runtime.data import MathRecord
+from runtime.grading import answers_match, extract_final_answer
+
+
+def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str, float]:
+    """Step metrics and first-error metrics of `scorer` on labelled examples."""
+    predicted = scorer.score(examples)
+    labels = [list(ex.labels) for ex in examples]
+    return {**step_metrics(predicted, labels), **first_error_metrics(predicted, labels)}
+
+
+def solution_scores(scorer: TagScorer, kind: str, aggregate: str, question: str,
+                    texts: list[str]) -> list[float]:
+    """One score per solution text: the ORM's P(+), or the PRM's aggregated step scores."""
+    if kind == "orm":
+        return [s[0] if s else 0.0 for s in scorer.score([orm_example(question, t) for t in texts])]
+    steps = [split_steps(t) for t in texts]
+    scored = iter(scorer.score([StepExample(question, tuple(s), (0.0,) * len(s))
+                                for s in steps if s]))
+    per_step = [next(scored) if s else [] for s in steps]
+    width = max([len(p) for p in per_step] + [1])
+    values = torch.tensor([p + [0.0] * (width - len(p)) for p in per_step])
+    mask = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in per_step])
+    return STEP_AGGREGATORS[aggregate](values, mask).tolist()
+
+
+@torch.no_grad()
+def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], prompt_template: str,
+                     scorers: dict[str, tuple[TagScorer, str]], aggregate: str, n: int,
+                     temperature: float, max_new_tokens: int, timeout_s: int = 2,
+                     questions_per_batch: int = 16, seed: int = 0) -> dict[str, float]:
+    """Best-of-N accuracy for each scorer (`name -> (scorer, kind)`), majority vote and random."""
+    correct, answers = [], []
+    scores: dict[str, list[list[float]]] = {name: [] for name in scorers}
+    for start in range(0, len(records), questions_per_batch):
+        chunk = records[start:start + questions_per_batch]
+        rollout = generate_groups(policy, policy_tokenizer,
+                                  [prompt_template.format(question=r.question) for r in chunk], n,
+                                  max_new_tokens=max_new_tokens, temperature=temperature)
+        for q, rec in enumerate(chunk):
+            texts = rollout.texts[q * n:(q + 1) * n]
+            extracted = [extract_final_answer(t) for t in texts]
+            answers.append(extracted)
+            correct.append([a is not None and answers_match(a, rec.answer, timeout_s)
+                            for a in extracted])
+            for name, (scorer, kind) in scorers.items():
+                scores[name].append(solution_scores(scorer, kind, aggregate, rec.question, texts))
+    report: dict[str, float] = {}
+    for name in scorers:
+        result = best_of_n(correct, scores[name], answers, seed)
+        report[f"{name}_pick"] = result["rm_pick"]
+        report.update({k: v for k, v in result.items() if k != "rm_pick"})
+    return report

@@ -1,0 +1,95 @@
+"""Batched, no-grad reward-model scoring, and the ORM/PRM rewards the GRPO loop takes.
+
+`PRMReward` returns per-step scores and the token index where each step ends in the policy's
+completion (what process advantages need), plus their aggregate as the solution score;
+`ORMReward` returns one scalar per sample. Both satisfy `policy.rewards.RewardFn`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from policy.rewards import Scores, grade_samples
+from policy.rollout import Rollout
+from process_supervision.formats import StepExample
+from process_supervision.steps import pad_steps, split_steps, step_end_token_indices
+from reward_model.encoding import encode, orm_example, tag_tokens
+from reward_model.heads import STEP_AGGREGATORS, tag_logit_margin
+from runtime.data import MathRecord
+
+
+class TagScorer:
+    """P(+) at every tag of Math-Shepherd-format inputs, a batch at a time, without gradients."""
+
+    def __init__(self, model, tokenizer, tag: str, max_length: int, batch_size: int = 64):
+        self.model, self.tokenizer, self.tag = model, tokenizer, tag
+        self.max_length, self.batch_size = max_length, batch_size
+        self.tags = tag_tokens(tokenizer, tag)
+
+    @classmethod
+    def from_pretrained(cls, path, tag: str, max_length: int, dtype: str = "float32",
+                        trust_remote_code: bool = False, batch_size: int = 64) -> "TagScorer":
+        from runtime.tiny_model import load_causal_lm, load_tokenizer
+
+        model = load_causal_lm(path, dtype, trust_remote_code).eval()
+        return cls(model, load_tokenizer(path, trust_remote_code), tag, max_length, batch_size)
+
+    @torch.no_grad()
+    def score(self, examples: list[StepExample]) -> list[list[float]]:
+        """Per example, P(+) of each step whose tag fits in `max_length` (later ones dropped)."""
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = []
+        device = next(self.model.parameters()).device
+        for start in range(0, len(examples), self.batch_size):
+            batch = encode(self.tokenizer, examples[start:start + self.batch_size], self.tags,
+                           self.tag, self.max_length)
+            logits = self.model(input_ids=batch.input_ids.to(device),
+                                attention_mask=batch.attention_mask.to(device)).logits
+            probs = torch.sigmoid(tag_logit_margin(logits, self.tags.plus_id, self.tags.minus_id))
+            for row in range(len(batch.steps_kept)):
+                out.append(probs[row][batch.label_mask[row].to(device)].tolist())
+        self.model.train(was_training)
+        return out
+
+
+class PRMReward:
+    """Process reward: each step's P(+), the step's end token in the policy's completion, and
+    the aggregated solution score (`min` by default)."""
+
+    def __init__(self, scorer: TagScorer, policy_tokenizer, aggregate: str = "min",
+                 timeout_s: int = 2):
+        self.scorer, self.policy_tokenizer = scorer, policy_tokenizer
+        self.aggregate = STEP_AGGREGATORS[aggregate]
+        self.timeout_s = timeout_s
+
+    def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
+        step_lists = [split_steps(t) for t in rollout.texts]
+        examples = [StepExample(r.question, tuple(steps), (0.0,) * len(steps))
+                    for r, steps in zip(records, step_lists) if steps]
+        scored = iter(self.scorer.score(examples))
+        values, ends = [], []
+        for i, (text, steps) in enumerate(zip(rollout.texts, step_lists)):
+            ids = rollout.completion_ids[i][rollout.completion_mask[i].bool()].tolist()
+            step_scores = next(scored) if steps else []
+            step_ends = step_end_token_indices(self.policy_tokenizer, ids, text)
+            # Steps cut off by the reward model's max_length get no score and no reward.
+            values.append(step_scores)
+            ends.append(step_ends[:len(step_scores)])
+        step_rewards, step_mask, step_end = pad_steps(values, ends)
+        return Scores(rewards=self.aggregate(step_rewards, step_mask),
+                      correct=grade_samples(records, rollout.texts, self.timeout_s),
+                      step_rewards=step_rewards, step_mask=step_mask, step_end_index=step_end)
+
+
+class ORMReward:
+    """Outcome reward: the ORM's P(+) at the solution's final tag, one scalar per sample."""
+
+    def __init__(self, scorer: TagScorer, timeout_s: int = 2):
+        self.scorer, self.timeout_s = scorer, timeout_s
+
+    def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
+        examples = [orm_example(r.question, t) for r, t in zip(records, rollout.texts)]
+        scores = [s[0] if s else 0.0 for s in self.scorer.score(examples)]
+        return Scores(rewards=torch.tensor(scores),
+                      correct=grade_samples(records, rollout.texts, self.timeout_s))

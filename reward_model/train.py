@@ -1,0 +1,109 @@
+"""Reward-model training (ORM and PRM alike): a causal LM learns P(+) at tag tokens.
+
+Launch alone: `igrpo train-rm --config configs/tiny.yaml rm.kind=prm rm.data_path=labels.jsonl`
+(one process), or `torchrun --nproc_per_node N -m reward_model train-rm ...`. Trains through a
+DeepSpeed engine (lr 2e-5 by default, the paper's), with the loss only at labelled tag positions,
+validates on a held-out split, exports with `save_pretrained`, and resumes from its last
+validation when re-run. `init` may be a previous reward model: a refresh continues training it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from configs.plan import plan_batch
+from process_supervision.formats import StepExample
+from reward_model.encoding import encode, tag_tokens
+from reward_model.evaluate import step_metrics
+from reward_model.heads import tag_logit_margin, tag_loss
+from reward_model.score import TagScorer
+from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
+from runtime.engine import (broadcast_from_main, build_engine, current_lr, engine_step,
+                            global_sum, is_main, world)
+from runtime.rundir import atomic_write_json
+from runtime.tiny_model import load_causal_lm, load_tokenizer
+
+
+def split_validation(examples: list[StepExample], fraction: float, seed: int):
+    """Seeded (train, validation) split of the examples."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_val = max(1, int(len(examples) * fraction)) if fraction > 0 else 0
+    return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
+
+
+def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExample], logger,
+                       config_yaml: str, step_offset: int = 0) -> Path:
+    """Train on `examples` (validation split off by `rm.val_fraction`); returns `<out>/final`."""
+    rm = cfg.rm
+    final_dir, done_file = out / "final", out / "done.json"
+    if done_file.exists():
+        return final_dir
+    rank, world_size = world()
+    train, val = split_validation(examples, rm.val_fraction, cfg.run.seed)
+    tokenizer = load_tokenizer(init, cfg.model.trust_remote_code)
+    tokenizer.padding_side = "right"
+    model = load_causal_lm(init, cfg.model.dtype, cfg.model.trust_remote_code)
+    tags = tag_tokens(tokenizer, rm.step_tag)
+    plan = plan_batch(rm.batch_size, cfg.deepspeed.micro_batch_size, world_size,
+                      f"rm.batch_size={rm.batch_size}")
+    engine = build_engine(model, cfg.deepspeed, lr=rm.lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    steps_per_epoch = max(1, len(train) // plan.global_sequences)
+    total_steps = math.ceil(rm.epochs * steps_per_epoch)
+    eval_every = rm.eval_every or total_steps
+    state = load_training_state(engine, out / "state") or {"step": 0}
+
+    def validate() -> dict:
+        metrics = None
+        if is_main() and val:
+            scorer = TagScorer(engine.module, tokenizer, rm.step_tag, rm.max_length)
+            metrics = step_metrics(scorer.score(val), [list(ex.labels) for ex in val])
+        return broadcast_from_main(metrics) or {}
+
+    bar = tqdm(total=total_steps, initial=state["step"], desc=out.name, disable=not is_main())
+    while state["step"] < total_steps:
+        step = state["step"]
+        epoch, index = divmod(step, steps_per_epoch)
+        order = list(range(len(train)))
+        random.Random(cfg.run.seed * 31 + epoch).shuffle(order)
+        batch_ids = order[index * plan.global_sequences:(index + 1) * plan.global_sequences]
+        mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
+                                            (rank + 1) * plan.rank_sequences]]
+        batch = encode(tokenizer, mine, tags, rm.step_tag, rm.max_length)
+        labels_total = global_sum(float(batch.label_mask.sum()))
+        started, loss_sum, grad_norm = time.perf_counter(), 0.0, 0.0
+        engine.train()
+        for mb in range(plan.grad_accum):
+            rows = slice(mb * plan.micro_batch_size, (mb + 1) * plan.micro_batch_size)
+            logits = engine(input_ids=batch.input_ids[rows].to(engine.device),
+                            attention_mask=batch.attention_mask[rows].to(engine.device)).logits
+            margin = tag_logit_margin(logits, tags.plus_id, tags.minus_id)
+            mask = batch.label_mask[rows].to(engine.device)
+            # Mean over the step's labels: this micro-batch's share of the global count.
+            loss = tag_loss(margin, batch.targets[rows].to(engine.device), mask) \
+                * (float(mask.sum()) / max(labels_total, 1.0)) * world_size
+            engine.backward(loss, scale_wrt_gas=False)
+            norm = engine_step(engine)
+            grad_norm = norm if norm is not None else grad_norm
+            loss_sum += loss.item() / world_size
+        state["step"] = step + 1
+        bar.update(1)
+        metrics = {"rm/loss": loss_sum, "rm/lr": current_lr(engine), "rm/grad_norm": grad_norm,
+                   "time/step": time.perf_counter() - started}
+        if state["step"] % eval_every == 0 or state["step"] == total_steps:
+            metrics.update({f"rm/val_{k}": v for k, v in validate().items()})
+            save_training_state(engine, out / "state", state)
+            bar.set_postfix(step_acc=f"{metrics.get('rm/val_step_accuracy', float('nan')):.3f}")
+        logger.log(metrics, step=step_offset + state["step"])
+    bar.close()
+    final_metrics = validate()
+    if is_main():
+        save_pretrained(engine, tokenizer, final_dir, config_yaml)
+        atomic_write_json(done_file, {"steps": state["step"], **final_metrics})
+    return final_dir

@@ -1,0 +1,150 @@
+"""Reward-model units: formats, label alignment, the soft-label loss, aggregators, metrics."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from configs.schema import TinyModelConfig
+from process_supervision.formats import (StepExample, example_from_row, load_step_examples,
+                                         parse_math_shepherd, to_math_shepherd,
+                                         trl_to_math_shepherd, write_math_shepherd_jsonl)
+from reward_model.encoding import encode, orm_example, tag_tokens
+from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
+from reward_model.heads import STEP_AGGREGATORS, tag_logit_margin, tag_loss
+from runtime.data import DataError
+from runtime.tiny_model import STEP_TAG, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_math_shepherd_round_trip():
+    text, label = to_math_shepherd("What is 2+3*4?", ["3*4=12", "2+12=14", "The answer is 14"],
+                                   [1.0, 0.0, 0.25])
+    assert text == ("What is 2+3*4? Step 1: 3*4=12 ки\nStep 2: 2+12=14 ки\n"
+                    "Step 3: The answer is 14 ки")
+    assert label == ("What is 2+3*4? Step 1: 3*4=12 +\nStep 2: 2+12=14 -\n"
+                     "Step 3: The answer is 14 -")
+    question, steps, labels = parse_math_shepherd(text, label)
+    assert question == "What is 2+3*4?"
+    assert steps == ("3*4=12", "2+12=14", "The answer is 14")
+    assert labels == (1.0, 0.0, 0.0)
+
+
+def test_trl_converter():
+    row = {"prompt": "Q?", "completions": ["a=1", "b=2"], "labels": [True, False]}
+    converted = trl_to_math_shepherd(row)
+    assert converted == {"input": "Q? Step 1: a=1 ки\nStep 2: b=2 ки",
+                         "label": "Q? Step 1: a=1 +\nStep 2: b=2 -"}
+    assert example_from_row(converted, "x").labels == (1.0, 0.0)
+
+
+def test_tag_count_mismatch_names_file_and_row(tmp_path):
+    good_text, good_label = to_math_shepherd("Q", ["a", "b"], [1, 1])
+    bad_label = good_label.replace(" +\nStep 2: b +", " +\nStep 2: b")  # one label missing
+    path = tmp_path / "prm.jsonl"
+    path.write_text(json.dumps({"input": good_text, "label": good_label}) + "\n"
+                    + json.dumps({"input": good_text, "label": bad_label}) + "\n")
+    with pytest.raises(DataError, match=r"prm.jsonl: row 2: field 'label'"):
+        load_step_examples(str(path))
+    examples, skipped = load_step_examples(str(path), skip_bad_rows=True)
+    assert len(examples) == 1 and skipped == 1
+    trl = tmp_path / "trl.jsonl"
+    trl.write_text(json.dumps({"prompt": "Q", "completions": ["a", "b"], "labels": [True]}) + "\n")
+    with pytest.raises(DataError, match=r"trl.jsonl: row 1: field 'labels'"):
+        load_step_examples(str(trl))
+
+
+def test_soft_labels_written_and_read(tmp_path):
+    path = tmp_path / "soft.jsonl"
+    write_math_shepherd_jsonl(path, [StepExample("Q", ("a", "b"), (1.0, 0.0), "s:0")],
+                              soft_labels=[(0.75, 0.125)])
+    (example,), _ = load_step_examples(str(path), use_soft=True)
+    assert example.labels == (0.75, 0.125) and example.steps == ("a", "b")
+    (hard,), _ = load_step_examples(str(path))
+    assert hard.labels == (1.0, 0.0)
+
+
+def test_labels_land_on_tag_tokens(tok):
+    tags = tag_tokens(tok, STEP_TAG)
+    ex = StepExample("Q", ("1+1=2", "2*3=6"), (1.0, 0.0))
+    batch = encode(tok, [ex], tags, STEP_TAG, max_length=128)
+    ids = batch.input_ids[0]
+    positions = batch.label_mask[0].nonzero().squeeze(-1).tolist()
+    assert [ids[p].item() for p in positions] == [tags.tag_id, tags.tag_id]
+    assert batch.targets[0, positions].tolist() == [1.0, 0.0]
+    text, _ = to_math_shepherd(ex.question, ex.steps)
+    assert positions == _tag_token_positions(text)
+
+
+def _tag_token_positions(text):
+    """One token per character, except the 2-character tag: the k-th tag at character c sits at
+    token c - k."""
+    chars = [i for i in range(len(text)) if text.startswith(STEP_TAG, i)]
+    return [c - k for k, c in enumerate(chars)]
+
+
+def test_truncation_drops_trailing_labels(tok):
+    tags = tag_tokens(tok, STEP_TAG)
+    ex = StepExample("Q", ("1+1=2", "2*3=6", "6-1=5"), (1.0, 0.0, 1.0))
+    text, _ = to_math_shepherd(ex.question, ex.steps)
+    second_tag = _tag_token_positions(text)[1]
+    batch = encode(tok, [ex], tags, STEP_TAG, max_length=second_tag + 1)
+    assert batch.steps_kept == [2]
+    assert batch.targets[0][batch.label_mask[0]].tolist() == [1.0, 0.0]  # not shifted
+    short = encode(tok, [ex], tags, STEP_TAG, max_length=second_tag)
+    assert short.targets[0][short.label_mask[0]].tolist() == [1.0]
+
+
+def test_prm_loss_by_hand_with_soft_labels():
+    # Two tags; logit margins 2 and -1; soft labels 0.75 and 0.25.
+    margin = torch.tensor([[0.0, 2.0, 0.0, -1.0]])
+    targets = torch.tensor([[0.0, 0.75, 0.0, 0.25]])
+    mask = torch.tensor([[False, True, False, True]])
+    p1, p2 = 1 / (1 + math.exp(-2)), 1 / (1 + math.exp(1))
+    want = (-(0.75 * math.log(p1) + 0.25 * math.log(1 - p1))
+            - (0.25 * math.log(p2) + 0.75 * math.log(1 - p2))) / 2
+    assert tag_loss(margin, targets, mask).item() == pytest.approx(want, rel=1e-6)
+
+
+def test_margin_is_log_odds_of_plus():
+    logits = torch.zeros(1, 1, 5)
+    logits[0, 0, 1], logits[0, 0, 3] = 1.5, -0.5
+    margin = tag_logit_margin(logits, plus_id=1, minus_id=3)
+    p_plus = torch.softmax(torch.tensor([1.5, -0.5]), 0)[0]
+    assert torch.sigmoid(margin).item() == pytest.approx(p_plus.item())
+
+
+def test_aggregators_by_hand():
+    scores = torch.tensor([[0.9, 0.5, 0.8], [0.6, 0.2, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    want = {"min": [0.5, 0.2], "prod": [0.36, 0.12], "last": [0.8, 0.2],
+            "mean": [2.2 / 3, 0.4]}
+    for name, expected in want.items():
+        got = STEP_AGGREGATORS[name](scores, mask).tolist()
+        assert got == pytest.approx(expected), name
+
+
+def test_orm_example_reads_at_last_token(tok):
+    tags = tag_tokens(tok, STEP_TAG)
+    batch = encode(tok, [orm_example("Q", "1+1=2\nThe answer is 2", 1.0)], tags, STEP_TAG, 256)
+    last_real = int(batch.attention_mask[0].sum()) - 1
+    assert batch.label_mask[0].nonzero().squeeze(-1).tolist() == [last_real]
+
+
+def test_metrics_by_hand():
+    assert auroc([0.9, 0.8, 0.3, 0.1], [True, False, True, False]) == pytest.approx(0.75)
+    m = step_metrics([[0.9, 0.2], [0.7, 0.6]], [[1, 0], [1, 0]])
+    assert m["step_accuracy"] == pytest.approx(0.75)
+    assert m["error_f1"] == pytest.approx(2 / 3)  # tp 1, fn 1, fp 0
+    fe = first_error_metrics([[0.9, 0.2], [0.9, 0.9], [0.1, 0.9]], [[1, 0], [1, 1], [1, 0]])
+    assert fe["first_error_accuracy"] == 0.5 and fe["no_error_accuracy"] == 1.0
+    bon = best_of_n([[True, False, False], [False, False, True]],
+                    [[0.9, 0.1, 0.2], [0.8, 0.1, 0.3]],
+                    [["1", "2", "2"], ["3", "4", "5"]])
+    assert bon["rm_pick"] == 0.5 and bon["majority"] == 0.0
+    assert bon["random"] == pytest.approx(1 / 3)
