@@ -7,7 +7,8 @@
     igrpo label      --config configs/tiny.yaml label.num_completions=8   # Math-Shepherd labels
     igrpo train-rm   --config configs/tiny.yaml rm.kind=prm [rm.data_path=labels.jsonl]
     igrpo eval-rm    --config configs/tiny.yaml        # step metrics and best-of-N of the RMs
-    igrpo demo       --config configs/tiny.yaml        # the longest pipeline: build, SFT, GRPO, eval
+    igrpo iterate    --config configs/tiny.yaml        # Algorithm 1: SFT, RMs, iterations of GRPO
+    igrpo demo       --config configs/tiny.yaml        # = iterate (the main job)
 
 Every command takes `--config FILE` and `key=value` overrides of the schema in configs/schema.py;
 a typo or a wrong type fails before any work starts. Each stage also runs as `python -m policy
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +47,7 @@ class Session:
         from runtime.rundir import RunDir
 
         self.cfg, self.stage = cfg, stage
+        os.environ.setdefault("WANDB_SILENT", "true")
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
@@ -264,20 +267,26 @@ def run_eval_rm(session: Session) -> dict:
     return report
 
 
-def run_demo(session: Session) -> None:
-    """The longest pipeline that exists: build the tiny model, SFT warm start, GRPO, evaluate."""
-    warm = run_sft(session)
-    before = run_eval(session, warm)
-    final = run_grpo(session)
-    after = run_eval(session, final)
-    print(f"\n{'':>22}{'warm start':>12}{'after GRPO':>12}")
-    for key in ("eval/greedy_accuracy", "eval/maj_accuracy", "eval/pass_at_k"):
-        print(f"{key:>22}{before[key]:>12.3f}{after[key]:>12.3f}")
-    print(f"\nrun folder: {session.run.path}")
+def run_iterate(session: Session) -> list[dict]:
+    """DeepSeekMath's Algorithm 1 end to end (iteration/loop.py); resumes an existing run."""
+    from iteration.loop import IterationRun
+    from iteration.summary import table
+    from runtime.data import load_splits
+
+    cfg = session.cfg
+    splits = load_splits(cfg.data, cfg.run.seed)
+    loop = IterationRun(cfg, session.run.path, base_policy(session), splits, session.logger,
+                        session.config_yaml)
+    iterations = loop.run_all()
+    print("\n" + table(iterations))
+    print(f"\nsummary: {session.run.path / 'summary.json'}")
+    print(f"accuracy plot: {session.run.path / 'accuracy.png'}")
+    return iterations
 
 
 COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval": run_eval,
-            "label": run_label, "train-rm": run_train_rm, "eval-rm": run_eval_rm, "demo": run_demo}
+            "label": run_label, "train-rm": run_train_rm, "eval-rm": run_eval_rm,
+            "iterate": run_iterate, "demo": run_iterate}
 
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:

@@ -21,6 +21,7 @@ CHOICES = {
     "grpo.supervision": ("outcome", "process"),
     "grpo.reward": ("rule", "step_oracle"),
     "rm.kind": ("prm", "orm"),
+    "iterate.reward": ("rm", "rule"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
 }
 

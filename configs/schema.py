@@ -231,6 +231,9 @@ class IterateConfig:
     """Outer iterations of Algorithm 1."""
     replay_fraction: float = 0.1
     """Share of each reward-model refresh set drawn from earlier iterations' data."""
+    reward: str = "rm"
+    """rm: GRPO rewarded by the reward models (ORM for outcome, PRM for process supervision);
+    rule: by the final-answer check (a control)."""
 
 
 @dataclass

@@ -31,12 +31,17 @@ def to_math_shepherd(question: str, steps: list[str] | tuple[str, ...],
                      labels: list[float] | tuple[float, ...] | None = None,
                      tag: str = STEP_TAG) -> tuple[str, str | None]:
     """(input text with tags, label text with +/- in their place); a label >= 0.5 is `+`."""
-    body = [f"Step {k + 1}: {step.strip()} {{}}" for k, step in enumerate(steps)]
-    template = f"{question.strip()} " + "\n".join(body)
-    text = template.format(*([tag] * len(steps)))
+    # A tag inside model-written text would fake a step position (and a reward): drop it.
+    clean = [step.replace(tag, "").strip() for step in steps]
+
+    def render(marks: list[str]) -> str:
+        body = [f"Step {k + 1}: {step} {mark}" for k, (step, mark) in enumerate(zip(clean, marks))]
+        return f"{question.replace(tag, '').strip()} " + "\n".join(body)
+
+    text = render([tag] * len(steps))
     if labels is None:
         return text, None
-    return text, template.format(*(GOOD if y >= 0.5 else BAD for y in labels))
+    return text, render([GOOD if y >= 0.5 else BAD for y in labels])
 
 
 def parse_math_shepherd(input_text: str, label_text: str, tag: str = STEP_TAG,

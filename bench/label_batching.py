@@ -1,0 +1,59 @@
+"""Math-Shepherd labelling: batched vs one prefix per generate call, same solutions, same labels.
+
+    python bench/label_batching.py [--policy runs/tiny/sft/best] [--solutions 32] [--repeats 3]
+
+Greedy completion makes both paths deterministic, so their labels must be identical; the script
+checks that and prints the median time of each path and the speed ratio (goal: >= 5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from configs.schema import TinyModelConfig
+from process_supervision.label import Labeller, Solution
+from runtime.data import synthetic_records
+from runtime.tiny_model import build_tiny, load_causal_lm, load_tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="", help="completer checkpoint (default: random tiny)")
+    parser.add_argument("--solutions", type=int, default=32)
+    parser.add_argument("--completions", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    path = args.policy or build_tiny(tempfile.mkdtemp() + "/tiny", TinyModelConfig(), seed=0)
+    model, tok = load_causal_lm(path).eval(), load_tokenizer(path)
+    solutions = [Solution(r, r.solution_steps)
+                 for r in synthetic_records(7, args.solutions, 2, 4)]
+    prefixes = sum(len(s.steps) - 1 for s in solutions)
+    times = {"batched": [], "per-prefix": []}
+    labels = {}
+    for _ in range(args.repeats):
+        for name, batched in (("batched", True), ("per-prefix", False)):
+            labeller = Labeller(model, tok, "{question}\n", args.completions, 48, 1.0,
+                                prefixes_per_batch=64)
+            started = time.perf_counter()
+            labels[name] = labeller.label(solutions, greedy=True, batched=batched)
+            times[name].append(time.perf_counter() - started)
+    same = [x.hard for x in labels["batched"]] == [x.hard for x in labels["per-prefix"]] and \
+        [x.soft for x in labels["batched"]] == [x.soft for x in labels["per-prefix"]]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"solutions {len(solutions)}, step prefixes {prefixes}, N = {args.completions}, "
+          f"repeats {args.repeats}")
+    print(f"{'path':<12}{'median s':>10}{'prefixes/s':>12}")
+    for name, t in med.items():
+        print(f"{name:<12}{t:>10.2f}{prefixes / t:>12.1f}")
+    print(f"labels identical: {same}")
+    print(f"speed ratio batched / per-prefix: {med['per-prefix'] / med['batched']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Iterative GRPO, DeepSeekMath's Algorithm 1: the project's main job.
+
+Launch: `igrpo iterate --config configs/tiny.yaml` (one process), or
+`torchrun --nproc_per_node N -m iteration --config ...`. Re-running the same command on an
+existing run folder continues from the last finished unit (see `runs/<name>/manifest.json`).
+
+    warm start (SFT)                          -> policy_0
+    sample policy_0, label (ORM: final answer; PRM: Math-Shepherd) -> train ORM_0, PRM_0
+    for k = 1..I:
+        if k > 1: sample policy_{k-1}, label, refresh ORM/PRM on the new data + replay (10%)
+        reference <- policy_{k-1}                   # the reference reset
+        GRPO for grpo.steps with the current RMs   -> policy_k
+        evaluate policy_k (greedy, maj@K, pass@K) and the RMs (step metrics, best-of-N)
+
+Departure from the paper's listing, same computation: the refresh after iteration k is run at the
+start of iteration k+1, so the last iteration does not train reward models nothing will use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from iteration.manifest import Manifest
+from iteration.replay import refresh_set, save_iteration
+from iteration.summary import plot_accuracy, table, write_summary
+from policy.evaluate import evaluate_policy
+from policy.grpo import train_grpo
+from policy.rewards import RuleReward
+from policy.sft import train_sft
+from process_supervision.label import Labeller, label_in_shards, label_statistics
+from process_supervision.sampling import sample_solutions
+from reward_model.examples import as_orm, synthetic_step_examples
+from reward_model.report import best_of_n_report, labelled_report
+from reward_model.score import ORMReward, PRMReward, TagScorer
+from reward_model.train import train_reward_model
+from runtime.data import Splits
+from runtime.engine import is_main
+from runtime.tiny_model import load_causal_lm, load_tokenizer
+from runtime.tracking import MetricsLogger, read_metrics
+
+KINDS = ("orm", "prm")
+
+
+class IterationRun:
+    """The units of Algorithm 1 over one run folder; each returns JSON-able outputs."""
+
+    def __init__(self, cfg, run_path: Path, base_policy: Path, splits: Splits,
+                 make_logger: Callable[[str], MetricsLogger], config_yaml: str):
+        """`make_logger(stage)` opens the metrics logger (JSONL + wandb) of a training stage."""
+        self.cfg, self.run, self.base = cfg, run_path, base_policy
+        self.splits, self.make_logger, self.config_yaml = splits, make_logger, config_yaml
+        self.manifest = Manifest(run_path / "manifest.json", write=is_main())
+
+    # -- units -----------------------------------------------------------------------------
+    def warm_start(self) -> dict:
+        logger = self.make_logger("sft")
+        try:
+            best = train_sft(self.cfg, self.run, self.base, self.splits.sft, self.splits.eval,
+                             logger, self.config_yaml)
+        finally:
+            logger.close()
+        return {"policy": str(best)}
+
+    def label(self, k: int, policy: str) -> dict:
+        """Sample `policy` on this iteration's RM questions; label for the ORM and the PRM."""
+        cfg, lab = self.cfg, self.cfg.label
+        model = load_causal_lm(policy, cfg.model.dtype).eval()
+        tokenizer = load_tokenizer(policy)
+        questions = self._rm_questions(k)
+        out = self.run / "labels" / f"iteration-{k}"
+        solutions = sample_solutions(model, tokenizer, questions, cfg.data.prompt_template,
+                                     lab.samples_per_question, lab.max_new_tokens,
+                                     lab.temperature, out / "solutions.jsonl")
+        labeller = Labeller(model, tokenizer, cfg.data.prompt_template, lab.num_completions,
+                            lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
+                            lab.prefixes_per_batch)
+        labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
+                                   progress=is_main())
+        prm_examples = [x.example(soft=lab.soft) for x in labelled]
+        save_iteration(self.run / "replay" / "prm", k, prm_examples)
+        save_iteration(self.run / "replay" / "orm", k,
+                       as_orm([x.example(soft=False) for x in labelled]))
+        return label_statistics(labelled)
+
+    def reward_model(self, kind: str, k: int) -> dict:
+        """Train (k = 0) or refresh (k > 0, continuing from RM_{k-1}) on new data + replay."""
+        rows = refresh_set(self.run / "replay" / kind, k, self.cfg.iterate.replay_fraction,
+                           self.cfg.run.seed)
+        init = self.base_rm_init() if k == 0 else self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"]
+        out = self.run / f"rm-{kind}" / f"iteration-{k}"
+        path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows],
+                                  self._unit_logger(f"rm-{kind}/iteration-{k}"), self.config_yaml)
+        origins = [origin for origin, _ in rows]
+        return {"path": str(path), "rows": len(rows),
+                "historical_rows": sum(1 for o in origins if o != k)}
+
+    def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
+        """GRPO from `policy` with the reference reset to it, rewarded by the current RMs."""
+        cfg = self.cfg
+        tokenizer = load_tokenizer(policy)
+        logger = self.make_logger(f"grpo/iteration-{k}")
+        try:
+            final = train_grpo(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
+                               self.splits.rl, self.splits.eval, logger, self.config_yaml,
+                               out_name=f"grpo/iteration-{k}", reference_path=policy)
+        finally:
+            logger.close()
+        return {"policy": str(final), "reference": str(policy)}
+
+    def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
+        """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N."""
+        cfg = self.cfg
+        model = load_causal_lm(policy, cfg.model.dtype).eval()
+        tokenizer = load_tokenizer(policy)
+        metrics = evaluate_policy(model, tokenizer, self.splits.eval, cfg.data.prompt_template,
+                                  k=cfg.eval.k, temperature=cfg.eval.temperature,
+                                  max_new_tokens=cfg.eval.max_new_tokens,
+                                  batch_size=cfg.eval.batch_size,
+                                  timeout_s=cfg.eval.grade_timeout_s, progress=is_main())
+        entry = {"iteration": k, "policy": policy,
+                 "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()}}
+        scorers = {kind: (self._scorer(kind, rm_iteration), kind) for kind in KINDS}
+        entry["rm"] = {}
+        if cfg.data.source == "synthetic":  # first wrong steps known by construction
+            held_out = synthetic_step_examples(self.splits.eval[:cfg.rm.eval_solutions],
+                                               cfg.run.seed + 1)
+            for kind, (scorer, _) in scorers.items():
+                examples = as_orm(held_out) if kind == "orm" else held_out
+                entry["rm"].update({f"{kind}/{key}": v for key, v in
+                                    labelled_report(scorer, examples).items()})
+        entry["bon"] = best_of_n_report(model, tokenizer, self.splits.eval[:cfg.rm.bon_questions],
+                                        cfg.data.prompt_template, scorers, cfg.rm.aggregate,
+                                        cfg.rm.bon_samples, cfg.eval.temperature,
+                                        cfg.eval.max_new_tokens, cfg.eval.grade_timeout_s,
+                                        seed=cfg.run.seed)
+        if k > 0:
+            entry["grpo"] = self._grpo_means(k)
+        return entry
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run_all(self) -> list[dict]:
+        m, iterations = self.manifest, []
+        policy = m.run("sft", self.warm_start)["policy"]
+        m.run("label/0", lambda: self.label(0, policy))
+        for kind in KINDS:
+            m.run(f"rm-{kind}/0", lambda kind=kind: self.reward_model(kind, 0))
+        iterations.append(m.run("eval/0", lambda: self.evaluate(0, policy, 0)))
+        self._write(iterations)
+        for k in range(1, self.cfg.iterate.iterations + 1):
+            if k > 1:
+                m.run(f"label/{k - 1}", lambda: self.label(k - 1, policy))
+                for kind in KINDS:
+                    m.run(f"rm-{kind}/{k - 1}", lambda kind=kind: self.reward_model(kind, k - 1))
+            policy = m.run(f"grpo/{k}", lambda: self.grpo(k, policy, k - 1))["policy"]
+            iterations.append(m.run(f"eval/{k}", lambda: self.evaluate(k, policy, k - 1)))
+            self._write(iterations)
+        return iterations
+
+    # -- helpers -----------------------------------------------------------------------------
+    def base_rm_init(self) -> str:
+        return self.cfg.rm.init_path or self.manifest.outputs("sft")["policy"]
+
+    def _rm_questions(self, k: int):
+        """Disjoint per-iteration slices from the end of the RL pool."""
+        n = self.cfg.label.questions
+        pool = self.splits.rl
+        return pool[len(pool) - (k + 1) * n:len(pool) - k * n]
+
+    def _scorer(self, kind: str, rm_iteration: int) -> TagScorer:
+        path = self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]
+        return TagScorer.from_pretrained(path, self.cfg.rm.step_tag, self.cfg.rm.max_length,
+                                         self.cfg.model.dtype)
+
+    def _reward(self, policy_tokenizer, rm_iteration: int):
+        cfg = self.cfg
+        if cfg.iterate.reward == "rule":
+            return RuleReward(cfg.eval.grade_timeout_s)
+        if cfg.grpo.supervision == "process":
+            return PRMReward(self._scorer("prm", rm_iteration), policy_tokenizer, cfg.rm.aggregate,
+                             cfg.eval.grade_timeout_s)
+        return ORMReward(self._scorer("orm", rm_iteration), cfg.eval.grade_timeout_s)
+
+    def _grpo_means(self, k: int) -> dict:
+        """GRPO metrics averaged over iteration k's steps."""
+        rows = [r for r in read_metrics(self.run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+                if "train/loss" in r]
+        keys = sorted({key for r in rows for key in r if not key.startswith("eval/")} - {"step"})
+        return {key: sum(r[key] for r in rows if key in r) / max(1, sum(key in r for r in rows))
+                for key in keys}
+
+    def _unit_logger(self, name: str) -> MetricsLogger:
+        return MetricsLogger(self.run / name / "metrics.jsonl", config={}, mode="disabled",
+                             project="", name=name, enabled=is_main())
+
+    def _write(self, iterations: list[dict]) -> None:
+        if is_main():
+            write_summary(self.run / "summary.json", iterations)
+            plot_accuracy(self.run / "accuracy.png", iterations)
