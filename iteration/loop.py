@@ -50,7 +50,7 @@ class IterationRun:
         """`make_logger(stage)` opens the metrics logger (JSONL + wandb) of a training stage."""
         self.cfg, self.run, self.base = cfg, run_path, base_policy
         self.splits, self.make_logger, self.config_yaml = splits, make_logger, config_yaml
-        self.manifest = Manifest(run_path / "manifest.json", write=is_main())
+        self.manifest = Manifest(run_path / "manifest.json", cfg.run.seed, write=is_main())
 
     # -- units -----------------------------------------------------------------------------
     def warm_start(self) -> dict:
@@ -60,7 +60,7 @@ class IterationRun:
                              logger, self.config_yaml)
         finally:
             logger.close()
-        return {"policy": str(best)}
+        return {"policy": self._rel(best)}
 
     def label(self, k: int, policy: str) -> dict:
         """Sample `policy` on this iteration's RM questions; label for the ORM and the PRM."""
@@ -87,12 +87,13 @@ class IterationRun:
         """Train (k = 0) or refresh (k > 0, continuing from RM_{k-1}) on new data + replay."""
         rows = refresh_set(self.run / "replay" / kind, k, self.cfg.iterate.replay_fraction,
                            self.cfg.run.seed)
-        init = self.base_rm_init() if k == 0 else self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"]
+        init = self.base_rm_init() if k == 0 else \
+            self._abs(self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"])
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
         path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows],
                                   self._unit_logger(f"rm-{kind}/iteration-{k}"), self.config_yaml)
         origins = [origin for origin, _ in rows]
-        return {"path": str(path), "rows": len(rows),
+        return {"path": self._rel(path), "rows": len(rows),
                 "historical_rows": sum(1 for o in origins if o != k)}
 
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
@@ -106,7 +107,7 @@ class IterationRun:
                                out_name=f"grpo/iteration-{k}", reference_path=policy)
         finally:
             logger.close()
-        return {"policy": str(final), "reference": str(policy)}
+        return {"policy": self._rel(final), "reference": self._rel(policy)}
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N."""
@@ -118,7 +119,7 @@ class IterationRun:
                                   max_new_tokens=cfg.eval.max_new_tokens,
                                   batch_size=cfg.eval.batch_size,
                                   timeout_s=cfg.eval.grade_timeout_s, progress=is_main())
-        entry = {"iteration": k, "policy": policy,
+        entry = {"iteration": k, "policy": self._rel(policy),
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()}}
         scorers = {kind: (self._scorer(kind, rm_iteration), kind) for kind in KINDS}
         entry["rm"] = {}
@@ -141,7 +142,7 @@ class IterationRun:
     # -- the loop ----------------------------------------------------------------------------
     def run_all(self) -> list[dict]:
         m, iterations = self.manifest, []
-        policy = m.run("sft", self.warm_start)["policy"]
+        policy = self._abs(m.run("sft", self.warm_start)["policy"])
         m.run("label/0", lambda: self.label(0, policy))
         for kind in KINDS:
             m.run(f"rm-{kind}/0", lambda kind=kind: self.reward_model(kind, 0))
@@ -152,14 +153,14 @@ class IterationRun:
                 m.run(f"label/{k - 1}", lambda: self.label(k - 1, policy))
                 for kind in KINDS:
                     m.run(f"rm-{kind}/{k - 1}", lambda kind=kind: self.reward_model(kind, k - 1))
-            policy = m.run(f"grpo/{k}", lambda: self.grpo(k, policy, k - 1))["policy"]
+            policy = self._abs(m.run(f"grpo/{k}", lambda: self.grpo(k, policy, k - 1))["policy"])
             iterations.append(m.run(f"eval/{k}", lambda: self.evaluate(k, policy, k - 1)))
             self._write(iterations)
         return iterations
 
     # -- helpers -----------------------------------------------------------------------------
     def base_rm_init(self) -> str:
-        return self.cfg.rm.init_path or self.manifest.outputs("sft")["policy"]
+        return self.cfg.rm.init_path or self._abs(self.manifest.outputs("sft")["policy"])
 
     def _rm_questions(self, k: int):
         """Disjoint per-iteration slices from the end of the RL pool."""
@@ -168,7 +169,7 @@ class IterationRun:
         return pool[len(pool) - (k + 1) * n:len(pool) - k * n]
 
     def _scorer(self, kind: str, rm_iteration: int) -> TagScorer:
-        path = self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]
+        path = self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"])
         return TagScorer.from_pretrained(path, self.cfg.rm.step_tag, self.cfg.rm.max_length,
                                          self.cfg.model.dtype)
 
@@ -185,9 +186,18 @@ class IterationRun:
         """GRPO metrics averaged over iteration k's steps."""
         rows = [r for r in read_metrics(self.run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
                 if "train/loss" in r]
-        keys = sorted({key for r in rows for key in r if not key.startswith("eval/")} - {"step"})
+        # Wall-clock numbers stay in metrics.jsonl: the summary holds what the seed determines.
+        keys = sorted({key for r in rows for key in r
+                       if not key.startswith(("eval/", "time/")) and "per_s" not in key} - {"step"})
         return {key: sum(r[key] for r in rows if key in r) / max(1, sum(key in r for r in rows))
                 for key in keys}
+
+    def _rel(self, path) -> str:
+        """Paths in the manifest and summary are relative to the run folder (relocatable)."""
+        return str(Path(path).resolve().relative_to(self.run.resolve()))
+
+    def _abs(self, rel: str) -> str:
+        return str(self.run / rel)
 
     def _unit_logger(self, name: str) -> MetricsLogger:
         return MetricsLogger(self.run / name / "metrics.jsonl", config={}, mode="disabled",

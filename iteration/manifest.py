@@ -14,9 +14,22 @@ from typing import Callable
 from runtime.rundir import atomic_write_json
 
 
+def seed_unit(seed: int, name: str) -> None:
+    """Seed every RNG from (run seed, unit name): a unit computes the same thing whether the
+    run went straight through or resumed just before it."""
+    import random
+    import zlib
+
+    import torch
+
+    unit_seed = zlib.crc32(f"{seed}:{name}".encode())
+    random.seed(unit_seed)
+    torch.manual_seed(unit_seed)
+
+
 class Manifest:
-    def __init__(self, path: Path, write: bool = True):
-        self.path, self.write = path, write
+    def __init__(self, path: Path, seed: int = 0, write: bool = True):
+        self.path, self.seed, self.write = path, seed, write
         self.units: dict[str, dict] = {}
         if path.exists():
             self.units = json.loads(path.read_text(encoding="utf-8"))["units"]
@@ -37,6 +50,7 @@ class Manifest:
             return self.outputs(name)
         self.units[name] = {"state": "running", "started": time.time(), "outputs": {}}
         self._save()
+        seed_unit(self.seed, name)
         outputs = work()
         self.units[name].update(state="done", finished=time.time(), outputs=outputs)
         self._save()

@@ -1,0 +1,111 @@
+"""The outer loop (Algorithm 1) on a very small config: files, replay, reference reset, resume."""
+
+import json
+
+import pytest
+
+import igrpo
+from iteration.replay import historical_count, load_iteration, refresh_set, save_iteration
+from process_supervision.formats import StepExample
+from runtime.tracking import read_metrics
+
+SMALL = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64", "data.sft_questions=64", "data.rl_questions=256",
+    "data.eval_questions=8", "sft.batch_size=16", "sft.epochs=0.5", "sft.eval_every=1",
+    "deepspeed.micro_batch_size=8", "grpo.steps=2", "grpo.questions_per_step=2",
+    "grpo.group_size=4", "grpo.max_new_tokens=12", "grpo.eval_every=0", "eval.max_new_tokens=12",
+    "eval.k=2", "run.threads=2", "label.questions=6", "label.samples_per_question=2",
+    "label.num_completions=2", "label.max_new_tokens=12", "rm.epochs=1", "rm.batch_size=8",
+    "rm.eval_solutions=8", "rm.bon_questions=4", "rm.bon_samples=4", "grpo.supervision=process",
+    "iterate.iterations=2", "iterate.replay_fraction=0.25", "run.wandb_mode=disabled",
+]
+
+
+def _rows(n, origin):
+    return [StepExample(f"q{origin}-{i}", ("a",), (1.0,), f"s{origin}:{i}") for i in range(n)]
+
+
+def test_refresh_set_holds_the_historical_fraction(tmp_path):
+    for k, n in enumerate([40, 30, 30]):
+        save_iteration(tmp_path, k, _rows(n, k))
+    rows = refresh_set(tmp_path, 2, fraction=0.25, seed=0)
+    origins = [o for o, _ in rows]
+    assert origins.count(2) == 30
+    assert len(rows) - origins.count(2) == historical_count(30, 0.25) == 10
+    assert len(rows) == 40 and (len(rows) - 30) / len(rows) == 0.25
+    assert set(origins) <= {0, 1, 2}
+    assert refresh_set(tmp_path, 2, 0.25, seed=0) == rows  # deterministic by seed
+    assert refresh_set(tmp_path, 2, 0.25, seed=1) != rows
+    assert [o for o, _ in load_iteration(tmp_path, 1)] == [1] * 30
+    with pytest.raises(ValueError, match="replay_fraction"):
+        historical_count(10, 1.0)
+
+
+def _iterate(root, *extra):
+    return igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={root}", *SMALL,
+                       *extra])
+
+
+@pytest.mark.slow
+def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch):
+    from iteration.loop import IterationRun
+
+    # Uninterrupted run.
+    assert _iterate(tmp_path / "a") == 0
+    run = tmp_path / "a" / "tiny"
+    summary = json.loads((run / "summary.json").read_text())
+    its = summary["iterations"]
+    assert [it["iteration"] for it in its] == [0, 1, 2]
+    for it in its:
+        for key in ("greedy_accuracy", "maj_accuracy", "pass_at_k"):
+            assert 0.0 <= it["eval"][key] <= 1.0
+        assert "prm/step_accuracy" in it["rm"] and "prm_pick" in it["bon"]
+    assert "train/kl" in its[1]["grpo"] and "reward/mean" in its[2]["grpo"]
+    assert (run / "accuracy.png").stat().st_size > 1000
+    manifest = json.loads((run / "manifest.json").read_text())["units"]
+    assert all(u["state"] == "done" for u in manifest.values())
+    for name in ("sft", "label/0", "rm-orm/0", "rm-prm/0", "grpo/1", "label/1", "rm-prm/1",
+                 "grpo/2", "eval/2"):
+        assert name in manifest, name
+    for kind in ("orm", "prm"):
+        for k in (0, 1):
+            assert (run / f"rm-{kind}" / f"iteration-{k}" / "final" / "model.safetensors").exists()
+    for k in (1, 2):
+        assert (run / "grpo" / f"iteration-{k}" / "final" / "model.safetensors").exists()
+    assert (run / "replay" / "prm" / "iteration-1.jsonl").exists()
+    # The refresh set of iteration 1 holds the configured historical fraction.
+    refresh = manifest["rm-prm/1"]["outputs"]
+    new_rows = refresh["rows"] - refresh["historical_rows"]
+    assert refresh["historical_rows"] == historical_count(new_rows, 0.25) > 0
+    # Reference reset: each iteration's reference is the policy it starts from ...
+    assert manifest["grpo/1"]["outputs"]["reference"] == manifest["sft"]["outputs"]["policy"]
+    assert manifest["grpo/2"]["outputs"]["reference"] == manifest["grpo/1"]["outputs"]["policy"]
+    for k in (1, 2):
+        rows = [r for r in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+                if "train/kl" in r]
+        # ... so the KL to it is exactly 0 before the first update, and not after it.
+        assert rows[0]["train/kl"] == 0.0
+        assert rows[1]["train/kl"] > 0.0
+
+    # A run killed between units, then re-run with the same command, ends the same.
+    calls = {"n": 0}
+    original = IterationRun.grpo
+
+    def crash_on_second_grpo(self, k, policy, rm_iteration):
+        calls["n"] += 1
+        if k == 2:
+            raise KeyboardInterrupt("killed")
+        return original(self, k, policy, rm_iteration)
+
+    monkeypatch.setattr(IterationRun, "grpo", crash_on_second_grpo)
+    with pytest.raises(KeyboardInterrupt):
+        _iterate(tmp_path / "b")
+    monkeypatch.setattr(IterationRun, "grpo", original)
+    assert _iterate(tmp_path / "b") == 0
+    resumed = json.loads((tmp_path / "b" / "tiny" / "summary.json").read_text())
+    assert resumed == summary
+
+    # A changed config refuses to resume, naming the key.
+    with pytest.raises(Exception, match="grpo.beta"):
+        _iterate(tmp_path / "b", "grpo.beta=0.1")
