@@ -142,7 +142,7 @@ class GRPOConfig:
     """DAPO overlong penalty: completions within this many tokens of the limit lose reward linearly (0 = off)."""
     overlong_penalty: float = 1.0
     """Largest reward lost to the overlong penalty."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = 112
     temperature: float = 1.0
     top_p: float = 1.0
     eval_every: int = 50
@@ -163,7 +163,7 @@ class EvalConfig:
     """Samples per question for maj@K and pass@K."""
     temperature: float = 0.7
     """Sampling temperature for maj@K / pass@K."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = 112
     batch_size: int = 256
     """Prompts per generate call."""
     grade_timeout_s: int = 2
@@ -214,7 +214,7 @@ class LabelConfig:
     """Questions whose policy samples get labelled (`igrpo label`)."""
     samples_per_question: int = 4
     """Policy solutions sampled per question for labelling."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = 112
     temperature: float = 1.0
     """Sampling temperature of the solutions and of the completions."""
     shard_size: int = 64

@@ -4,16 +4,19 @@ A problem is a start value and a chain of operations applied in order:
 
     Start with 7. Add 3. Multiply by 2. Subtract 4.
 
-and its worked solution is one step a line, then a final answer line:
+and its worked solution is one step a line, each restating the operation it carries out, then a
+final answer line:
 
-    7+3=10
-    10*2=20
-    20-4=16
+    Add 3: 7+3=10
+    Multiply by 2: 10*2=20
+    Subtract 4: 20-4=16
     The answer is 16
 
-Small enough that a few-million-parameter model learns part of it in minutes on 2 CPU cores, and
-every step is checkable, so `corrupt_solution` can produce solutions whose first wrong step is known:
-later stages measure process-label accuracy against that ground truth.
+Restating the operation makes "which operation comes next" a copy of the text that follows the
+previous one in the question, which a few-million-parameter model learns in minutes on 2 CPU cores;
+the arithmetic (values up to 99, operands up to 9) is what it then gets partly right. Every step is
+checkable, so `corrupt_solution` produces solutions whose first wrong step is known: later stages
+measure process-label accuracy against that ground truth.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 
 ANSWER_PREFIX = "The answer is "
 MAX_VALUE = 99
-_WORDS = {"+": "Add {n}.", "-": "Subtract {n}.", "*": "Multiply by {n}."}
+MAX_OPERAND = 9
+_CLAUSES = {"+": "Add {n}", "-": "Subtract {n}", "*": "Multiply by {n}"}
+_VERBS = {"Add": "+", "Subtract": "-", "Multiply by": "*"}
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,19 @@ def _random_op(rng: random.Random, value: int) -> tuple[str, int]:
                + (["*"] if 2 <= value <= MAX_VALUE // 2 else []))
     op = rng.choice(choices)
     if op == "+":
-        return op, rng.randint(1, min(20, MAX_VALUE - value))
+        return op, rng.randint(1, min(MAX_OPERAND, MAX_VALUE - value))
     if op == "-":
-        return op, rng.randint(1, min(value - 1, 20))
-    return op, rng.randint(2, min(5, MAX_VALUE // value))
+        return op, rng.randint(1, min(value - 1, MAX_OPERAND))
+    return op, rng.randint(2, min(4, MAX_VALUE // value))
 
 
 def _apply(value: int, op: str, n: int) -> int:
     return value + n if op == "+" else value - n if op == "-" else value * n
+
+
+def render_step(value: int, op: str, n: int, result: int) -> str:
+    """`Add 3: 7+3=10`."""
+    return f"{_CLAUSES[op].format(n=n)}: {value}{op}{n}={result}"
 
 
 def make_problem(rng: random.Random, min_ops: int, max_ops: int) -> Problem:
@@ -57,8 +67,8 @@ def make_problem(rng: random.Random, min_ops: int, max_ops: int) -> Problem:
     for _ in range(rng.randint(min_ops, max_ops)):
         op, n = _random_op(rng, value)
         result = _apply(value, op, n)
-        question.append(_WORDS[op].format(n=n))
-        steps.append(f"{value}{op}{n}={result}")
+        question.append(_CLAUSES[op].format(n=n) + ".")
+        steps.append(render_step(value, op, n, result))
         value = result
     steps.append(f"{ANSWER_PREFIX}{value}")
     return Problem(" ".join(question), tuple(steps), value)
@@ -70,55 +80,42 @@ def make_problems(seed: int, count: int, min_ops: int = 2, max_ops: int = 4) -> 
     return [make_problem(rng, min_ops, max_ops) for _ in range(count)]
 
 
-def parse_step(step: str) -> tuple[int, str, int, int] | None:
-    """`a+b=c` -> (a, op, b, c); None for anything else."""
-    lhs, eq, rhs = step.partition("=")
-    if not eq:
-        return None
-    for op in "+-*":
-        a, found, b = lhs.partition(op)
-        if found and a.isdigit() and b.isdigit() and rhs.lstrip("-").isdigit():
-            return int(a), op, int(b), int(rhs)
-    return None
-
-
-def step_correctness(question: str, steps: list[str] | tuple[str, ...]) -> list[bool]:
-    """Ground truth for a (possibly model-written) solution: is each step still on track?
-
-    A step is correct when every step up to and including it matches the true chain of the
-    question: right operand carried over, right operation, right result. Once a step goes wrong,
-    every later step is wrong too (the gold answer can no longer be reached), which is the
-    Math-Shepherd notion of a step's correctness.
-    """
-    truth = _true_chain(question)
-    out, on_track = [], True
-    for k, step in enumerate(steps):
-        if k < len(truth):
-            on_track = on_track and parse_step(step) == truth[k]
-        else:
-            on_track = on_track and k == len(truth) and step == f"{ANSWER_PREFIX}{truth[-1][3]}"
-        out.append(on_track)
-    return out
-
-
 def _true_chain(question: str) -> list[tuple[int, str, int, int]]:
-    words = question.rstrip(".").split(". ")
-    value = int(words[0].removeprefix("Start with "))
+    """(value, op, operand, result) of each operation the question asks for."""
+    sentences = question.rstrip(".").split(". ")
+    value = int(sentences[0].removeprefix("Start with "))
     chain = []
-    for sentence in words[1:]:
+    for sentence in sentences[1:]:
         verb, n = sentence.rsplit(" ", 1)
-        op = {"Add": "+", "Subtract": "-", "Multiply by": "*"}[verb]
+        op = _VERBS[verb]
         result = _apply(value, op, int(n))
         chain.append((value, op, int(n), result))
         value = result
     return chain
 
 
+def step_correctness(question: str, steps: list[str] | tuple[str, ...]) -> list[bool]:
+    """Ground truth for a (possibly model-written) solution: is each step still on track?
+
+    A step is correct when it and every step before it are exactly the true solution's steps
+    (right operation, operand carried over, result). Once a step goes wrong every later step is
+    wrong too (the gold answer can no longer be reached from it): the Math-Shepherd notion of a
+    step's correctness.
+    """
+    chain = _true_chain(question)
+    truth = [render_step(*link) for link in chain] + [f"{ANSWER_PREFIX}{chain[-1][3]}"]
+    out, on_track = [], True
+    for k, step in enumerate(steps):
+        on_track = on_track and k < len(truth) and step.strip() == truth[k]
+        out.append(on_track)
+    return out
+
+
 def corrupt_solution(problem: Problem, rng: random.Random) -> tuple[tuple[str, ...], int]:
     """A wrong solution whose first wrong step is known: (steps, first_wrong_index).
 
     One computation step goes wrong, either in its result (an arithmetic slip) or in the operand
-    it copies from the question (a reading slip); later steps compute correctly from the wrong
+    it reads from the question (a reading slip); later steps compute correctly from the wrong
     value, as a model that slipped once would, so the final answer is wrong too.
     """
     chain = _true_chain(problem.question)
@@ -126,17 +123,15 @@ def corrupt_solution(problem: Problem, rng: random.Random) -> tuple[tuple[str, .
     steps = list(problem.steps[:k])
     value = chain[k][0]
     for j in range(k, len(chain)):
-        _, op, n, _ = chain[j]
+        _, op, n, true_result = chain[j]
         if j == k and rng.random() < 0.5:
             n = max(1, n + rng.choice([-1, 1]) * rng.randint(1, 3))
             if n == chain[j][2]:
                 n += 1
-            result = _apply(value, op, n)
-        else:
-            result = _apply(value, op, n)
-        if j == k and result == chain[j][3]:  # a slip must change the value
-            result += rng.choice([-1, 1]) * rng.randint(1, 10) or 1
-        steps.append(f"{value}{op}{n}={result}")
+        result = _apply(value, op, n)
+        if j == k and result == true_result:  # a slip must change the value
+            result += rng.choice([-1, 1]) * rng.randint(1, 10)
+        steps.append(render_step(value, op, n, result))
         value = result
     steps.append(f"{ANSWER_PREFIX}{value}")
     return tuple(steps), k
