@@ -37,6 +37,12 @@ def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespac
     return parser.parse_intermixed_args(argv)
 
 
+# Stages that resume from their folder, and the folder whose config must match to resume.
+RESUMABLE = {"sft": lambda cfg: "sft", "grpo": lambda cfg: "grpo", "label": lambda cfg: "labels",
+             "train-rm": lambda cfg: f"rm-{cfg.rm.kind}", "iterate": lambda cfg: "iterate",
+             "demo": lambda cfg: "iterate"}
+
+
 class Session:
     """What every stage needs: the config, its run folder and its YAML, the metrics logger."""
 
@@ -55,7 +61,9 @@ class Session:
         self.run = RunDir(cfg.run.root, cfg.run.name)
         self.config_yaml = to_yaml(cfg)
         if is_main():
-            self._check_resume(stage)
+            folder = RESUMABLE.get(stage, lambda c: None)(cfg)
+            if folder:
+                self._check_resume(folder)
             self.run.write_config(self.config_yaml)
 
     def _check_resume(self, stage: str) -> None:
@@ -90,7 +98,7 @@ def base_policy(session: Session) -> Path:
         from runtime.tiny_model import build_tiny
 
         if is_main():
-            build_tiny(base, cfg.model.tiny, cfg.run.seed)
+            build_tiny(base, cfg.model.tiny, cfg.run.seed, extra_tokens=(cfg.rm.step_tag,))
             print(f"[igrpo] built the tiny tokenizer and model in {base}")
     return base
 

@@ -183,6 +183,8 @@ class RewardModelConfig:
     """Tokens per input; longer inputs are cut at the end, dropping the tags past the cut."""
     eval_every: int = 100
     """Optimizer steps between validation passes (0 = only at the end)."""
+    save_every: int = 50
+    """Optimizer steps between resumable checkpoints."""
     val_fraction: float = 0.1
     """Share of the training file held out for validation."""
     step_tag: str = "ки"

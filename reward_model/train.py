@@ -98,8 +98,9 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
                    "time/step": time.perf_counter() - started}
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
             metrics.update({f"rm/val_{k}": v for k, v in validate().items()})
-            save_training_state(engine, out / "state", state)
             bar.set_postfix(step_acc=f"{metrics.get('rm/val_step_accuracy', float('nan')):.3f}")
+        if state["step"] % rm.save_every == 0 or state["step"] == total_steps:
+            save_training_state(engine, out / "state", state)
         logger.log(metrics, step=step_offset + state["step"])
     bar.close()
     final_metrics = validate()

@@ -15,8 +15,9 @@ STEP_TAG = "ки"
 CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
-def build_tokenizer():
-    """Character-level fast tokenizer over printable ASCII, with pad/eos/unk and the step tag."""
+def build_tokenizer(extra_tokens: tuple[str, ...] = ()):
+    """Character-level fast tokenizer over printable ASCII, with pad/eos/unk, the step tag and
+    `extra_tokens` (e.g. a configured step tag), each kept one token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -26,7 +27,7 @@ def build_tokenizer():
     core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS,
                                         unk_token=UNK, padding_side="left")
-    tokenizer.add_tokens([STEP_TAG])
+    tokenizer.add_tokens(list(dict.fromkeys([STEP_TAG, *extra_tokens])))
     return tokenizer
 
 
@@ -46,10 +47,10 @@ def build_model(tokenizer, hidden_size: int, num_layers: int, num_heads: int,
     return LlamaForCausalLM(config)
 
 
-def build_tiny(out_dir: str | Path, tiny, seed: int) -> Path:
+def build_tiny(out_dir: str | Path, tiny, seed: int, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Build and save the tokenizer and model (from a `TinyModelConfig`) into `out_dir`."""
     out = Path(out_dir)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(extra_tokens)
     model = build_model(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads,
                         tiny.intermediate_size, tiny.max_positions, seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -15,8 +15,10 @@ import pytest  # noqa: E402
 
 # The one tiny warm start shared by every slow test of a session: the tiny default's SFT stage on
 # a fixed budget, so that later stages start from a policy that solves part of the task.
+# 400 SFT steps of 64: the tiny model learns to copy each operation at about step 250 and reaches
+# about 35% held-out greedy accuracy by step 400 (measured; README "Measurements").
 WARM_START = [
-    "data.sft_questions=12800", "sft.epochs=1", "sft.eval_every=100", "sft.patience=0",
+    "data.sft_questions=25600", "sft.epochs=1", "sft.eval_every=100", "sft.patience=0",
     "data.eval_questions=200", "run.wandb_mode=disabled", "run.threads=2",
 ]
 
@@ -25,6 +27,8 @@ WARM_START = [
 def warm_start(tmp_path_factory) -> Path:
     import igrpo
 
+    if os.environ.get("IGRPO_WARM_START"):  # reuse a local warm start while iterating on tests
+        return Path(os.environ["IGRPO_WARM_START"])
     root = tmp_path_factory.mktemp("warm")
     assert igrpo.main(["sft", "--config", "configs/tiny.yaml", f"run.root={root}",
                        *WARM_START]) == 0

@@ -95,3 +95,18 @@ def test_synthetic_splits_are_disjoint():
     assert (len(splits.sft), len(splits.rl), len(splits.eval)) == (300, 2000, 100)
     train = {r.question for r in splits.sft} | {r.question for r in splits.rl}
     assert not train & {r.question for r in splits.eval}
+
+
+def test_parquet_and_json_files_load(tmp_path):
+    import datasets
+
+    rows = [{"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$.", "answer": "2"},
+            {"problem": "Half of 1?", "solution": "So $\\boxed{\\frac{1}{2}}$."}]
+    parquet = tmp_path / "math.parquet"
+    datasets.Dataset.from_list([{**r, "answer": r.get("answer")} for r in rows]).to_parquet(
+        str(parquet))
+    records = load_records(str(parquet), "math")
+    assert [r.answer for r in records] == ["2", "\\frac{1}{2}"]  # boxed when no answer field
+    as_json = tmp_path / "gsm.json"
+    as_json.write_text(json.dumps([{"question": "q", "answer": "x\n#### 7"}]))
+    assert load_records(str(as_json), "gsm8k")[0].answer == "7"

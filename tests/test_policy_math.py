@@ -221,3 +221,12 @@ def test_dapo_options():
     assert keep_informative_groups(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2).tolist() == [False, True]
     pen = overlong_penalty(torch.tensor([10, 16, 18, 20]), max_tokens=20, buffer=4, penalty=1.0)
     assert pen.tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0])
+
+
+def test_majority_vote():
+    from policy.evaluate import majority_answer
+
+    texts = ["The answer is 4", "The answer is 4.0", "The answer is 5", "no answer", "#### 5",
+             "The answer is 4"]
+    assert majority_answer(texts) == "4"
+    assert majority_answer(["nothing here"]) is None

@@ -1,6 +1,7 @@
 """CPU smoke runs of the SFT and GRPO stages on a tiny random model, through the CLI and DeepSpeed."""
 
 import json
+
 import pytest
 import torch
 
@@ -12,15 +13,9 @@ from runtime.data import load_splits
 from runtime.tiny_model import build_tiny, load_causal_lm
 from runtime.tracking import MetricsLogger, read_metrics
 from runtime.wandb_offline import read_offline_run
+from small_config import SMALL as BASE
 
-SMALL = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "data.sft_questions=64", "data.rl_questions=256",
-    "data.eval_questions=8", "sft.batch_size=16", "sft.epochs=0.5", "sft.eval_every=1",
-    "deepspeed.micro_batch_size=8", "grpo.steps=2", "grpo.questions_per_step=2",
-    "grpo.group_size=4", "grpo.max_new_tokens=12", "grpo.eval_every=1", "eval.max_new_tokens=12",
-    "eval.k=2", "run.threads=2",
-]
+SMALL = [*BASE, "grpo.eval_every=1"]
 STEP_METRICS = [
     "reward/mean", "reward/std", "reward/zero_std_groups", "reward/accuracy", "rollout/length_mean",
     "rollout/truncation_rate", "train/kl", "train/clip_fraction", "train/entropy",
@@ -56,6 +51,9 @@ def test_cli_sft_then_grpo_process(tmp_path):
         assert offline["history"][-1][key] == pytest.approx(rows[-1][key]), key
     assert offline["config"]["grpo"]["reward"] == "step_oracle"  # the resolved config, verbatim
     assert (run / "config.yaml").exists() and (run / "grpo" / "config.yaml").exists()
+    assert igrpo.main(["eval", *_args(tmp_path)]) == 0
+    report = json.loads((run / "eval" / "grpo.json").read_text())
+    assert set(report) >= {"eval/greedy_accuracy", "eval/maj_accuracy", "eval/pass_at_k"}
 
 
 def test_changed_config_refuses_to_resume(tmp_path):
@@ -98,7 +96,7 @@ class _CrashAt:
 def test_grpo_resumes_after_crash(tmp_path):
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=3",
                                             "grpo.save_every=1", "grpo.eval_every=0",
-                                            "run.wandb_mode=disabled"])
+                                            "run.wandb_mode=disabled", "grpo.supervision=outcome"])
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
@@ -117,7 +115,8 @@ def test_every_loss_variant_runs_a_step(tmp_path, loss):
     extra = ["grpo.dynamic_sampling=true", "grpo.overlong_buffer=4"] if loss == "dapo" else []
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=1",
                                             "grpo.eval_every=0", f"grpo.loss={loss}",
-                                            "grpo.mu=2", "run.wandb_mode=disabled", *extra])
+                                            "grpo.mu=2", "run.wandb_mode=disabled",
+                                            "grpo.supervision=outcome", *extra])
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
@@ -126,3 +125,25 @@ def test_every_loss_variant_runs_a_step(tmp_path, loss):
     assert torch.isfinite(torch.tensor(row["train/loss"])) and row["train/grad_norm"] > 0
     before, after = load_causal_lm(base), load_causal_lm(final)
     assert not torch.equal(before.lm_head.weight, after.lm_head.weight)
+
+
+def test_cli_label_train_rm_eval_rm(tmp_path):
+    extra = ["label.questions=4", "label.samples_per_question=2", "label.num_completions=2",
+             "label.max_new_tokens=12", "label.shard_size=3", "rm.epochs=1", "rm.batch_size=4",
+             "rm.eval_solutions=4", "rm.bon_questions=2", "rm.bon_samples=2",
+             "run.wandb_mode=disabled"]
+    assert igrpo.main(["sft", *_args(tmp_path, *extra)]) == 0
+    assert igrpo.main(["label", *_args(tmp_path, *extra)]) == 0
+    labels = tmp_path / "tiny" / "labels"
+    rows = [json.loads(line) for line in open(labels / "math_shepherd.jsonl")]
+    assert rows and all(r["input"].count("ки") == len(r["soft_labels"]) for r in rows)
+    stats = json.loads((labels / "stats.json").read_text())
+    assert stats["label/solutions"] == len(rows)
+    assert len(list((labels / "shards").glob("shard-*.jsonl"))) == -(-len(rows) // 3)
+    for kind in ("prm", "orm"):
+        assert igrpo.main(["train-rm", *_args(tmp_path, *extra, f"rm.kind={kind}",
+                                              f"rm.data_path={labels / 'math_shepherd.jsonl'}")]) == 0
+    assert igrpo.main(["eval-rm", *_args(tmp_path, *extra)]) == 0
+    report = json.loads((tmp_path / "tiny" / "eval" / "reward_models.json").read_text())
+    assert {"prm/step_accuracy", "orm/step_accuracy", "bon/prm_pick", "bon/orm_pick",
+            "bon/majority", "bon/random"} <= set(report)
