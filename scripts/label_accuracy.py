@@ -63,7 +63,7 @@ def main() -> None:
     for lo, hi in zip(edges, edges[1:]):
         rows = [t for _, s, t in inner if lo <= s < hi]
         if rows:
-            label = f"[{lo:.2f},{min(hi, 1):.2f})" if hi <= 1 else "1.00"
+            label = "0" if hi < 1e-6 else "1" if lo > 1 - 1e-6 else f"({lo:.2f},{hi:.2f})"
             print(f"{label:>12}{len(rows):>8}{sum(rows) / len(rows):>15.3f}")
 
 
