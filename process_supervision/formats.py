@@ -116,14 +116,9 @@ def load_step_examples(path: str, tag: str = STEP_TAG, split: str = "train",
                        skip_bad_rows: bool = False,
                        use_soft: bool = False) -> tuple[list[StepExample], int]:
     """Examples from a Math-Shepherd/TRL JSONL/parquet file or hub id; (examples, rows skipped)."""
-    from runtime.data import _datasets_rows, _locate_bad_jsonl_row
+    from runtime.data import read_rows
 
-    try:
-        rows = _datasets_rows(path, "", split)
-    except Exception as err:
-        if Path(path).suffix in (".jsonl", ".json") and Path(path).exists():
-            raise _locate_bad_jsonl_row(Path(path), err) from err
-        raise DataError(f"{path}: could not be read: {err}") from err
+    rows = read_rows(path, "", split)
     examples, skipped = [], 0
     for index, row in enumerate(rows):
         try:

@@ -137,18 +137,23 @@ def _locate_bad_jsonl_row(path: Path, err: Exception) -> DataError:
     return DataError(f"{path}: could not be read: {err}")
 
 
+def read_rows(path: str, hub_config: str = "", split: str = "train"):
+    """Rows of a file or hub id via `datasets`; a file it rejects is scanned to name the bad row."""
+    try:
+        return _datasets_rows(path, hub_config, split)
+    except Exception as err:  # datasets raises many types for a malformed file
+        if Path(path).suffix in (".jsonl", ".json") and Path(path).exists():
+            raise _locate_bad_jsonl_row(Path(path), err) from err
+        raise DataError(f"{path}: could not be read: {err}") from err
+
+
 def load_records(path: str, schema: str, *, split: str = "test", hub_config: str = "",
                  skip_bad_rows: bool = False, limit: int | None = None,
                  report: LoadReport | None = None) -> list[MathRecord]:
     """Load GSM8K (`schema='gsm8k'`) or MATH/MATH-500 (`schema='math'`) records from a file or hub id."""
     build = RECORD_BUILDERS[schema]
     report = report if report is not None else LoadReport()
-    try:
-        rows = _datasets_rows(path, hub_config, split)
-    except Exception as err:  # datasets raises many types for a malformed file
-        if Path(path).suffix in (".jsonl", ".json") and Path(path).exists():
-            raise _locate_bad_jsonl_row(Path(path), err) from err
-        raise DataError(f"{path}: could not be read: {err}") from err
+    rows = read_rows(path, hub_config, split)
     records: list[MathRecord] = []
     for index, row in enumerate(rows):
         where = f"{path}: row {index + 1}"
