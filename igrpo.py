@@ -81,9 +81,12 @@ class Session:
         from runtime.engine import is_main
         from runtime.tracking import MetricsLogger
 
+        run = self.cfg.run
         return MetricsLogger(self.run.child(stage, "metrics.jsonl"), config=to_dict(self.cfg),
-                             mode=self.cfg.run.wandb_mode, project=self.cfg.run.wandb_project,
-                             name=f"{self.cfg.run.name}-{stage}", enabled=is_main())
+                             mode=run.wandb_mode, project=run.wandb_project,
+                             name=f"{run.name}-{stage}", group=run.name,
+                             job_type=stage.split("/")[0], enabled=is_main(),
+                             log_checkpoints=run.wandb_log_checkpoints)
 
 
 def base_policy(session: Session) -> Path:

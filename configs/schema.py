@@ -22,6 +22,8 @@ class RunConfig:
     """wandb mode: offline (default, sync later with `wandb sync`), online, or disabled."""
     wandb_project: str = "iterative-grpo"
     """wandb project name."""
+    wandb_log_checkpoints: bool = False
+    """Log reward-model checkpoints as wandb artifacts (opt-in: they can be large)."""
     threads: int = 0
     """torch intra-op threads for this process; 0 keeps torch's default."""
 
@@ -153,6 +155,13 @@ class GRPOConfig:
     """Control experiment: permute rewards within each step's batch (learning should stop)."""
     zero_advantages: bool = False
     """Control experiment: set every advantage to 0 (only the KL term trains)."""
+    inspect_every: int = 10
+    """Steps between advantage inspections: the per-step table, the token heatmap and the
+    histograms (wandb `inspect/*` and `<stage>/inspect/`); 0 = off."""
+    inspect_groups: int = 2
+    """Groups (questions) shown per inspection."""
+    inspect_samples: int = 4
+    """Samples shown per inspected group."""
 
 
 @dataclass

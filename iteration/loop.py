@@ -90,8 +90,12 @@ class IterationRun:
         init = self.base_rm_init() if k == 0 else \
             self._abs(self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"])
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
-        path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows],
-                                  self._unit_logger(f"rm-{kind}/iteration-{k}"), self.config_yaml)
+        logger = self.make_logger(f"rm-{kind}/iteration-{k}")
+        try:
+            path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows], logger,
+                                      self.config_yaml)
+        finally:
+            logger.close()
         origins = [origin for origin, _ in rows]
         return {"path": self._rel(path), "rows": len(rows),
                 "historical_rows": sum(1 for o in origins if o != k)}
@@ -198,10 +202,6 @@ class IterationRun:
 
     def _abs(self, rel: str) -> str:
         return str(self.run / rel)
-
-    def _unit_logger(self, name: str) -> MetricsLogger:
-        return MetricsLogger(self.run / name / "metrics.jsonl", config={}, mode="disabled",
-                             project="", name=name, enabled=is_main())
 
     def _write(self, iterations: list[dict]) -> None:
         if is_main():

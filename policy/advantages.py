@@ -35,6 +35,16 @@ def outcome_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: 
     return _normalise(grouped, valid, scale_by_std, unbiased, eps).view(-1)
 
 
+def normalised_step_rewards(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                            group_size: int, *, scale_by_std: bool = True, unbiased: bool = False,
+                            eps: float = 1e-6) -> torch.Tensor:
+    """All step rewards of each group normalised together: [Q*G, S] -> [Q*G, S] (0 on padding)."""
+    n, s = step_rewards.shape
+    grouped = step_rewards.reshape(-1, group_size * s)
+    valid = step_mask.reshape(-1, group_size * s)
+    return _normalise(grouped, valid, scale_by_std, unbiased, eps).view(n, s)
+
+
 def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                        step_end_index: torch.Tensor, num_tokens: int, group_size: int, *,
                        scale_by_std: bool = True, unbiased: bool = False,
@@ -50,10 +60,8 @@ def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     and std; token t of a sample then gets sum_j norm_j over its steps j with end_j >= t.
     Tokens after a sample's last step end get 0. Returns [Q*G, T].
     """
-    n, s = step_rewards.shape
-    grouped = step_rewards.reshape(-1, group_size * s)
-    valid = step_mask.reshape(-1, group_size * s)
-    normalised = _normalise(grouped, valid, scale_by_std, unbiased, eps).view(n, s)
+    normalised = normalised_step_rewards(step_rewards, step_mask, group_size,
+                                         scale_by_std=scale_by_std, unbiased=unbiased, eps=eps)
     token = torch.arange(num_tokens, device=step_rewards.device)
     covers = (step_end_index[:, None, :] >= token[None, :, None]) & step_mask[:, None, :]
     return (covers.to(normalised.dtype) * normalised[:, None, :]).sum(-1)

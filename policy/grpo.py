@@ -23,6 +23,7 @@ from tqdm import tqdm
 from configs.plan import plan_grpo_batch
 from policy.advantages import outcome_advantages, process_advantages
 from policy.evaluate import evaluate_policy
+from policy import inspection
 from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES, keep_informative_groups, overlong_penalty
 from policy.rewards import RewardFn, Scores
@@ -142,6 +143,10 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                                         std_normalised=loss_spec.std_normalised_advantages)
         if g.zero_advantages:
             advantages = torch.zeros_like(advantages)
+        normalised = inspection.normalised_rewards(
+            scores, rewards, g.group_size, process=g.supervision == "process",
+            scale_by_std=g.scale_by_std and loss_spec.std_normalised_advantages,
+            unbiased=g.std_unbiased, eps=g.std_eps)
         keep = torch.ones(len(rewards), dtype=torch.bool)
         if g.dynamic_sampling:
             keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)
@@ -185,6 +190,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             "train/lr": current_lr(engine),
             "train/grad_norm": grad_norm,
             "train/kept_groups": float(keep.float().mean()),
+            "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
             "time/rollout": rolled - started, "time/scoring": scored - rolled,
             "time/update": updated - scored, "time/step": updated - started,
             "rollout/tokens_per_s": float(rollout.lengths.sum()) / max(rolled - started, 1e-9),
@@ -196,7 +202,11 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
         if state["step"] == g.steps:
             metrics.update(evaluate(sampled=True))
-        logger.log(metrics, step=step_offset + state["step"])
+        media = None
+        if g.inspect_every and state["step"] % g.inspect_every == 0 and is_main():
+            media = _inspect(out / "inspect", step_offset + state["step"], g, tokenizer, records,
+                             rollout, scores, rewards, advantages, normalised, logger)
+        logger.log(metrics, step=step_offset + state["step"], media=media)
         if state["step"] % g.save_every == 0 or state["step"] == g.steps:
             save_training_state(engine, out / "state", state)
     bar.close()
@@ -204,6 +214,23 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         save_pretrained(engine, tokenizer, final_dir, config_yaml)
         atomic_write_json(done_file, {"steps": g.steps})
     return final_dir
+
+
+def _inspect(folder: Path, step: int, g, tokenizer, records, rollout, scores, rewards,
+             advantages, normalised, logger) -> dict | None:
+    """Write this step's advantage table and token heatmap; return the wandb media to log."""
+    per_sample = [r for r in records for _ in range(g.group_size)]
+    samples = inspection.chosen_samples(len(per_sample), g.group_size, g.inspect_groups,
+                                        g.inspect_samples)
+    rows = inspection.advantage_rows(step, per_sample, rollout, scores, rewards, advantages,
+                                     normalised, tokenizer, samples, g.supervision)
+    page = inspection.render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
+                                  g.supervision)
+    inspection.write_inspection(folder, step, rows, page)
+    if logger.wandb_run is None:
+        return None
+    return inspection.wandb_media(rows, page, scores, normalised, advantages,
+                                  rollout.completion_mask, g.supervision == "process")
 
 
 def _step_metrics(rollout: Rollout, scores: Scores, rewards: torch.Tensor, entropy: torch.Tensor,

@@ -10,7 +10,7 @@ import torch
 
 from policy.rewards import Scores, grade_samples
 from policy.rollout import Rollout
-from process_supervision.steps import pad_steps, split_steps, step_end_token_indices
+from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.data import MathRecord
 from runtime.synthetic import step_correctness
 

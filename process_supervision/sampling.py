@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from policy.rollout import generate_groups
 from process_supervision.label import Solution
-from process_supervision.steps import split_steps
+from runtime.steps import split_steps
 from runtime.data import MathRecord
 from runtime.rundir import atomic_write_text
 

@@ -11,7 +11,7 @@ import torch
 
 from policy.rollout import generate_groups
 from process_supervision.formats import StepExample
-from process_supervision.steps import split_steps
+from runtime.steps import split_steps
 from reward_model.encoding import orm_example
 from reward_model.evaluate import best_of_n, first_error_metrics, step_metrics
 from reward_model.heads import STEP_AGGREGATORS

@@ -12,7 +12,7 @@ import torch
 from policy.rewards import Scores, grade_samples
 from policy.rollout import Rollout
 from process_supervision.formats import StepExample
-from process_supervision.steps import pad_steps, split_steps, step_end_token_indices
+from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from reward_model.encoding import encode, orm_example, tag_tokens
 from reward_model.heads import STEP_AGGREGATORS, tag_logit_margin
 from runtime.data import MathRecord

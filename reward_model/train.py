@@ -107,4 +107,5 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     if is_main():
         save_pretrained(engine, tokenizer, final_dir, config_yaml)
         atomic_write_json(done_file, {"steps": state["step"], **final_metrics})
+        logger.log_checkpoint(final_dir, f"{cfg.run.name}-{out.parent.name}-{out.name}")
     return final_dir

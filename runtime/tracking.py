@@ -24,10 +24,16 @@ class MetricsLogger:
     """Append-only JSONL log plus an optional wandb run; only the main rank writes."""
 
     def __init__(self, path: Path, *, config: dict, mode: str, project: str, name: str,
-                 enabled: bool = True):
+                 enabled: bool = True, group: str = "", job_type: str = "",
+                 log_checkpoints: bool = False):
+        """One wandb run per stage: `name` is `<run>-<stage>`, `group` the run name (so a run's
+        stages sit together in the UI), `job_type` the stage kind; `config` is the resolved
+        config, verbatim."""
         self.path = path
         self.enabled = enabled
+        self.log_checkpoints = log_checkpoints
         self.wandb_run = None
+        self.offline = False
         if not enabled:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,22 +44,39 @@ class MetricsLogger:
                 print("[igrpo] no wandb credentials found: logging offline "
                       f"(sync later with `wandb sync {path.parent}/wandb/offline-run-*`)")
                 mode = "offline"
-            self.wandb_run = wandb.init(project=project, name=name, group=name, config=config,
+            self.wandb_run = wandb.init(project=project, name=name, group=group or name,
+                                        job_type=job_type or None, config=config,
                                         dir=str(path.parent), mode=mode, reinit="create_new")
+            self.offline = mode == "offline"
 
-    def log(self, metrics: dict, step: int) -> None:
+    def log(self, metrics: dict, step: int, media: dict | None = None) -> None:
+        """Scalars to the JSONL file and wandb; `media` (tables, HTML, histograms) to wandb only."""
         if not self.enabled:
             return
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log(metrics, step=step)
+            self.wandb_run.log({**metrics, **(media or {})}, step=step)
+
+    def log_checkpoint(self, folder: Path, name: str, kind: str = "model") -> None:
+        """Log a checkpoint folder as a wandb artifact, when the user opted in
+        (`run.wandb_log_checkpoints=true`)."""
+        if self.wandb_run is None or not self.log_checkpoints:
+            return
+        import wandb
+
+        artifact = wandb.Artifact(name, type=kind)
+        artifact.add_dir(str(folder))
+        self.wandb_run.log_artifact(artifact)
 
     def close(self) -> None:
         if self.wandb_run is not None:
+            run_dir = Path(self.wandb_run.dir).parent
             self.wandb_run.finish()
             self.wandb_run = None
+            if self.offline:
+                print(f"[igrpo] wandb run saved offline; upload it with `wandb sync {run_dir}`")
 
 
 def _has_netrc() -> bool:

@@ -42,11 +42,12 @@ def _records(data: bytes):
 
 
 def read_offline_run(run_dir: str | Path) -> dict:
-    """{"history": [row, ...], "config": {...}} of the offline run in `run_dir`."""
+    """{"history": [row, ...], "config": {...}, "run": {name, group, job_type},
+    "artifacts": [name, ...]} of the offline run in `run_dir`."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     path = next(Path(run_dir).glob("*.wandb"))
-    history, config = [], {}
+    history, config, run, artifacts = [], {}, {}, []
     for raw in _records(path.read_bytes()):
         record = pb.Record()
         record.ParseFromString(raw)
@@ -54,8 +55,13 @@ def read_offline_run(run_dir: str | Path) -> dict:
         if kind == "history":
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in record.history.item})
-        elif kind in ("config", "run"):
+        elif kind == "artifact":
+            artifacts.append(record.artifact.name)
+        if kind == "run":
+            run = {"name": record.run.display_name, "group": record.run.run_group,
+                   "job_type": record.run.job_type}
+        if kind in ("config", "run"):
             updates = record.config.update if kind == "config" else record.run.config.update
             for item in updates:
                 config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return {"history": history, "config": config}
+    return {"history": history, "config": config, "run": run, "artifacts": artifacts}

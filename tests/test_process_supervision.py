@@ -5,7 +5,7 @@ import pytest
 from configs.schema import TinyModelConfig
 from process_supervision.label import (Labeller, Solution, estimates, label_in_shards,
                                        label_statistics, prefix_prompt)
-from process_supervision.steps import split_steps, step_char_ends, step_end_token_indices
+from runtime.steps import split_steps, step_char_ends, step_end_token_indices
 from runtime.data import synthetic_records
 from runtime.tiny_model import build_tiny, load_causal_lm, load_tokenizer
 

@@ -3,7 +3,7 @@
 import torch
 
 from configs.schema import TinyModelConfig
-from process_supervision.steps import step_end_token_indices
+from runtime.steps import step_end_token_indices
 from runtime.tiny_model import STEP_TAG, build_tiny, load_causal_lm, load_tokenizer
 
 
