@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,8 +31,8 @@ from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, generate_groups
 from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
 from runtime.data import MathRecord
-from runtime.engine import (broadcast_from_main, build_engine, current_lr, engine_step,
-                            global_sum, is_main, world)
+from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
+                            engine_step, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
@@ -62,6 +63,24 @@ def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, 
                                  unbiased=g.std_unbiased, eps=g.std_eps)[:, None]
         adv = adv.expand(-1, num_tokens)
     return adv * rollout.completion_mask
+
+
+def drop_nonfinite(scores: Scores, group_size: int) -> tuple[Scores, torch.Tensor]:
+    """A reward model can return NaN/inf (a PRM on odd input). Every group holding such a value is
+    left out of the step's loss (its values set to 0 so nothing non-finite propagates), and
+    counted in `reward/nonfinite_groups`. Returns the cleaned scores and the [Q] broken-group mask.
+    """
+    bad = ~torch.isfinite(scores.rewards.float())
+    if scores.step_rewards is not None:
+        bad |= (~torch.isfinite(scores.step_rewards.float()) & scores.step_mask).any(-1)
+    groups = bad.view(-1, group_size).any(-1)
+    if not groups.any():
+        return scores, groups
+    rows = groups.repeat_interleave(group_size)
+    step_rewards = None if scores.step_rewards is None else torch.where(
+        rows[:, None] | ~torch.isfinite(scores.step_rewards), 0.0, scores.step_rewards.float())
+    return replace(scores, rewards=torch.where(rows, 0.0, scores.rewards.float()),
+                   step_rewards=step_rewards), groups
 
 
 @torch.no_grad()
@@ -133,6 +152,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         rolled = time.perf_counter()
         # -- reward
         scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
+        scores, broken_groups = drop_nonfinite(scores, g.group_size)
         rewards = scores.rewards.float() + overlong_penalty(rollout.lengths, g.max_new_tokens,
                                                             g.overlong_buffer, g.overlong_penalty)
         if g.shuffle_rewards:
@@ -150,6 +170,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         keep = torch.ones(len(rewards), dtype=torch.bool)
         if g.dynamic_sampling:
             keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)
+        keep &= ~broken_groups.repeat_interleave(g.group_size)
         loss_mask = rollout.completion_mask.float() * keep[:, None]
         num_sequences = global_sum(float(keep.sum()))
         num_tokens = global_sum(float(loss_mask.sum()))
@@ -175,8 +196,9 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                                       beta=g.beta, num_sequences=max(num_sequences, 1.0),
                                       num_tokens=max(num_tokens, 1.0),
                                       max_tokens=g.max_new_tokens)
-                engine.backward(result.loss * world_size, scale_wrt_gas=False)
-                norm = engine_step(engine)
+                where = f"{out_name} step {step + 1}, update {update + 1}, micro-batch {mb + 1}"
+                checked_backward(engine, result.loss * world_size, where)
+                norm = engine_step(engine, where)
                 grad_norm = norm if norm is not None else grad_norm
                 share = float(loss_mask[rows].sum()) / max(float(loss_mask.sum()), 1.0)
                 stats["loss"] += result.loss.item() / g.mu
@@ -190,6 +212,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             "train/lr": current_lr(engine),
             "train/grad_norm": grad_norm,
             "train/kept_groups": float(keep.float().mean()),
+            "reward/nonfinite_groups": float(broken_groups.sum()),
             "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
             "time/rollout": rolled - started, "time/scoring": scored - rolled,
             "time/update": updated - scored, "time/step": updated - started,

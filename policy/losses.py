@@ -10,15 +10,27 @@ objective). The KL term `beta * k3` against the reference is part of every objec
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 
+MAX_LOG_RATIO = 20.0
+"""Log-probability ratios are clamped to +-20 before `exp` (e^20 ~ 5e8): an overflowing ratio
+would turn the loss to inf/NaN, also on masked tokens (inf * 0 = NaN). Far outside any clip
+range, so the clamp changes no clipped objective."""
+
+
+def ratio(logprobs: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """exp(logprobs - other), with the log-ratio clamped to +-MAX_LOG_RATIO. [N, T]."""
+    return torch.exp((logprobs - other).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Unbiased, non-negative per-token KL estimator: pi_ref/pi - log(pi_ref/pi) - 1. [N, T]."""
-    log_ratio = ref_logprobs - logprobs
+    log_ratio = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return torch.exp(log_ratio) - log_ratio - 1
 
 
@@ -50,10 +62,28 @@ def _with_kl(per_token, logprobs, ref_logprobs, beta):
 def _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages, clip_eps_low, clip_eps_high,
                beta):
     """Per-token clipped surrogate minus beta * KL, the clip-active mask, and the KL. [N, T] each."""
-    surrogate, active = _clipped_surrogate(torch.exp(logprobs - old_logprobs), advantages,
+    surrogate, active = _clipped_surrogate(ratio(logprobs, old_logprobs), advantages,
                                            clip_eps_low, clip_eps_high)
     per_token, kl = _with_kl(surrogate, logprobs, ref_logprobs, beta)
     return per_token, active, kl
+
+
+def _masked_inputs(loss_fn):
+    """Zero the inputs on masked-out positions before the loss sees them: padding may hold
+    -inf/NaN log-probs, and `x * 0` (or `where`'s backward) would carry NaN into the loss or its
+    gradient."""
+
+    @functools.wraps(loss_fn)
+    def wrapped(logprobs, old_logprobs, ref_logprobs, advantages, mask, **kwargs):
+        keep = mask.bool()
+
+        def clean(t):
+            return None if t is None else torch.where(keep, t, torch.zeros((), dtype=t.dtype))
+
+        return loss_fn(clean(logprobs), clean(old_logprobs), clean(ref_logprobs),
+                       clean(advantages), mask, **kwargs)
+
+    return wrapped
 
 
 def _output(objective, active, kl, mask):
@@ -66,6 +96,7 @@ def _seq_mean(per_token, mask):
     return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
+@_masked_inputs
 def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
               clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """DeepSeekMath: 1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL]."""
@@ -74,6 +105,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_ep
     return _output(_seq_mean(per_token, mask).sum() / num_sequences, active, kl, mask)
 
 
+@_masked_inputs
 def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
             clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """DeepSeek-R1 as in the seed: 1/G sum_i sum_t [...] (no 1/|o_i|)."""
@@ -82,6 +114,7 @@ def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_
     return _output((per_token * mask).sum() / num_sequences, active, kl, mask)
 
 
+@_masked_inputs
 def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
                  clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """Dr. GRPO: no length normalisation, a constant normaliser G * max_tokens (advantages are
@@ -91,6 +124,7 @@ def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip
     return _output((per_token * mask).sum() / (num_sequences * max_tokens), active, kl, mask)
 
 
+@_masked_inputs
 def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
               clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """DAPO: token-level 1/sum_i |o_i|, decoupled clip range [1 - eps_low, 1 + eps_high]."""
@@ -99,6 +133,7 @@ def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_ep
     return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
 
 
+@_masked_inputs
 def gpg_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """GPG: 1/sum_i |o_i| sum log pi * A, no ratio and no clipping."""
@@ -106,12 +141,13 @@ def gpg_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps
     return _output((per_token * mask).sum() / num_tokens, torch.zeros_like(mask), kl, mask)
 
 
+@_masked_inputs
 def cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
                clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """CISPO: 1/sum_i |o_i| sum sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi."""
-    ratio = torch.exp(logprobs - old_logprobs).detach()
-    weight = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high)
-    active = (ratio < 1 - clip_eps_low) | (ratio > 1 + clip_eps_high)
+    is_weight = ratio(logprobs, old_logprobs).detach()
+    weight = is_weight.clamp(1 - clip_eps_low, 1 + clip_eps_high)
+    active = (is_weight < 1 - clip_eps_low) | (is_weight > 1 + clip_eps_high)
     per_token, kl = _with_kl(weight * advantages * logprobs, logprobs, ref_logprobs, beta)
     return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
 

@@ -23,8 +23,8 @@ from configs.plan import plan_batch
 from policy.evaluate import evaluate_policy
 from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
 from runtime.data import MathRecord, format_solution
-from runtime.engine import (broadcast_from_main, build_engine, current_lr, engine_step,
-                            global_sum, is_main, world)
+from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
+                            engine_step, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
@@ -113,8 +113,9 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
             ids, mask, labels = (t[rows].to(engine.device) for t in tensors)
             nll, _ = token_nll_sum(engine, ids, mask, labels)
             loss = nll / global_tokens * world_size
-            engine.backward(loss, scale_wrt_gas=False)
-            norm = engine_step(engine)
+            where = f"sft step {step + 1}, micro-batch {mb + 1}"
+            checked_backward(engine, loss, where)
+            norm = engine_step(engine, where)
             grad_norm = norm if norm is not None else grad_norm
             loss_sum += loss.item()
         state["step"] = step + 1

@@ -23,8 +23,8 @@ from reward_model.evaluate import step_metrics
 from reward_model.heads import tag_logit_margin, tag_loss
 from reward_model.score import TagScorer
 from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
-from runtime.engine import (broadcast_from_main, build_engine, current_lr, engine_step,
-                            global_sum, is_main, world)
+from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
+                            engine_step, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
@@ -88,8 +88,9 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
             # Mean over the step's labels: this micro-batch's share of the global count.
             loss = tag_loss(margin, batch.targets[rows].to(engine.device), mask) \
                 * (float(mask.sum()) / max(labels_total, 1.0)) * world_size
-            engine.backward(loss, scale_wrt_gas=False)
-            norm = engine_step(engine)
+            where = f"{out} step {state['step'] + 1}, micro-batch {mb + 1}"
+            checked_backward(engine, loss, where)
+            norm = engine_step(engine, where)
             grad_norm = norm if norm is not None else grad_norm
             loss_sum += loss.item() / world_size
         state["step"] = step + 1

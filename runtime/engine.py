@@ -6,6 +6,8 @@ On CPU, set DS_ACCELERATOR=cpu (the CLI does it when no GPU is present) and gloo
 
 from __future__ import annotations
 
+import math
+
 import os
 import socket
 
@@ -114,7 +116,19 @@ def broadcast_from_main(obj):
     return holder[0]
 
 
-def engine_step(engine) -> float | None:
+def checked_backward(engine, loss, where: str) -> None:
+    """`engine.backward(loss)` after checking the loss is finite; a NaN/inf loss stops the run
+    with `where` (stage, step, micro-batch) named, before any gradient reaches the optimizer."""
+    import torch
+
+    if not torch.isfinite(loss.detach()).all():
+        raise FloatingPointError(f"{where}: the loss is {loss.item()}; stopping before the "
+                                 "optimizer step (the last checkpoint is intact: fix and re-run "
+                                 "to resume)")
+    engine.backward(loss, scale_wrt_gas=False)
+
+
+def engine_step(engine, where: str = "") -> float | None:
     """`engine.step()`; at an optimizer step, also the global gradient norm before clipping.
 
     ZeRO optimizers report the norm themselves; plain (stage 0) fp32 engines do not, so it is
@@ -127,6 +141,10 @@ def engine_step(engine) -> float | None:
     if boundary and not engine.zero_optimization():
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if not math.isfinite(norm):
+            engine.zero_grad()
+            raise FloatingPointError(f"{where}: the gradient norm is {norm}; the optimizer step "
+                                     "was not taken")
     engine.step()
     if boundary and norm is None:
         reported = engine.get_global_grad_norm()
