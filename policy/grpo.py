@@ -123,6 +123,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         reference.to(engine.device)
     loss_spec = POLICY_LOSSES[g.loss]
     state = load_training_state(engine, out / "state") or {"step": 0}
+    # Rows a crash logged past the saved state are redone: drop them.
+    logger.rewind(step_offset + state["step"] if state["step"] else step_offset - 1)
     questions_per_rank = g.questions_per_step // world_size
 
     def evaluate(sampled: bool) -> dict:

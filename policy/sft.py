@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from configs.plan import plan_batch
 from policy.evaluate import evaluate_policy
-from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
+from runtime.checkpoint import (load_training_state, recover_export, save_pretrained,
+                                save_training_state)
 from runtime.data import MathRecord, format_solution
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
                             engine_step, global_sum, is_main, world)
@@ -74,6 +75,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     best_dir, done_file = out / "best", out / "done.json"
     if done_file.exists():
         return best_dir
+    recover_export(best_dir)
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model.trust_remote_code)
     model = load_causal_lm(policy_path, cfg.model.dtype, cfg.model.trust_remote_code)
@@ -84,6 +86,8 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     steps_per_epoch = max(1, len(sft_records) // plan.global_sequences)
     total_steps = math.ceil(cfg.sft.epochs * steps_per_epoch)
     state = load_training_state(engine, out / "state") or {"step": 0, "best": -1.0, "stale": 0}
+    # Rows a crash logged past the saved state are redone: drop them.
+    logger.rewind(state["step"] if state["step"] else -1)
     eval_every = cfg.sft.eval_every or total_steps
 
     def evaluate() -> float:

@@ -58,6 +58,8 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     total_steps = math.ceil(rm.epochs * steps_per_epoch)
     eval_every = rm.eval_every or total_steps
     state = load_training_state(engine, out / "state") or {"step": 0}
+    # Rows a crash logged past the saved state are redone: drop them.
+    logger.rewind(step_offset + state["step"] if state["step"] else step_offset - 1)
 
     def validate() -> dict:
         metrics = None

@@ -16,9 +16,18 @@ import torch
 from runtime.rundir import atomic_write_text
 
 
+def recover_export(out_dir: Path) -> None:
+    """Finish a swap a crash interrupted: the export was moved aside but the new one not yet in."""
+    out_dir = Path(out_dir)
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    if not out_dir.exists() and old.exists():
+        old.rename(out_dir)
+
+
 def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = None) -> Path:
     """Export weights (safetensors), tokenizer and the resolved config; atomic via rename."""
     out_dir = Path(out_dir)
+    recover_export(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     module = getattr(model, "module", model)
@@ -44,17 +53,75 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (e.g. a full disk); the previous one is intact."""
+
+
+def _latest_tag(state_dir: Path) -> str | None:
+    latest = state_dir / "latest"
+    return latest.read_text().strip() if latest.exists() else None
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
-    """Optimizer, schedule, weights and `client_state` (+ RNG) in DeepSpeed's format."""
-    engine.save_checkpoint(str(state_dir), tag="state",
-                           client_state={"igrpo": {**client_state, "rng": rng_state()}})
+    """Optimizer, schedule, weights and `client_state` (+ RNG) in DeepSpeed's format, atomically.
+
+    Each save goes to a new tag folder; only when every rank has written it does `latest` (written
+    atomically) point to it, and the older tag is removed. A kill mid-save leaves the previous
+    state in force. A write error (a full disk) removes the partial folder and raises
+    `CheckpointError` naming both folders.
+    """
+    from runtime.engine import is_main
+
+    state_dir = Path(state_dir)
+    previous = _latest_tag(state_dir)
+    index = int(previous) + 1 if previous and previous.isdigit() else 0
+    tag = f"{index:06d}"
+    try:
+        engine.save_checkpoint(str(state_dir), tag=tag, save_latest=False,
+                               client_state={"igrpo": {**client_state, "rng": rng_state()}})
+    except OSError as err:
+        shutil.rmtree(state_dir / tag, ignore_errors=True)
+        kept = f"the previous state {state_dir / previous} is intact" if previous else \
+            "no earlier state existed"
+        raise CheckpointError(f"could not write the training state {state_dir / tag}: {err}; "
+                              f"{kept}. Free space and re-run the same command to resume.") \
+            from err
+    _barrier()
+    if is_main():
+        atomic_write_text(state_dir / "latest", tag)
+        for old in state_dir.iterdir():
+            if old.is_dir() and old.name != tag:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def _weights_only_loads(engine) -> None:
+    """DeepSpeed's torch checkpoint engine unpickles with `weights_only=False`; ours loads
+    tensors and plain containers only, so a crafted state file cannot run code."""
+    checkpoint_engine = engine.checkpoint_engine
+
+    def load(path, map_location=None):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    checkpoint_engine.load = load
 
 
 def load_training_state(engine, state_dir: Path) -> dict | None:
     """Restore a state saved by `save_training_state`; None when there is none yet."""
-    if not (Path(state_dir) / "latest").exists():
+    tag = _latest_tag(Path(state_dir))
+    if tag is None:
         return None
-    _, client_state = engine.load_checkpoint(str(state_dir), tag="state")
+    _weights_only_loads(engine)
+    _, client_state = engine.load_checkpoint(str(state_dir), tag=tag)
+    if client_state is None:
+        raise CheckpointError(f"the training state {Path(state_dir) / tag} could not be loaded")
     ours = dict(client_state["igrpo"])
     set_rng_state(ours.pop("rng"))
     return ours

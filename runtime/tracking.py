@@ -11,6 +11,8 @@ import math
 import os
 from pathlib import Path
 
+from runtime.rundir import atomic_write_text
+
 
 def _jsonable(value):
     if hasattr(value, "item"):
@@ -58,6 +60,16 @@ class MetricsLogger:
             handle.write(json.dumps(row) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log({**metrics, **(media or {})}, step=step)
+
+    def rewind(self, step: int) -> None:
+        """Drop JSONL rows logged after `step` (a resumed stage redoes those steps, so they would
+        otherwise appear twice)."""
+        if not self.enabled or not self.path.exists():
+            return
+        rows = read_metrics(self.path)
+        kept = [r for r in rows if r.get("step", 0) <= step]
+        if len(kept) != len(rows):
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def log_checkpoint(self, folder: Path, name: str, kind: str = "model") -> None:
         """Log a checkpoint folder as a wandb artifact, when the user opted in
