@@ -207,7 +207,8 @@ def run_label(session: Session) -> Path:
     labeller = Labeller(completer, tokenizer, cfg.data.prompt_template, lab.num_completions,
                         lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
                         lab.prefixes_per_batch)
-    labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size)
+    labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
+                               seed=cfg.run.seed)
     dataset = out / "math_shepherd.jsonl"
     write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled], cfg.rm.step_tag,
                               soft_labels=[x.soft for x in labelled])

@@ -76,7 +76,7 @@ class IterationRun:
                             lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
                             lab.prefixes_per_batch)
         labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                                   progress=is_main())
+                                   progress=is_main(), seed=self.cfg.run.seed * 101 + k)
         prm_examples = [x.example(soft=lab.soft) for x in labelled]
         save_iteration(self.run / "replay" / "prm", k, prm_examples)
         save_iteration(self.run / "replay" / "orm", k,

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from policy.rollout import generate_groups
@@ -124,8 +125,12 @@ def _read_shard(path: Path) -> list[LabelledSolution]:
 
 
 def label_in_shards(labeller: Labeller, solutions: list[Solution], shard_dir: Path,
-                    shard_size: int, progress: bool = True) -> list[LabelledSolution]:
-    """Label in shards of `shard_size` solutions under `shard_dir`; finished shards are reused."""
+                    shard_size: int, progress: bool = True,
+                    seed: int | None = None) -> list[LabelledSolution]:
+    """Label in shards of `shard_size` solutions under `shard_dir`; finished shards are reused.
+
+    With `seed`, the sampling RNG is seeded per shard from (seed, shard index), so a resumed run
+    labels the remaining shards exactly as an uninterrupted one would have."""
     shard_dir.mkdir(parents=True, exist_ok=True)
     out: list[LabelledSolution] = []
     total_prefixes = sum(len(s.steps) - 1 for s in solutions)
@@ -137,6 +142,8 @@ def label_in_shards(labeller: Labeller, solutions: list[Solution], shard_dir: Pa
         if path.exists():
             out += _read_shard(path)
         else:
+            if seed is not None:
+                torch.manual_seed(seed * 1_000_003 + shard)
             labelled = labeller.label(chunk)
             atomic_write_text(path, _shard_rows(labelled))
             out += labelled

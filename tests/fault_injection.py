@@ -1,0 +1,152 @@
+"""Fault injection: run a command, SIGKILL it at random moments, resume it with the same command.
+
+A *zygote* process imports the project once and forks one child per attempt, so an attempt costs
+the run's own work, not 4 s of imports; each child is a fresh process with its own RNG, DeepSpeed
+engine and gloo group, killed with SIGKILL (no handler, no cleanup), exactly like a preemption.
+
+    python tests/fault_injection.py --kills 20 -- iterate --config configs/tiny.yaml run.root=...
+
+`kill_and_resume` returns where each kill landed: the manifest unit that was running, and any
+half-written files the kill left behind (temporary exports, checkpoint tags `latest` does not name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ZYGOTE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import igrpo, torch, deepspeed, transformers  # noqa: F401  (imported once, before any fork)
+import policy.grpo, iteration.loop, reward_model.train, process_supervision.label  # noqa: F401
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        code = 1
+        try:
+            code = igrpo.main(request["args"]) or 0
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    print(json.dumps({"pid": pid}), flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": status}), flush=True)
+"""
+
+
+@dataclass
+class Report:
+    kills: list[dict] = field(default_factory=list)
+    attempts: int = 0
+    exit_code: int | None = None
+
+
+class Zygote:
+    def __init__(self, env: dict | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(ROOT)], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        assert json.loads(self.proc.stdout.readline())["ready"]
+
+    def start(self, args: list[str], log: Path) -> int:
+        self.proc.stdin.write(json.dumps({"args": args, "log": str(log)}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["pid"]
+
+    def wait(self) -> int:
+        return json.loads(self.proc.stdout.readline())["status"]
+
+    def run(self, args: list[str], log: Path) -> int:
+        self.start(args, log)
+        status = self.wait()
+        return os.waitstatus_to_exitcode(status)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def where_killed(run_dir: Path) -> dict:
+    """The running manifest unit, and half-written files a kill left in the run folder."""
+    manifest = run_dir / "manifest.json"
+    unit = "before the manifest"
+    if manifest.exists():
+        units = json.loads(manifest.read_text())["units"]
+        running = [name for name, u in units.items() if u["state"] == "running"]
+        unit = running[0] if running else "between units"
+    partial = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
+                     if p.name.endswith(".tmp") or p.name.endswith(".old"))
+    for latest in run_dir.rglob("latest"):
+        named = latest.read_text().strip()
+        partial += sorted(str(p.relative_to(run_dir)) for p in latest.parent.iterdir()
+                          if p.is_dir() and p.name != named)
+    return {"unit": unit, "partial_writes": partial}
+
+
+def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path, kills: int,
+                    seed: int = 0, max_delay_s: float = 5.0) -> Report:
+    """Start `args`, SIGKILL it after a random delay, re-run it; `kills` times; then let it
+    finish. Returns where each kill landed and the final exit code."""
+    rng = random.Random(seed)
+    report = Report()
+    while True:
+        report.attempts += 1
+        pid = zygote.start(args, log)
+        if len(report.kills) < kills:
+            deadline = time.monotonic() + rng.uniform(0.3, max_delay_s)
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.02)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                status = zygote.wait()
+                if os.WIFSIGNALED(status):
+                    report.kills.append(where_killed(run_dir))
+                    continue
+                report.exit_code = os.waitstatus_to_exitcode(status)
+                return report
+        status = zygote.wait()
+        report.exit_code = os.waitstatus_to_exitcode(status)
+        if report.exit_code != 0 or len(report.kills) >= kills:
+            return report
+        # It finished before enough kills landed: that is an error of the harness's timing.
+        return report
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-dir", required=True, help="the run folder the command writes")
+    parser.add_argument("args", nargs="+")
+    ns = parser.parse_args()
+    z = Zygote()
+    result = kill_and_resume(z, ns.args, Path(ns.run_dir), Path(ns.run_dir).with_suffix(".log"),
+                             ns.kills, ns.seed)
+    z.close()
+    print(json.dumps(result.__dict__, indent=1))
