@@ -303,12 +303,14 @@ COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval":
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
     args = _parse(argv, stages or tuple(COMMANDS))
+    from runtime.rundir import UnsafePathError
+
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
+        session = Session(cfg, args.stage)
+    except (ConfigError, UnsafePathError) as err:
         print(f"igrpo: {err}", file=sys.stderr)
         return 2
-    session = Session(cfg, args.stage)
     result = COMMANDS[args.stage](session)
     if isinstance(result, Path):
         print(result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -45,6 +46,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"{where}: bad config key {key!r}: {err}".replace("\n", " ")) from err
     except FileNotFoundError as err:
         raise ConfigError(f"config file not found: {path}") from err
+    except yaml.YAMLError as err:  # omegaconf's loader is a yaml SafeLoader: no python tags
+        raise ConfigError(f"{where}: not a valid YAML config: {err}".replace("\n", " ")) from err
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:

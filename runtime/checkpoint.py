@@ -83,6 +83,9 @@ def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     previous = _latest_tag(state_dir)
     index = int(previous) + 1 if previous and previous.isdigit() else 0
     tag = f"{index:06d}"
+    if is_main():  # an orphan of a save killed before `latest` moved: never mix its files in
+        shutil.rmtree(state_dir / tag, ignore_errors=True)
+    _barrier()
     try:
         engine.save_checkpoint(str(state_dir), tag=tag, save_latest=False,
                                client_state={"igrpo": {**client_state, "rng": rng_state()}})

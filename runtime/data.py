@@ -110,13 +110,16 @@ def _datasets_rows(path: str, hub_config: str, split: str):
     return datasets.load_dataset(path, hub_config or None, split=split)
 
 
-def _locate_bad_jsonl_row(path: Path, err: Exception) -> DataError:
-    """`datasets` rejected the file as a whole: find the first line it could not take."""
+def _locate_bad_jsonl_row(path: Path, err: Exception | None) -> DataError | None:
+    """The first line of a JSON Lines file that is not a JSON object of the first row's types
+    (None if every line is fine and `err` is None)."""
     first_keys: set[str] | None = None
     first_types: dict[str, type] = {}
     with open(path, "rb") as handle:
         for lineno, raw in enumerate(handle, 1):
             where = f"{path}: row {lineno}"
+            if not raw.strip():
+                continue
             try:
                 row = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as bad:
@@ -134,16 +137,26 @@ def _locate_bad_jsonl_row(path: Path, err: Exception) -> DataError:
                 if expected is not None and value is not None and not isinstance(value, expected):
                     return DataError(f"{where}: field {key!r}: expected {expected.__name__}, "
                                      f"got {type(value).__name__}")
-    return DataError(f"{path}: could not be read: {err}")
+    return None if err is None else DataError(f"{path}: could not be read: {err}")
 
 
 def read_rows(path: str, hub_config: str = "", split: str = "train"):
-    """Rows of a file or hub id via `datasets`; a file it rejects is scanned to name the bad row."""
+    """Rows of a file or hub id via `datasets`.
+
+    A local JSON Lines file is first scanned line by line, so a truncated row, bad UTF-8 or a value
+    whose type differs from the first row's is named (file, row, field) instead of failing deep in
+    pyarrow or being silently cast (`datasets` turns "3" into 3 when a later row holds an int)."""
+    local_jsonl = Path(path).suffix == ".jsonl" and Path(path).exists()
+    if local_jsonl:
+        problem = _locate_bad_jsonl_row(Path(path), None)
+        if problem is not None:
+            raise problem
     try:
         return _datasets_rows(path, hub_config, split)
     except Exception as err:  # datasets raises many types for a malformed file
-        if Path(path).suffix in (".jsonl", ".json") and Path(path).exists():
-            raise _locate_bad_jsonl_row(Path(path), err) from err
+        if Path(path).suffix == ".json" and Path(path).exists():
+            raise _locate_bad_jsonl_row(Path(path), err) or \
+                DataError(f"{path}: could not be read: {err}") from err
         raise DataError(f"{path}: could not be read: {err}") from err
 
 

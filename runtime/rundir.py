@@ -29,11 +29,15 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+class UnsafePathError(ValueError):
+    """A name (run name, stage, file) that would write outside the run folder."""
+
+
 def safe_child(root: Path, *parts: str) -> Path:
     """`root/parts...`, refusing names that would land outside `root`."""
     path = root.joinpath(*parts).resolve()
     if root.resolve() not in (path, *path.parents):
-        raise ValueError(f"refusing to write outside the run folder {root}: {'/'.join(parts)!r}")
+        raise UnsafePathError(f"refusing to write outside the run folder {root}: {'/'.join(parts)!r}")
     return path
 
 
