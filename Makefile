@@ -25,7 +25,7 @@ demo: setup
 	$(VENV)/bin/igrpo demo --config configs/tiny.yaml
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=12
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

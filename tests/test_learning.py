@@ -17,7 +17,7 @@ from runtime.tracking import MetricsLogger, read_metrics
 
 GRPO = ["grpo.steps=60", "grpo.questions_per_step=8", "grpo.group_size=8", "grpo.lr=5e-5",
         "grpo.eval_every=0", "grpo.save_every=1000", "data.eval_questions=300",
-        "run.wandb_mode=disabled", "run.threads=2", "eval.k=4", "grpo.supervision=outcome"]
+        "run.wandb_mode=disabled", "run.threads=2", "eval.k=1", "grpo.supervision=outcome"]
 
 
 def _grpo(warm_start: Path, out: Path, *extra: str) -> tuple[float, float]:
