@@ -34,7 +34,22 @@ def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespac
     parser.add_argument("stage", choices=stages)
     parser.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
+    plan = parser.add_argument_group("plan (memory per GPU; nothing is run)")
+    plan.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    plan.add_argument("--nodes", type=int, default=1)
+    plan.add_argument("--gpu-gb", type=float, nargs="+", default=[80.0, 141.0],
+                      help="GPU memory sizes to check, in GB")
+    plan.add_argument("--prompt-tokens", type=int, default=256,
+                      help="prompt length assumed for the rollout and update")
     return parser.parse_intermixed_args(argv)
+
+
+def run_plan(cfg, args: argparse.Namespace) -> None:
+    """`igrpo plan`: per-GPU memory of the configured GRPO run (runtime/memory_plan.py)."""
+    from runtime.memory_plan import plan, render
+
+    rows, numbers = plan(cfg, args.gpus, args.nodes, args.prompt_tokens)
+    print(render(cfg, rows, numbers, args.gpu_gb, args.gpus, args.nodes))
 
 
 # Stages that resume from their folder, and the folder whose config must match to resume.
@@ -96,13 +111,14 @@ def base_policy(session: Session) -> Path:
         return Path(cfg.model.policy_path) if Path(cfg.model.policy_path).exists() \
             else cfg.model.policy_path
     base = session.run.child("base")
-    if not (base / "config.json").exists():
-        from runtime.engine import is_main
+    from runtime.engine import barrier, is_main
+
+    if not (base / "config.json").exists() and is_main():
         from runtime.tiny_model import build_tiny
 
-        if is_main():
-            build_tiny(base, cfg.model.tiny, cfg.run.seed, extra_tokens=(cfg.rm.step_tag,))
-            print(f"[igrpo] built the tiny tokenizer and model in {base}")
+        build_tiny(base, cfg.model.tiny, cfg.run.seed, extra_tokens=(cfg.rm.step_tag,))
+        print(f"[igrpo] built the tiny tokenizer and model in {base}")
+    barrier()  # the other ranks read it
     return base
 
 
@@ -210,11 +226,14 @@ def run_label(session: Session) -> Path:
     labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
                                seed=cfg.run.seed)
     dataset = out / "math_shepherd.jsonl"
-    write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled], cfg.rm.step_tag,
-                              soft_labels=[x.soft for x in labelled])
-    stats = label_statistics(labelled)
-    atomic_write_json(out / "stats.json", stats)
-    print(json.dumps(stats, indent=2))
+    from runtime.engine import is_main
+
+    if is_main():
+        write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled],
+                                  cfg.rm.step_tag, soft_labels=[x.soft for x in labelled])
+        stats = label_statistics(labelled)
+        atomic_write_json(out / "stats.json", stats)
+        print(json.dumps(stats, indent=2))
     return dataset
 
 
@@ -298,7 +317,7 @@ def run_iterate(session: Session) -> list[dict]:
 
 COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval": run_eval,
             "label": run_label, "train-rm": run_train_rm, "eval-rm": run_eval_rm,
-            "iterate": run_iterate, "demo": run_iterate}
+            "iterate": run_iterate, "demo": run_iterate, "plan": run_plan}
 
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
@@ -307,6 +326,9 @@ def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -
 
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.stage == "plan":
+            run_plan(cfg, args)
+            return 0
         session = Session(cfg, args.stage)
     except (ConfigError, UnsafePathError) as err:
         print(f"igrpo: {err}", file=sys.stderr)

@@ -146,7 +146,11 @@ class GRPOConfig:
     """Largest reward lost to the overlong penalty."""
     max_new_tokens: int = 112
     temperature: float = 1.0
+    """Sampling temperature of the rollout (0 = greedy: identical samples, for checks only)."""
     top_p: float = 1.0
+    rollout_questions: int = 0
+    """Questions per generate call (their G samples each); 0 = all of a rank's questions at
+    once. Lower it when the rollout's KV cache does not fit (`igrpo plan` prints the size)."""
     eval_every: int = 50
     """Steps between held-out evaluations (0 = only at start and end)."""
     save_every: int = 50

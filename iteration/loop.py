@@ -35,7 +35,7 @@ from reward_model.report import best_of_n_report, labelled_report
 from reward_model.score import ORMReward, PRMReward, TagScorer
 from reward_model.train import train_reward_model
 from runtime.data import Splits
-from runtime.engine import is_main
+from runtime.engine import broadcast_from_main, is_main
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 from runtime.tracking import MetricsLogger, read_metrics
 
@@ -114,7 +114,11 @@ class IterationRun:
         return {"policy": self._rel(final), "reference": self._rel(policy)}
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
-        """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N."""
+        """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N
+        (computed on rank 0, the same entry on every rank)."""
+        return broadcast_from_main(self._evaluate(k, policy, rm_iteration) if is_main() else None)
+
+    def _evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         cfg = self.cfg
         model = load_causal_lm(policy, cfg.model.dtype).eval()
         tokenizer = load_tokenizer(policy)

@@ -28,11 +28,11 @@ from policy import inspection
 from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES, keep_informative_groups, overlong_penalty
 from policy.rewards import RewardFn, Scores
-from policy.rollout import Rollout, generate_groups
-from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
+from policy.rollout import Rollout, concat_rollouts, generate_groups
+from runtime.checkpoint import export, load_training_state, save_training_state
 from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
-                            engine_step, global_sum, is_main, world)
+                            engine_step, gathered_for_generation, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
@@ -129,13 +129,13 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
 
     def evaluate(sampled: bool) -> dict:
         metrics = None
-        if is_main():
-            metrics = evaluate_policy(engine.module, tokenizer, eval_records,
-                                      cfg.data.prompt_template, k=cfg.eval.k,
-                                      temperature=cfg.eval.temperature,
-                                      max_new_tokens=cfg.eval.max_new_tokens,
-                                      batch_size=cfg.eval.batch_size,
-                                      timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
+        with gathered_for_generation(engine):  # every rank joins the gather; rank 0 evaluates
+            if is_main():
+                metrics = evaluate_policy(
+                    engine.module, tokenizer, eval_records, cfg.data.prompt_template,
+                    k=cfg.eval.k, temperature=cfg.eval.temperature,
+                    max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                    timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
         return broadcast_from_main(metrics)
 
     if state["step"] == 0:
@@ -148,9 +148,13 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         records = batch[rank * questions_per_rank:(rank + 1) * questions_per_rank]
         prompts = [cfg.data.prompt_template.format(question=r.question) for r in records]
         # -- rollout: pi_old <- pi (the current weights sample the group)
-        rollout = generate_groups(engine.module, tokenizer, prompts, g.group_size,
-                                  max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                                  top_p=g.top_p)
+        chunk = g.rollout_questions or len(prompts)
+        with gathered_for_generation(engine):
+            rollout = concat_rollouts([
+                generate_groups(engine.module, tokenizer, prompts[i:i + chunk], g.group_size,
+                                max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                                top_p=g.top_p, greedy=g.temperature == 0)
+                for i in range(0, len(prompts), chunk)], tokenizer.pad_token_id)
         rolled = time.perf_counter()
         # -- reward
         scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
@@ -202,10 +206,13 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                 checked_backward(engine, result.loss * world_size, where)
                 norm = engine_step(engine, where)
                 grad_norm = norm if norm is not None else grad_norm
-                share = float(loss_mask[rows].sum()) / max(float(loss_mask.sum()), 1.0)
+                # Shares of the global step: summed over micro-batches and ranks they give the
+                # batch loss and the token means of KL and clip fraction.
+                share = float(loss_mask[rows].sum()) / max(num_tokens, 1.0)
                 stats["loss"] += result.loss.item() / g.mu
                 stats["kl"] += result.kl.item() * share / g.mu
                 stats["clip"] += result.clip_fraction.item() * share / g.mu
+        stats = {key: global_sum(value) for key, value in stats.items()}
         updated = time.perf_counter()
         state["step"] = step + 1
         bar.update(1)
@@ -235,8 +242,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         if state["step"] % g.save_every == 0 or state["step"] == g.steps:
             save_training_state(engine, out / "state", state)
     bar.close()
+    export(engine, tokenizer, final_dir, config_yaml)
     if is_main():
-        save_pretrained(engine, tokenizer, final_dir, config_yaml)
         atomic_write_json(done_file, {"steps": g.steps})
     return final_dir
 

@@ -48,6 +48,28 @@ class Rollout:
                        self.truncated[idx], self.group_size)
 
 
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """One rollout from several (e.g. generated in chunks): prompts re-padded on the left,
+    completions on the right, rows in order."""
+    if len(parts) == 1:
+        return parts[0]
+    width_p = max(r.prompt_ids.shape[1] for r in parts)
+    width_c = max(r.completion_ids.shape[1] for r in parts)
+
+    def left(t, width, value):
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+    def right(t, width, value):
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return Rollout(torch.cat([left(r.prompt_ids, width_p, pad_id) for r in parts]),
+                   torch.cat([left(r.prompt_mask, width_p, 0) for r in parts]),
+                   torch.cat([right(r.completion_ids, width_c, pad_id) for r in parts]),
+                   torch.cat([right(r.completion_mask, width_c, 0) for r in parts]),
+                   [t for r in parts for t in r.texts], torch.cat([r.truncated for r in parts]),
+                   parts[0].group_size)
+
+
 def _completion_mask(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """1 up to and including the first EOS; also whether each row never produced EOS."""
     is_eos = completion_ids == eos_id
@@ -68,8 +90,10 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     device = next(model.parameters()).device
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    # synced_gpus=False: under ZeRO-3 the caller gathers the weights first (see
+    # runtime.engine.gathered_for_generation), so no rank waits on another while generating.
     gen_kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id, use_cache=True)
+                      eos_token_id=tokenizer.eos_token_id, use_cache=True, synced_gpus=False)
     if greedy:
         gen_kwargs.update(do_sample=False)
     else:

@@ -21,11 +21,11 @@ from tqdm import tqdm
 
 from configs.plan import plan_batch
 from policy.evaluate import evaluate_policy
-from runtime.checkpoint import (load_training_state, recover_export, save_pretrained,
+from runtime.checkpoint import (export, load_training_state, recover_export,
                                 save_training_state)
 from runtime.data import MathRecord, format_solution
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
-                            engine_step, global_sum, is_main, world)
+                            engine_step, gathered_for_generation, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
@@ -90,16 +90,21 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     logger.rewind(state["step"] if state["step"] else -1)
     eval_every = cfg.sft.eval_every or total_steps
 
-    def evaluate() -> float:
-        return evaluate_policy(engine.module, tokenizer, eval_records, cfg.data.prompt_template,
-                               k=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens,
-                               batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s,
-                               sampled=False)["eval/greedy_accuracy"]
+    def evaluate() -> float | None:
+        """Greedy held-out accuracy on rank 0 (None elsewhere); every rank joins the gather."""
+        with gathered_for_generation(engine):
+            if not is_main():
+                return None
+            return evaluate_policy(engine.module, tokenizer, eval_records,
+                                   cfg.data.prompt_template, k=1, temperature=0.0,
+                                   max_new_tokens=cfg.eval.max_new_tokens,
+                                   batch_size=cfg.eval.batch_size,
+                                   timeout_s=cfg.eval.grade_timeout_s,
+                                   sampled=False)["eval/greedy_accuracy"]
 
     if state["step"] == 0:
-        state["best"] = broadcast_from_main(evaluate() if is_main() else None)
-        if is_main():
-            save_pretrained(engine, tokenizer, best_dir, config_yaml)
+        state["best"] = broadcast_from_main(evaluate())
+        export(engine, tokenizer, best_dir, config_yaml)
         logger.log({"eval/greedy_accuracy": state["best"]}, step=0)
     bar = tqdm(total=total_steps, initial=state["step"], desc="sft", disable=not is_main())
     engine.train()
@@ -124,16 +129,15 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
             loss_sum += loss.item()
         state["step"] = step + 1
         bar.update(1)
-        metrics = {"train/loss": loss_sum / world_size, "train/lr": current_lr(engine),
+        metrics = {"train/loss": global_sum(loss_sum) / world_size, "train/lr": current_lr(engine),
                    "train/grad_norm": grad_norm,
                    "time/step": time.perf_counter() - started, "train/epoch": epoch}
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
-            accuracy = broadcast_from_main(evaluate() if is_main() else None)
+            accuracy = broadcast_from_main(evaluate())
             metrics["eval/greedy_accuracy"] = accuracy
             if accuracy > state["best"]:
                 state["best"], state["stale"] = accuracy, 0
-                if is_main():
-                    save_pretrained(engine, tokenizer, best_dir, config_yaml)
+                export(engine, tokenizer, best_dir, config_yaml)
             else:
                 state["stale"] += 1
             bar.set_postfix(acc=f"{accuracy:.3f}", best=f"{state['best']:.3f}")

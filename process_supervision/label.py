@@ -23,6 +23,7 @@ from tqdm import tqdm
 from policy.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.data import MathRecord
+from runtime.engine import barrier, world
 from runtime.grading import grade
 from runtime.rundir import atomic_write_text
 
@@ -132,25 +133,24 @@ def label_in_shards(labeller: Labeller, solutions: list[Solution], shard_dir: Pa
     With `seed`, the sampling RNG is seeded per shard from (seed, shard index), so a resumed run
     labels the remaining shards exactly as an uninterrupted one would have."""
     shard_dir.mkdir(parents=True, exist_ok=True)
-    out: list[LabelledSolution] = []
-    total_prefixes = sum(len(s.steps) - 1 for s in solutions)
-    bar = tqdm(total=total_prefixes, desc="label", unit="prefix", disable=not progress)
+    rank, world_size = world()
+    shards = [(shard, solutions[start:start + shard_size], shard_dir / f"shard-{shard:05d}.jsonl")
+              for shard, start in enumerate(range(0, len(solutions), shard_size))]
+    mine = [s for s in shards if s[0] % world_size == rank]  # rank r: shards r, r + world, ...
+    bar = tqdm(total=sum(len(x.steps) - 1 for _, chunk, _ in mine for x in chunk), desc="label",
+               unit="prefix", disable=not progress)
     started = time.perf_counter()
-    for shard, start in enumerate(range(0, len(solutions), shard_size)):
-        chunk = solutions[start:start + shard_size]
-        path = shard_dir / f"shard-{shard:05d}.jsonl"
-        if path.exists():
-            out += _read_shard(path)
-        else:
+    for shard, chunk, path in mine:
+        if not path.exists():
             if seed is not None:
                 torch.manual_seed(seed * 1_000_003 + shard)
-            labelled = labeller.label(chunk)
-            atomic_write_text(path, _shard_rows(labelled))
-            out += labelled
-        bar.update(sum(len(s.steps) - 1 for s in chunk))
-        bar.set_postfix(prefixes_per_s=f"{labeller.prefixes_done / max(time.perf_counter() - started, 1e-9):.1f}")
+            atomic_write_text(path, _shard_rows(labeller.label(chunk)))
+        bar.update(sum(len(x.steps) - 1 for x in chunk))
+        rate = labeller.prefixes_done / max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix(prefixes_per_s=f"{rate:.1f}")
     bar.close()
-    return out
+    barrier()  # every rank's shards are written: read them all, in order
+    return [x for _, _, path in shards for x in _read_shard(path)]
 
 
 def label_statistics(labelled: list[LabelledSolution]) -> dict[str, float]:

@@ -22,7 +22,7 @@ from reward_model.encoding import encode, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.heads import tag_logit_margin, tag_loss
 from reward_model.score import TagScorer
-from runtime.checkpoint import load_training_state, save_pretrained, save_training_state
+from runtime.checkpoint import export, load_training_state, save_training_state
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
                             engine_step, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
@@ -97,7 +97,7 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
             loss_sum += loss.item() / world_size
         state["step"] = step + 1
         bar.update(1)
-        metrics = {"rm/loss": loss_sum, "rm/lr": current_lr(engine), "rm/grad_norm": grad_norm,
+        metrics = {"rm/loss": global_sum(loss_sum), "rm/lr": current_lr(engine), "rm/grad_norm": grad_norm,
                    "time/step": time.perf_counter() - started}
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
             metrics.update({f"rm/val_{k}": v for k, v in validate().items()})
@@ -107,8 +107,8 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         logger.log(metrics, step=step_offset + state["step"])
     bar.close()
     final_metrics = validate()
+    export(engine, tokenizer, final_dir, config_yaml)
     if is_main():
-        save_pretrained(engine, tokenizer, final_dir, config_yaml)
         atomic_write_json(done_file, {"steps": state["step"], **final_metrics})
         logger.log_checkpoint(final_dir, f"{cfg.run.name}-{out.parent.name}-{out.name}")
     return final_dir

@@ -44,6 +44,18 @@ def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = N
     return out_dir
 
 
+def export(engine, tokenizer, out_dir: Path, config_yaml: str | None = None) -> Path:
+    """`save_pretrained` of a training engine's model, called on every rank: under ZeRO-3 the
+    partitions are gathered first (all ranks join), then rank 0 writes."""
+    from runtime.engine import gathered_for_generation, is_main
+
+    with gathered_for_generation(engine):
+        if is_main():
+            save_pretrained(engine, tokenizer, out_dir, config_yaml)
+    _barrier()
+    return Path(out_dir)
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "torch": torch.get_rng_state()}
 

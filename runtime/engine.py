@@ -6,6 +6,7 @@ On CPU, set DS_ACCELERATOR=cpu (the CLI does it when no GPU is present) and gloo
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import os
@@ -89,6 +90,39 @@ def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int
     return engine
 
 
+def gathered_for_generation(engine):
+    """Context in which `engine.module` holds its full weights and runs as a plain module: under
+    ZeRO-3 the partitions are gathered once for the whole rollout (instead of once per generated
+    token, the classic slow or hanging ZeRO-3 generation) and DeepSpeed's fetch hooks are lifted,
+    so a rank may generate alone (rank-0 evaluation) or for a different number of steps than the
+    others. A no-op below ZeRO-3."""
+    import contextlib
+
+    if engine.zero_optimization_stage() != 3:
+        return contextlib.nullcontext()
+    return _zero3_plain_module(engine)
+
+
+@contextlib.contextmanager
+def _zero3_plain_module(engine):
+    # DeepSpeed's own `unwrap_model_for_generation` (0.19) lifts the per-module hooks but leaves
+    # the root's start-of-forward hook, whose step reset is a collective: a rank-0-only generate
+    # then waits forever for the others. Lift all of them, and restore them all afterwards.
+    import deepspeed
+    from deepspeed.runtime.zero import parameter_offload
+
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+    stack_depth = len(parameter_offload.FWD_MODULE_STACK)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        offload._remove_module_hooks()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield engine.module
+        finally:
+            offload.setup_zero_stage3_hooks()
+            del parameter_offload.FWD_MODULE_STACK[stack_depth:]
+
+
 def current_lr(engine) -> float:
     return float(engine.get_lr()[0])
 
@@ -103,6 +137,14 @@ def global_sum(value: float) -> float:
     tensor = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(tensor)
     return float(tensor.item())
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in one process)."""
+    import torch.distributed as dist
+
+    if world()[1] > 1:
+        dist.barrier()
 
 
 def broadcast_from_main(obj):

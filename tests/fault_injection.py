@@ -4,7 +4,11 @@ A *zygote* process imports the project once and forks one child per attempt, so 
 the run's own work, not 4 s of imports; each child is a fresh process with its own RNG, DeepSpeed
 engine and gloo group, killed with SIGKILL (no handler, no cleanup), exactly like a preemption.
 
-    python tests/fault_injection.py --kills 20 -- iterate --config configs/tiny.yaml run.root=...
+    python tests/fault_injection.py --kills 20 --timeline STRAIGHT/manifest.json --run-dir DIR \\
+        -- iterate --config configs/tiny.yaml run.root=...
+
+Kill moments are drawn uniformly over an uninterrupted run's timeline (its manifest's unit start
+and finish times) and replayed unit by unit, so kills spread over every stage at any machine speed.
 
 `kill_and_resume` returns where each kill landed: the manifest unit that was running, and any
 half-written files the kill left behind (temporary exports, checkpoint tags `latest` does not name).
@@ -107,33 +111,71 @@ def where_killed(run_dir: Path) -> dict:
     return {"unit": unit, "partial_writes": partial}
 
 
-def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path, kills: int,
-                    seed: int = 0, max_delay_s: float = 5.0) -> Report:
-    """Start `args`, SIGKILL it after a random delay, re-run it; `kills` times; then let it
-    finish. Returns where each kill landed and the final exit code."""
-    rng = random.Random(seed)
+def unit_timeline(manifest: Path) -> list[tuple[str, float, float]]:
+    """(unit, start, end) of a finished run's manifest, in seconds from its first unit's start."""
+    units = json.loads(manifest.read_text())["units"]
+    origin = min(u["started"] for u in units.values())
+    return sorted(((name, u["started"] - origin, u["finished"] - origin)
+                   for name, u in units.items()), key=lambda row: row[1])
+
+
+def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
+                 rng: random.Random) -> list[tuple[str, float]]:
+    """`kills` moments drawn uniformly over the uninterrupted run's units, as (unit, seconds
+    into it), in timeline order: each kill lands at or after the previous one's place, so the
+    run keeps moving forward whatever the machine's speed."""
+    spans = [(name, end - start) for name, start, end in timeline]
+    total = sum(d for _, d in spans)
+    targets = []
+    for moment in sorted(rng.uniform(0, total) for _ in range(kills)):
+        for name, duration in spans:
+            if moment <= duration:
+                targets.append((name, moment))
+                break
+            moment -= duration
+    return targets
+
+
+def _unit_state(run_dir: Path, unit: str) -> str | None:
+    try:
+        units = json.loads((run_dir / "manifest.json").read_text())["units"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return units.get(unit, {}).get("state")
+
+
+def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path,
+                    targets: list[tuple[str, float]]) -> Report:
+    """For each target (unit, offset): start the command if it is not running, wait until the
+    unit runs, then `offset` seconds more (or until the unit is done), and SIGKILL it; re-run.
+    Finally let the command finish. Returns where each kill landed and the exit code."""
     report = Report()
-    while True:
-        report.attempts += 1
-        pid = zygote.start(args, log)
-        if len(report.kills) < kills:
-            deadline = time.monotonic() + rng.uniform(0.3, max_delay_s)
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.02)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-                status = zygote.wait()
-                if os.WIFSIGNALED(status):
-                    report.kills.append(where_killed(run_dir))
-                    continue
-                report.exit_code = os.waitstatus_to_exitcode(status)
-                return report
+    pid = None
+    for unit, offset in targets:
+        if pid is None:
+            report.attempts += 1
+            pid = zygote.start(args, log)
+        while _alive(pid) and _unit_state(run_dir, unit) not in ("running", "done"):
+            time.sleep(0.01)
+        deadline = time.monotonic() + offset
+        while _alive(pid) and time.monotonic() < deadline and \
+                _unit_state(run_dir, unit) != "done":
+            time.sleep(0.01)
+        if not _alive(pid):
+            break  # the run finished (or failed) before this kill
+        os.kill(pid, signal.SIGKILL)
         status = zygote.wait()
-        report.exit_code = os.waitstatus_to_exitcode(status)
-        if report.exit_code != 0 or len(report.kills) >= kills:
+        pid = None
+        if os.WIFSIGNALED(status):
+            report.kills.append({"target": unit, **where_killed(run_dir)})
+        else:
+            report.exit_code = os.waitstatus_to_exitcode(status)
             return report
-        # It finished before enough kills landed: that is an error of the harness's timing.
-        return report
+    if pid is None:
+        report.attempts += 1
+        zygote.start(args, log)
+    report.exit_code = os.waitstatus_to_exitcode(zygote.wait())
+    return report
 
 
 if __name__ == "__main__":
@@ -143,10 +185,13 @@ if __name__ == "__main__":
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", required=True, help="the run folder the command writes")
+    parser.add_argument("--timeline", required=True,
+                        help="manifest.json of an uninterrupted run of the same command")
     parser.add_argument("args", nargs="+")
     ns = parser.parse_args()
     z = Zygote()
+    plan = kill_targets(unit_timeline(Path(ns.timeline)), ns.kills, random.Random(ns.seed))
     result = kill_and_resume(z, ns.args, Path(ns.run_dir), Path(ns.run_dir).with_suffix(".log"),
-                             ns.kills, ns.seed)
+                             plan)
     z.close()
     print(json.dumps(result.__dict__, indent=1))

@@ -2,13 +2,14 @@
 with the same command, and get the same summary and weights as an uninterrupted run."""
 
 import json
+import random
 from collections import Counter
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from fault_injection import Zygote, kill_and_resume
+from fault_injection import Zygote, kill_and_resume, kill_targets, unit_timeline
 from small_config import ITERATE, SMALL
 
 KILLS = 20
@@ -24,11 +25,13 @@ def test_twenty_kills_resume_to_the_same_result(tmp_path):
     zygote = Zygote()
     try:
         assert zygote.run(_args(tmp_path / "straight"), tmp_path / "straight.log") == 0
+        timeline = unit_timeline(tmp_path / "straight" / "tiny" / "manifest.json")
+        targets = kill_targets(timeline, KILLS, random.Random(0))
         report = kill_and_resume(zygote, _args(tmp_path / "killed"), tmp_path / "killed" / "tiny",
-                                 tmp_path / "killed.log", kills=KILLS, seed=0)
+                                 tmp_path / "killed.log", targets)
     finally:
         zygote.close()
-    units = Counter(k["unit"].split("/")[0] for k in report.kills)
+    units = Counter(k["unit"] for k in report.kills)
     mid_write = [k for k in report.kills if k["partial_writes"]]
     print(f"\n{len(report.kills)} kills over {report.attempts} attempts; units hit: "
           f"{dict(units)}; kills that left a half-written file: {len(mid_write)} "

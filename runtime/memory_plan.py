@@ -1,0 +1,183 @@
+"""`igrpo plan`: per-GPU memory of a GRPO run at a given scale, and whether it fits.
+
+    igrpo plan --config configs/deepseekmath_7b.yaml --gpus 8 --nodes 1 --gpu-gb 80 141
+
+Model states (parameters, gradients, optimizer) come from DeepSpeed's own estimators
+(`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`); frozen models
+(the reference and the reward model in use) hold bf16/fp32 weights only, partitioned under ZeRO-3;
+the rollout's KV cache and the update's activations are computed from the architecture:
+
+- KV cache: sequences per GPU x (prompt + completion tokens) x layers x 2 (K and V) x KV heads x
+  head dim x bytes per value;
+- activations of one update micro-batch without recomputation, with flash attention (no s x s
+  score matrix kept): layers x tokens x hidden x 34 bytes (Korthikanti et al., 2022, "Reducing
+  activation recomputation", table 2, bf16), plus the micro-batch's logits.
+
+Rollout and update do not overlap in time, so the peak is the weights plus the larger of the two.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Architecture:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def params(self) -> int:
+        """Llama-style decoder: embeddings, attention (q, k, v, o), gated MLP, RMSNorms, head."""
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attention + mlp + 2 * self.hidden
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
+
+    @property
+    def largest_layer_params(self) -> int:
+        """The largest single module (what ZeRO-3 gathers at once): the embedding here."""
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+
+
+KNOWN = {
+    # DeepSeekMath 7B (base, instruct, RL) share DeepSeek LLM 7B's architecture (config.json).
+    name: Architecture(hidden=4096, layers=30, heads=32, kv_heads=32, intermediate=11008,
+                       vocab=102400)
+    for name in ("deepseek-ai/deepseek-math-7b-base", "deepseek-ai/deepseek-math-7b-instruct",
+                 "deepseek-ai/deepseek-math-7b-rl")
+}
+
+
+def _from_config_dict(cfg: dict) -> Architecture:
+    return Architecture(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
+                        heads=cfg["num_attention_heads"],
+                        kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+                        intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+                        tied=bool(cfg.get("tie_word_embeddings", False)))
+
+
+def architecture(model_cfg) -> Architecture:
+    """The policy's architecture: a local `config.json`, a known hub id, or the tiny default."""
+    path = model_cfg.policy_path
+    if not path:
+        from runtime.tiny_model import build_tokenizer
+
+        tiny = model_cfg.tiny
+        return Architecture(hidden=tiny.hidden_size, layers=tiny.num_layers, heads=tiny.num_heads,
+                            kv_heads=tiny.num_heads, intermediate=tiny.intermediate_size,
+                            vocab=len(build_tokenizer(("ки",))), tied=True)
+    config_file = Path(path) / "config.json"
+    if config_file.exists():
+        return _from_config_dict(json.loads(config_file.read_text()))
+    if path in KNOWN:
+        return KNOWN[path]
+    raise ValueError(f"model.policy_path={path!r}: no local config.json and not a known hub id "
+                     f"({', '.join(sorted(KNOWN))}); download the model's config.json and pass "
+                     "its folder")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    item: str
+    gpu_bytes: float
+    note: str
+
+
+def model_states(params: int, largest: int, ds, gpus: int, nodes: int) -> tuple[int, int, str]:
+    """(GPU bytes, CPU bytes, source) of the trained policy's states under its ZeRO stage."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if ds.zero_stage == 3:
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            params, largest, gpus, nodes, cpu_offload=ds.offload_optimizer,
+            cpu_offload_params=ds.offload_param, zero_init=True)
+        return gpu, cpu, "DeepSpeed estimate_zero3_model_states_mem_needs"
+    if ds.zero_stage in (1, 2):
+        cpu, gpu = estimate_zero2_model_states_mem_needs(params, gpus, nodes,
+                                                         cpu_offload=ds.offload_optimizer)
+        source = "DeepSpeed estimate_zero2_model_states_mem_needs"
+        return gpu, cpu, source + (" (stage 1 keeps full grads: a lower bound)"
+                                   if ds.zero_stage == 1 else "")
+    return 20 * params, 0, "no ZeRO: 2 (bf16 weights) + 18 (grads, fp32 master, Adam) B/param"
+
+
+def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[PlanRow], dict]:
+    """Per-GPU memory rows of one GRPO iteration, and the numbers behind them."""
+    arch = architecture(cfg.model)
+    ds, g = cfg.deepspeed, cfg.grpo
+    total_gpus = gpus * nodes
+    value_bytes = 2 if ds.bf16 else 4
+    params, largest = arch.params, arch.largest_layer_params
+    states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
+
+    def frozen(name: str) -> PlanRow:
+        if ds.zero_stage == 3:
+            per_gpu = value_bytes * params / total_gpus + value_bytes * largest
+            return PlanRow(name, per_gpu, "ZeRO-3 partitioned weights + one gathered layer")
+        return PlanRow(name, value_bytes * params, "replicated weights (inference only)")
+
+    tokens = prompt_tokens + g.max_new_tokens
+    rollout_seqs = g.questions_per_step * g.group_size / total_gpus
+    kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
+    activations = arch.layers * tokens * ds.micro_batch_size * arch.hidden * 34
+    logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
+    reward = "PRM" if g.supervision == "process" else "ORM"
+    rows = [
+        PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB"),
+        frozen("reference model"),
+        frozen(f"{reward} (scoring)"),
+        PlanRow("rollout KV cache", rollout_seqs * kv_per_seq,
+                f"{rollout_seqs:g} sequences x {tokens} tokens"),
+        PlanRow("update activations", activations + logits,
+                f"micro-batch {ds.micro_batch_size} x {tokens} tokens, no recompute, "
+                "flash attention, + logits"),
+    ]
+    weights = sum(r.gpu_bytes for r in rows[:3])
+    peak = weights + max(rows[3].gpu_bytes, rows[4].gpu_bytes)
+    numbers = {"params": params, "largest_layer_params": largest, "weights": weights,
+               "peak": peak, "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
+               "total_gpus": total_gpus}
+    return rows, numbers
+
+
+def rollout_chunk(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> int:
+    """Sequences per generate call whose KV cache fits beside the weights (0: none fits)."""
+    free = gpu_gb * GB * headroom - numbers["weights"]
+    return max(0, min(int(free // numbers["kv_per_sequence"]), int(numbers["rollout_sequences"])))
+
+
+def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus: int,
+           nodes: int) -> str:
+    g, ds = cfg.grpo, cfg.deepspeed
+    lines = [f"memory plan: {cfg.model.policy_path or 'tiny model'} "
+             f"({numbers['params'] / 1e9:.2f}B params), {nodes} node(s) x {gpus} GPU(s), "
+             f"ZeRO-{ds.zero_stage}{' bf16' if ds.bf16 else ' fp32'}, "
+             f"{g.questions_per_step} questions x G={g.group_size}",
+             f"{'item':<24}{'GiB/GPU':>10}  how", "-" * 78]
+    for r in rows:
+        lines.append(f"{r.item:<24}{r.gpu_bytes / GB:>10.2f}  {r.note}")
+    lines.append("-" * 78)
+    lines.append(f"{'peak (weights + max of rollout, update)':<40}{numbers['peak'] / GB:>8.2f}")
+    for size in gpu_sizes:
+        fits = numbers["peak"] <= size * GB * 0.9
+        chunk = rollout_chunk(numbers, size)
+        verdict = "fits" if fits else "does NOT fit"
+        lines.append(f"{size:g} GB GPU (90% usable): {verdict}; rollout KV fits "
+                     f"{chunk} of {numbers['rollout_sequences']:g} sequences per generate call")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""Data parallelism on CPU with gloo: 2 processes compute what 1 process computes on the same global
+batch (ZeRO-2 and ZeRO-3), a 2-process `iterate` finishes and resumes, and a 2-"node" run on
+localhost completes a GRPO step."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from configs import load_config
+from process_supervision.formats import StepExample, write_math_shepherd_jsonl
+from runtime.tiny_model import build_tiny
+from runtime.tracking import read_metrics
+from small_config import ITERATE, SMALL
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+TOL = dict(rtol=1e-4, atol=1e-6)
+"""fp32 on CPU: sums split across ranks and micro-batches round differently, nothing more."""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc: int, *args, timeout: int = 300) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--master_addr=127.0.0.1", f"--master_port={_port()}", *map(str, args)]
+    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    cfg = load_config("configs/tiny.yaml", SMALL)
+    return build_tiny(tmp_path_factory.mktemp("base") / "tiny", cfg.model.tiny, 0,
+                      extra_tokens=(cfg.rm.step_tag,))
+
+
+def _weights(folder: Path) -> dict:
+    return load_file(folder / "model.safetensors")
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], **TOL, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"p{nproc}"
+        _torchrun(nproc, "tests/dist_check.py", "grpo", out, base, stage)
+        row = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0]
+        advantages = [torch.load(out / f"advantages-rank{r}.pt", weights_only=True)
+                      for r in range(nproc)]
+        width = max(a.shape[1] for a in advantages)
+        runs[nproc] = (row, torch.cat([torch.nn.functional.pad(a, (0, width - a.shape[1]))
+                                       for a in advantages]), out)
+    (one, adv1, out1), (two, adv2, out2) = runs[1], runs[2]
+    assert adv1.abs().sum() > 0 and adv1.shape[0] == 16
+    width = max(adv1.shape[1], adv2.shape[1])
+    torch.testing.assert_close(torch.nn.functional.pad(adv1, (0, width - adv1.shape[1])),
+                               torch.nn.functional.pad(adv2, (0, width - adv2.shape[1])), **TOL)
+    for key in ("train/loss", "train/kl", "train/grad_norm", "reward/mean"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    assert one["train/grad_norm"] > 0
+    _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
+
+
+@pytest.mark.slow
+def test_reward_model_step_two_processes_equal_one(tmp_path, base):
+    data = tmp_path / "prm.jsonl"
+    examples = [StepExample(f"Start with {i}. Add 1.", (f"Add 1: {i}+1={i + 1 + i % 2}",
+                                                         f"The answer is {i + 1 + i % 2}"),
+                            (float(i % 2 == 0), float(i % 2 == 0)), f"row{i}") for i in range(8)]
+    write_math_shepherd_jsonl(data, examples)
+    losses = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"p{nproc}"
+        _torchrun(nproc, "tests/dist_check.py", "rm", out, base, 2, data)
+        losses[nproc] = [r["rm/loss"] for r in read_metrics(out / "metrics.jsonl")
+                         if "rm/loss" in r]
+    assert len(losses[1]) == 1 and losses[1][0] > 0
+    assert losses[2] == pytest.approx(losses[1], rel=1e-4)
+    _same_weights(tmp_path / "p1" / "rm" / "final", tmp_path / "p2" / "rm" / "final")
+
+
+def _iterate_cmd(root: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            "--master_addr=127.0.0.1", f"--master_port={_port()}", "-m", "igrpo", "iterate",
+            "--config", "configs/tiny.yaml", f"run.root={root}", *SMALL, *ITERATE,
+            "run.threads=1", "grpo.questions_per_step=2"]
+
+
+@pytest.mark.slow
+def test_two_process_iterate_finishes_and_resumes(tmp_path):
+    manifest = tmp_path / "tiny" / "manifest.json"
+    proc = subprocess.Popen(_iterate_cmd(tmp_path), cwd=ROOT, env=ENV, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if manifest.exists():
+            units = json.loads(manifest.read_text())["units"]
+            if units.get("grpo/1", {}).get("state") == "done":
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # both ranks and the launcher, mid-run
+    proc.wait()
+    before = json.loads(manifest.read_text())["units"]
+    done = subprocess.run(_iterate_cmd(tmp_path), cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = json.loads(manifest.read_text())["units"]
+    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+    assert [it["iteration"] for it in summary["iterations"]] == [0, 1, 2]
+    for name, unit in before.items():  # nothing finished was redone
+        if unit["state"] == "done":
+            assert after[name]["finished"] == unit["finished"], name
+    assert all(u["state"] == "done" for u in after.values())
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_complete_a_grpo_step(tmp_path, base):
+    port = _port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+         "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+         "tests/dist_check.py", "grpo", str(tmp_path / "run"), str(base), "2"],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in (0, 1)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    row = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/loss" in r][0]
+    assert row["train/grad_norm"] > 0
+    assert (tmp_path / "run" / "grpo" / "final" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "advantages-rank1.pt").exists()  # the second node took part
