@@ -34,6 +34,9 @@ def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespac
     parser.add_argument("stage", choices=stages)
     parser.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
+    # The deepspeed launcher passes --local_rank; the rank is read from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                        help=argparse.SUPPRESS)
     plan = parser.add_argument_group("plan (memory per GPU; nothing is run)")
     plan.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     plan.add_argument("--nodes", type=int, default=1)
@@ -164,6 +167,9 @@ def run_grpo(session: Session) -> Path:
     from runtime.tiny_model import load_tokenizer
 
     cfg = session.cfg
+    if cfg.grpo.supervision == "process" and cfg.grpo.reward == "rule":
+        raise ConfigError("grpo.supervision=process needs step rewards: set grpo.reward="
+                          "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
     splits = load_splits(cfg.data, cfg.run.seed)
     start = warm_start(session)
     reward = make_reward(cfg, load_tokenizer(start, cfg.model.trust_remote_code))
@@ -330,10 +336,10 @@ def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -
             run_plan(cfg, args)
             return 0
         session = Session(cfg, args.stage)
+        result = COMMANDS[args.stage](session)
     except (ConfigError, UnsafePathError) as err:
         print(f"igrpo: {err}", file=sys.stderr)
         return 2
-    result = COMMANDS[args.stage](session)
     if isinstance(result, Path):
         print(result)
     return 0

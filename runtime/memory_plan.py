@@ -114,7 +114,9 @@ def model_states(params: int, largest: int, ds, gpus: int, nodes: int) -> tuple[
         source = "DeepSpeed estimate_zero2_model_states_mem_needs"
         return gpu, cpu, source + (" (stage 1 keeps full grads: a lower bound)"
                                    if ds.zero_stage == 1 else "")
-    return 20 * params, 0, "no ZeRO: 2 (bf16 weights) + 18 (grads, fp32 master, Adam) B/param"
+    if ds.bf16:
+        return 20 * params, 0, "no ZeRO: 2 (bf16 weights) + 18 (grads, fp32 master, Adam) B/param"
+    return 16 * params, 0, "no ZeRO, fp32: 4 (weights) + 4 (grads) + 8 (Adam) B/param"
 
 
 def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[PlanRow], dict]:
@@ -138,28 +140,49 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     activations = arch.layers * tokens * ds.micro_batch_size * arch.hidden * 34
     logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
     reward = "PRM" if g.supervision == "process" else "ORM"
+    gathered = value_bytes * params if ds.zero_stage == 3 else 0.0
     rows = [
         PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB"),
         frozen("reference model"),
         frozen(f"{reward} (scoring)"),
-        PlanRow("rollout KV cache", rollout_seqs * kv_per_seq,
+        PlanRow("rollout: gathered policy", gathered,
+                "ZeRO-3: the full weights, gathered once per rollout" if gathered else
+                "not partitioned: nothing to gather"),
+        PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
                 f"{rollout_seqs:g} sequences x {tokens} tokens"),
-        PlanRow("update activations", activations + logits,
+        PlanRow("update: activations", activations + logits,
                 f"micro-batch {ds.micro_batch_size} x {tokens} tokens, no recompute, "
                 "flash attention, + logits"),
     ]
     weights = sum(r.gpu_bytes for r in rows[:3])
-    peak = weights + max(rows[3].gpu_bytes, rows[4].gpu_bytes)
+    rollout = rows[3].gpu_bytes + rows[4].gpu_bytes
+    peak = weights + max(rollout, rows[5].gpu_bytes)
     numbers = {"params": params, "largest_layer_params": largest, "weights": weights,
-               "peak": peak, "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
-               "total_gpus": total_gpus}
+               "gathered": gathered, "update": rows[5].gpu_bytes, "peak": peak,
+               "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
+               "group_size": g.group_size, "total_gpus": total_gpus}
     return rows, numbers
 
 
 def rollout_chunk(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> int:
     """Sequences per generate call whose KV cache fits beside the weights (0: none fits)."""
-    free = gpu_gb * GB * headroom - numbers["weights"]
+    free = gpu_gb * GB * headroom - numbers["weights"] - numbers["gathered"]
     return max(0, min(int(free // numbers["kv_per_sequence"]), int(numbers["rollout_sequences"])))
+
+
+def verdict(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> str:
+    usable = gpu_gb * GB * headroom
+    if numbers["peak"] <= usable:
+        return "fits"
+    if numbers["weights"] + numbers["update"] > usable:
+        return (f"does NOT fit: weights + update activations need "
+                f"{(numbers['weights'] + numbers['update']) / GB:.1f} GiB; lower "
+                "deepspeed.micro_batch_size or add GPUs")
+    questions = rollout_chunk(numbers, gpu_gb, headroom) // numbers["group_size"]
+    if questions < 1:
+        return "does NOT fit: not even one question's G samples fit in the rollout's KV cache"
+    return (f"fits with the rollout in chunks: grpo.rollout_questions={questions} "
+            f"({questions * numbers['group_size']} sequences per generate call)")
 
 
 def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus: int,
@@ -173,11 +196,7 @@ def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus
     for r in rows:
         lines.append(f"{r.item:<24}{r.gpu_bytes / GB:>10.2f}  {r.note}")
     lines.append("-" * 78)
-    lines.append(f"{'peak (weights + max of rollout, update)':<40}{numbers['peak'] / GB:>8.2f}")
+    lines.append(f"{'peak: weights + max(rollout, update)':<24}{numbers['peak'] / GB:>10.2f}")
     for size in gpu_sizes:
-        fits = numbers["peak"] <= size * GB * 0.9
-        chunk = rollout_chunk(numbers, size)
-        verdict = "fits" if fits else "does NOT fit"
-        lines.append(f"{size:g} GB GPU (90% usable): {verdict}; rollout KV fits "
-                     f"{chunk} of {numbers['rollout_sequences']:g} sequences per generate call")
+        lines.append(f"{size:g} GB GPU (90% usable): {verdict(numbers, size)}")
     return "\n".join(lines)

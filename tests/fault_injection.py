@@ -7,8 +7,8 @@ engine and gloo group, killed with SIGKILL (no handler, no cleanup), exactly lik
     python tests/fault_injection.py --kills 20 --timeline STRAIGHT/manifest.json --run-dir DIR \\
         -- iterate --config configs/tiny.yaml run.root=...
 
-Kill moments are drawn uniformly over an uninterrupted run's timeline (its manifest's unit start
-and finish times) and replayed unit by unit, so kills spread over every stage at any machine speed.
+Kill moments are drawn over an uninterrupted run's timeline (its manifest's units, each with its
+start and finish time) and replayed unit by unit, so kills spread over every stage at any speed.
 
 `kill_and_resume` returns where each kill landed: the manifest unit that was running, and any
 half-written files the kill left behind (temporary exports, checkpoint tags `latest` does not name).
@@ -121,19 +121,15 @@ def unit_timeline(manifest: Path) -> list[tuple[str, float, float]]:
 
 def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
                  rng: random.Random) -> list[tuple[str, float]]:
-    """`kills` moments drawn uniformly over the uninterrupted run's units, as (unit, seconds
-    into it), in timeline order: each kill lands at or after the previous one's place, so the
-    run keeps moving forward whatever the machine's speed."""
-    spans = [(name, end - start) for name, start, end in timeline]
-    total = sum(d for _, d in spans)
-    targets = []
-    for moment in sorted(rng.uniform(0, total) for _ in range(kills)):
-        for name, duration in spans:
-            if moment <= duration:
-                targets.append((name, moment))
-                break
-            moment -= duration
-    return targets
+    """`kills` moments of the uninterrupted run, as (unit, seconds into it): a unit drawn
+    uniformly (so short stages such as SFT, labelling and RM training are hit as often as long
+    ones), then a moment uniform within it; in timeline order, so each kill lands at or after the
+    previous one's place and the run keeps moving forward whatever the machine's speed."""
+    order = {name: i for i, (name, _, _) in enumerate(timeline)}
+    durations = {name: end - start for name, start, end in timeline}
+    picks = [rng.choice(timeline)[0] for _ in range(kills)]
+    targets = [(name, rng.uniform(0, durations[name])) for name in picks]
+    return sorted(targets, key=lambda t: (order[t[0]], t[1]))
 
 
 def _unit_state(run_dir: Path, unit: str) -> str | None:

@@ -1,0 +1,40 @@
+"""`igrpo plan`: the paper-scale memory table, checked against DeepSpeed's estimator and by hand."""
+
+import pytest
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+import igrpo
+from configs import load_config
+from runtime.memory_plan import GB, KNOWN, plan, verdict
+
+
+def test_seven_b_plan_by_hand(capsys, tmp_path):
+    cfg = load_config("configs/deepseekmath_7b.yaml")
+    rows, numbers = plan(cfg, gpus=8, nodes=1, prompt_tokens=256)
+    arch = KNOWN["deepseek-ai/deepseek-math-7b-instruct"]
+    # DeepSeek LLM 7B: 30 layers of 4096 wide, 102,400-token vocabulary, untied head: 6.91B.
+    assert numbers["params"] == 6_910_365_696 == arch.params
+    by_item = {r.item: r.gpu_bytes for r in rows}
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(arch.params, 102_400 * 4096, 8, 1,
+                                                      cpu_offload=False, cpu_offload_params=False)
+    assert by_item["policy model states"] == gpu  # DeepSpeed's own number, unchanged
+    # 16 x 64 = 1,024 samples over 8 GPUs = 128 sequences of 256 + 1,024 tokens, bf16 K and V.
+    assert by_item["rollout: KV cache"] == 128 * 1280 * 30 * 2 * 32 * 128 * 2
+    assert by_item["rollout: gathered policy"] == 2 * arch.params
+    assert by_item["update: activations"] == 30 * 1280 * 8 * 4096 * 34 + 8 * 1280 * 102_400 * 2
+    assert verdict(numbers, 141) == "fits"
+    assert "grpo.rollout_questions=1" in verdict(numbers, 80)
+    assert numbers["peak"] / GB == pytest.approx(108.69, abs=0.01)
+    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "--gpus", "8",
+                       "--nodes", "1", f"run.root={tmp_path}", "--gpu-gb", "80", "141"]) == 0
+    out = capsys.readouterr().out
+    assert "80 GB GPU" in out and "141 GB GPU (90% usable): fits" in out
+    assert not list(tmp_path.iterdir())  # planning runs nothing and writes nothing
+
+
+def test_two_nodes_halve_the_partitioned_states():
+    cfg = load_config("configs/deepseekmath_7b.yaml")
+    one = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 1)[0])
+    two = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 2)[0])
+    assert two["rollout: KV cache"] == one["rollout: KV cache"] / 2
+    assert two["policy model states"] < one["policy model states"]
