@@ -31,8 +31,9 @@ from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, concat_rollouts, generate_groups
 from runtime.checkpoint import export, load_training_state, save_training_state
 from runtime.data import MathRecord
-from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
-                            engine_step, gathered_for_generation, global_sum, is_main, world)
+from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
+                            checked_backward, current_lr, engine_step, gathered_for_generation,
+                            global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
@@ -111,16 +112,15 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model.trust_remote_code)
     model = load_causal_lm(policy_path, cfg.model.dtype, cfg.model.trust_remote_code)
-    reference = None
-    if g.beta > 0:
-        reference = load_causal_lm(reference_path or policy_path, cfg.model.dtype,
-                                   cfg.model.trust_remote_code).eval().requires_grad_(False)
     plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
                            world_size)
     engine = build_engine(model, cfg.deepspeed, lr=g.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
-    if reference is not None:
-        reference.to(engine.device)
+    reference = None
+    if g.beta > 0:  # frozen; ZeRO-3 partitions it like the policy
+        reference = build_inference_engine(
+            load_causal_lm(reference_path or policy_path, cfg.model.dtype,
+                           cfg.model.trust_remote_code).to(engine.device), cfg.deepspeed)
     loss_spec = POLICY_LOSSES[g.loss]
     state = load_training_state(engine, out / "state") or {"step": 0}
     # Rows a crash logged past the saved state are redone: drop them.

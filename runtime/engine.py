@@ -90,6 +90,26 @@ def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int
     return engine
 
 
+def build_inference_engine(model, ds):
+    """A frozen model (the reference) for forward passes only: under ZeRO-3 a DeepSpeed engine
+    without optimizer whose weights are partitioned too (and offloaded to CPU with
+    `deepspeed.offload_param`); otherwise the plain module in eval mode. Every rank must call
+    it the same number of times under ZeRO-3 (each forward gathers layer by layer)."""
+    model = model.eval().requires_grad_(False)
+    if ds.zero_stage != 3:
+        return model
+    import deepspeed
+
+    zero: dict = {"stage": 3}
+    if ds.offload_param:
+        zero["offload_param"] = {"device": "cpu"}
+    config = {"train_micro_batch_size_per_gpu": ds.micro_batch_size, "zero_optimization": zero,
+              "bf16": {"enabled": ds.bf16}, "steps_per_print": 10**9}
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()  # (DeepSpeedEngine.eval returns None, not the engine)
+    return engine
+
+
 def gathered_for_generation(engine):
     """Context in which `engine.module` holds its full weights and runs as a plain module: under
     ZeRO-3 the partitions are gathered once for the whole rollout (instead of once per generated

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from small_config import SMALL  # noqa: E402
 
 GRPO = [*SMALL, "grpo.steps=1", "grpo.questions_per_step=4", "grpo.group_size=4",
-        "grpo.temperature=0", "grpo.max_new_tokens=10", "grpo.eval_every=0",
+        "grpo.temperature=0", "grpo.max_new_tokens=10", "grpo.eval_every=0", "grpo.mu=2",
         "grpo.inspect_every=0", "deepspeed.micro_batch_size=4", "run.wandb_mode=disabled",
         "run.threads=1", "grpo.supervision=process", "eval.k=1", "data.eval_questions=2"]
 RM = [*SMALL, "rm.kind=prm", "rm.batch_size=8", "rm.epochs=1", "rm.eval_every=0",
@@ -86,7 +86,8 @@ def main() -> None:
         splits = load_splits(cfg.data, 0)
         grpo_module.train_grpo(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger,
                                "")
-        torch.save(torch.cat(seen), out / f"advantages-rank{rank}.pt")
+        first_update = seen[:len(seen) // cfg.grpo.mu]  # the same tensors again for update 2
+        torch.save(torch.cat(first_update), out / f"advantages-rank{rank}.pt")
     else:
         from process_supervision.formats import load_step_examples
         from reward_model.train import train_reward_model

@@ -78,7 +78,7 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
                                torch.nn.functional.pad(adv2, (0, width - adv2.shape[1])), **TOL)
     for key in ("train/loss", "train/kl", "train/grad_norm", "reward/mean"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
-    assert one["train/grad_norm"] > 0
+    assert one["train/grad_norm"] > 0 and one["train/kl"] > 0  # mu=2: the 2nd update sees KL
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
 
 
