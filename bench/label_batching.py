@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--solutions", type=int, default=32)
     parser.add_argument("--completions", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 16, 64],
+                        help="prefixes per generate call for the batched path (a sweep)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     path = args.policy or build_tiny(tempfile.mkdtemp() + "/tiny", TinyModelConfig(), seed=0)
@@ -34,25 +36,26 @@ def main() -> None:
     solutions = [Solution(r, r.solution_steps)
                  for r in synthetic_records(7, args.solutions, 2, 4)]
     prefixes = sum(len(s.steps) - 1 for s in solutions)
-    times = {"batched": [], "per-prefix": []}
+    paths = {f"batched x{b}": b for b in args.batch} | {"per-prefix": 0}
+    times: dict[str, list[float]] = {name: [] for name in paths}
     labels = {}
     for _ in range(args.repeats):
-        for name, batched in (("batched", True), ("per-prefix", False)):
+        for name, per_call in paths.items():
             labeller = Labeller(model, tok, "{question}\n", args.completions, 48, 1.0,
-                                prefixes_per_batch=64)
+                                prefixes_per_batch=max(per_call, 1))
             started = time.perf_counter()
-            labels[name] = labeller.label(solutions, greedy=True, batched=batched)
+            labels[name] = labeller.label(solutions, greedy=True, batched=per_call > 0)
             times[name].append(time.perf_counter() - started)
-    same = [x.hard for x in labels["batched"]] == [x.hard for x in labels["per-prefix"]] and \
-        [x.soft for x in labels["batched"]] == [x.soft for x in labels["per-prefix"]]
+    reference = labels["per-prefix"]
+    same = all([x.hard for x in labels[n]] == [x.hard for x in reference] and
+               [x.soft for x in labels[n]] == [x.soft for x in reference] for n in labels)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"solutions {len(solutions)}, step prefixes {prefixes}, N = {args.completions}, "
           f"repeats {args.repeats}")
-    print(f"{'path':<12}{'median s':>10}{'prefixes/s':>12}")
+    print(f"{'path':<14}{'median s':>10}{'prefixes/s':>12}{'vs per-prefix':>15}")
     for name, t in med.items():
-        print(f"{name:<12}{t:>10.2f}{prefixes / t:>12.1f}")
-    print(f"labels identical: {same}")
-    print(f"speed ratio batched / per-prefix: {med['per-prefix'] / med['batched']:.1f}x")
+        print(f"{name:<14}{t:>10.2f}{prefixes / t:>12.1f}{med['per-prefix'] / t:>14.1f}x")
+    print(f"labels identical on every path: {same}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ class Labeller:
         """Label `solutions`; `batched=False` completes one prefix per generate call (the slow
         reference the benchmark compares against)."""
         jobs = [(i, k) for i, s in enumerate(solutions) for k in range(1, len(s.steps))]
+        if batched:
+            # Bucket by steps left to write: a generate call runs until its longest
+            # continuation ends, so prefixes with equally long continuations go together.
+            jobs.sort(key=lambda job: len(solutions[job[0]].steps) - job[1])
         per_call = self.prefixes_per_batch if batched else 1
         results: dict[tuple[int, int], tuple[float, float]] = {}
         for start in range(0, len(jobs), per_call):
