@@ -1,0 +1,156 @@
+"""A GRPO optimizer step, ours vs TRL's `GRPOTrainer`, on the same model, prompts and settings.
+
+    pip install -e ".[bench]"        # TRL is a benchmark-only extra
+    python bench/grpo_vs_trl.py [--policy runs/learning/seed0/sft/best] [--steps 6 --repeats 3]
+
+Both sides: the same tiny Llama and character tokenizer, the same synthetic prompts, the same
+rule-based reward (final answer vs gold), G = 8 samples x 8 questions a step, the same maximum
+completion length, temperature 1.0, learning rate 5e-5, beta 0.04, one update per step (mu = 1),
+fp32 on CPU. TRL is set to its fastest fair CPU setting: no gradient checkpointing, no vLLM,
+`loss_type="grpo"` (its default is "dapo") and `beta=0.04` (its default is 0). Each side runs in its
+own child process (peak RSS is per process), the first step is a warm-up, and the step time is
+the median of the others; each side runs `--repeats` times and the medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+Q, G, LR, BETA = 8, 8, 5e-5, 0.04
+
+CHILD = r"""
+import json, os, statistics, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ["WANDB_MODE"] = "disabled"
+import torch
+torch.set_num_threads(2)
+side, policy, steps, max_tokens, out = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+Q, G, LR, BETA = 8, 8, 5e-5, 0.04
+
+def peak_rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+from runtime.data import synthetic_records
+from runtime.grading import grade
+from configs import load_config as _load
+records = synthetic_records(11, Q * steps, 2, 4)
+template = _load("configs/tiny.yaml").data.prompt_template
+result = {}
+if side == "ours":
+    from configs import load_config
+    from policy.grpo import train_grpo
+    from policy.rewards import RuleReward
+    from runtime.tracking import MetricsLogger, read_metrics
+    cfg = load_config("configs/tiny.yaml", [
+        f"run.root={out}", f"grpo.steps={steps}", f"grpo.questions_per_step={Q}",
+        f"grpo.group_size={G}", f"grpo.lr={LR}", f"grpo.beta={BETA}", "grpo.loss=grpo",
+        "grpo.supervision=outcome", f"grpo.max_new_tokens={max_tokens}", "grpo.eval_every=0",
+        "grpo.inspect_every=0", "grpo.save_every=100000", f"deepspeed.micro_batch_size={Q * G}",
+        "run.wandb_mode=disabled", "run.threads=2"])
+    logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="")
+    train_grpo(cfg, Path(out), policy, RuleReward(), records, records[:1], logger, "")
+    rows = [r for r in read_metrics(Path(out) / "m.jsonl") if "time/step" in r][1:]
+    med = lambda k: statistics.median(r[k] for r in rows)
+    result = {"step_s": med("time/step"), "rollout_s": med("time/rollout"),
+              "scoring_s": med("time/scoring"), "update_s": med("time/update"),
+              "completion_tokens": med("rollout/length_mean") * Q * G}
+else:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from runtime.tiny_model import load_tokenizer
+    tokenizer = load_tokenizer(policy)
+    data = Dataset.from_list([{"prompt": template.format(question=r.question), "gold": r.answer}
+                              for r in records])
+
+    def reward(prompts, completions, gold, **kwargs):
+        return [float(grade(c, g)) for c, g in zip(completions, gold)]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.times, self.lengths = [], []
+        def on_step_begin(self, args, state, control, **kw):
+            self.started = time.perf_counter()
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.started)
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(logs["completions/mean_length"])
+
+    clock = Clock()
+    config = GRPOConfig(
+        output_dir=out, per_device_train_batch_size=Q * G, num_generations=G,
+        gradient_accumulation_steps=1, max_completion_length=max_tokens, temperature=1.0,
+        top_k=0, learning_rate=LR, beta=BETA, loss_type="grpo", num_iterations=1,
+        gradient_checkpointing=False, use_vllm=False, bf16=False, use_cpu=True,
+        max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+        lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
+    model = AutoModelForCausalLM.from_pretrained(policy)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[clock])
+    trainer.train()
+    result = {"step_s": statistics.median(clock.times[1:]),
+              "completion_tokens": statistics.median(clock.lengths[1:]) * Q * G}
+result["peak_rss"] = peak_rss()
+print("RESULT " + json.dumps(result))
+"""
+
+
+def run_side(side: str, policy: str, steps: int, max_tokens: int) -> dict:
+    out = tempfile.mkdtemp()
+    done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, policy, str(steps),
+                           str(max_tokens), out], capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="", help="checkpoint (default: a fresh tiny model)")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=112)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    policy = args.policy
+    if not policy:
+        from configs.schema import TinyModelConfig
+        from runtime.tiny_model import build_tiny
+
+        policy = str(build_tiny(Path(tempfile.mkdtemp()) / "tiny", TinyModelConfig(), 0))
+    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    for _ in range(args.repeats):
+        for side in runs:
+            runs[side].append(run_side(side, policy, args.steps, args.max_tokens))
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+           for side, rs in runs.items()}
+    print(f"policy {policy}; {Q} questions x G={G}, max {args.max_tokens} completion tokens, "
+          f"{args.steps} steps (first is warm-up), medians of {args.repeats} runs per side")
+    print(f"{'side':<6}{'s/step':>8}{'rollout':>9}{'scoring':>9}{'update':>8}"
+          f"{'compl tok/s':>13}{'peak RSS GiB':>14}")
+    for side, m in med.items():
+        split = [f"{m[k]:>9.2f}" if k in m else f"{'-':>9}" for k in
+                 ("rollout_s", "scoring_s", "update_s")]
+        print(f"{side:<6}{m['step_s']:>8.2f}{''.join(split)}"
+              f"{m['completion_tokens'] / m['step_s']:>13.0f}{m['peak_rss'] / 1024 ** 3:>14.2f}")
+    speed = (med["ours"]["completion_tokens"] / med["ours"]["step_s"]) / \
+        (med["trl"]["completion_tokens"] / med["trl"]["step_s"])
+    print(f"throughput ours / TRL (completion tokens per second): {speed:.2f}x; "
+          f"step time TRL / ours: {med['trl']['step_s'] / med['ours']['step_s']:.2f}x; "
+          f"peak RSS ours / TRL: {med['ours']['peak_rss'] / med['trl']['peak_rss']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
