@@ -28,6 +28,8 @@ def _records(data: bytes):
         if kind == 0 and length == 0:
             pos += room
             continue
+        if pos + _HEADER + length > len(data):
+            return  # a record still being written: the file ends mid-record
         chunk = data[pos + _HEADER:pos + _HEADER + length]
         pos += _HEADER + length
         if kind == _FULL:
@@ -41,16 +43,38 @@ def _records(data: bytes):
             pending = b""
 
 
-def read_offline_run(run_dir: str | Path) -> dict:
+def _settled_bytes(path: Path, settle_s: float) -> bytes:
+    """The file's bytes once its size stopped changing for `settle_s` (wandb's service process
+    may still be flushing right after `run.finish()` returns); at most 30 s of waiting."""
+    import time
+
+    deadline = time.monotonic() + 30
+    size = -1
+    while time.monotonic() < deadline:
+        current = path.stat().st_size
+        if current == size:
+            break
+        size = current
+        time.sleep(settle_s)
+    return path.read_bytes()
+
+
+def read_offline_run(run_dir: str | Path, settle_s: float = 0.3) -> dict:
     """{"history": [row, ...], "config": {...}, "run": {name, group, job_type},
     "artifacts": [name, ...]} of the offline run in `run_dir`."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     path = next(Path(run_dir).glob("*.wandb"))
     history, config, run, artifacts = [], {}, {}, []
-    for raw in _records(path.read_bytes()):
+    raws = list(_records(_settled_bytes(path, settle_s)))
+    for index, raw in enumerate(raws):
         record = pb.Record()
-        record.ParseFromString(raw)
+        try:
+            record.ParseFromString(raw)
+        except Exception:
+            if index == len(raws) - 1:
+                break  # a torn final record (the writer was still at work): ignore it
+            raise
         kind = record.WhichOneof("record_type")
         if kind == "history":
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
