@@ -34,6 +34,13 @@ def init_distributed() -> None:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":
+        # DeepSpeed would JIT-load its CPU shared-memory all-reduce op here, under a file lock in
+        # ~/.cache/torch_extensions: a process killed while holding it leaves the lock behind
+        # and every later run waits on it forever. gloo's all-reduce is all the CPU path needs.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 

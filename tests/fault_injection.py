@@ -151,7 +151,11 @@ def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path,
         if pid is None:
             report.attempts += 1
             pid = zygote.start(args, log)
+        give_up = time.monotonic() + 300
         while _alive(pid) and _unit_state(run_dir, unit) not in ("running", "done"):
+            if time.monotonic() > give_up:  # a hung run must fail the test, not stall it
+                os.kill(pid, signal.SIGKILL)
+                raise TimeoutError(f"unit {unit} did not start within 300 s; see {log}")
             time.sleep(0.01)
         deadline = time.monotonic() + offset
         while _alive(pid) and time.monotonic() < deadline and \
