@@ -68,7 +68,7 @@ class Labeller:
 
     def __init__(self, completer, tokenizer, prompt_template: str, num_completions: int,
                  max_new_tokens: int, temperature: float, timeout_s: int = 2,
-                 prefixes_per_batch: int = 64):
+                 prefixes_per_batch: int = 16):
         self.completer, self.tokenizer = completer, tokenizer
         self.template, self.n = prompt_template, num_completions
         self.max_new_tokens, self.temperature = max_new_tokens, temperature

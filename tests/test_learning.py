@@ -16,7 +16,7 @@ from runtime.data import load_splits
 from runtime.tracking import MetricsLogger, read_metrics
 
 GRPO = ["grpo.steps=60", "grpo.questions_per_step=8", "grpo.group_size=8", "grpo.lr=5e-5",
-        "grpo.eval_every=0", "grpo.save_every=1000", "data.eval_questions=300",
+        "grpo.eval_every=0", "grpo.save_every=1000", "data.eval_questions=200",
         "run.wandb_mode=disabled", "run.threads=2", "eval.k=1", "grpo.supervision=outcome"]
 
 
