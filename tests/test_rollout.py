@@ -4,7 +4,7 @@ import torch
 
 from configs.schema import TinyModelConfig
 from policy.logprobs import completion_logprobs, selective_log_softmax
-from policy.rollout import generate_groups
+from policy.rollout import concat_rollouts, generate_groups
 from runtime.tiny_model import build_tiny, load_causal_lm, load_tokenizer
 
 PROMPTS = ["Start with 7. Add 3.\n", "Start with 12. Multiply by 2. Subtract 4.\n"]
@@ -29,6 +29,23 @@ def test_shared_prefill_equals_plain_generate(tmp_path):
     b = generate_groups(model, tok, PROMPTS, 4, max_new_tokens=12, temperature=1.0,
                         share_prefill=False)
     assert torch.equal(a.completion_ids, b.completion_ids)
+
+
+def test_rollout_in_chunks_equals_one_call(tmp_path):
+    """`grpo.rollout_questions`: generating question by question and re-padding gives the same
+    samples, masks and log-probs as one call (greedy)."""
+    model, tok = _tiny(tmp_path)
+    whole = generate_groups(model, tok, PROMPTS, 2, max_new_tokens=12, greedy=True)
+    parts = concat_rollouts([generate_groups(model, tok, [p], 2, max_new_tokens=12, greedy=True)
+                             for p in PROMPTS], tok.pad_token_id)
+    assert parts.texts == whole.texts
+    assert torch.equal(parts.completion_mask, whole.completion_mask)
+    assert torch.equal(parts.completion_ids, whole.completion_ids)
+    assert torch.equal(parts.prompt_mask, whole.prompt_mask)
+    a = completion_logprobs(model, whole.input_ids, whole.attention_mask, whole.prompt_ids.shape[1])
+    b = completion_logprobs(model, parts.input_ids, parts.attention_mask, parts.prompt_ids.shape[1])
+    mask = whole.completion_mask.bool()
+    assert torch.allclose(a[mask], b[mask], atol=1e-5)
 
 
 def test_rollout_layout_and_masks(tmp_path):
