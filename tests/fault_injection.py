@@ -61,11 +61,17 @@ class Report:
     exit_code: int | None = None
 
 
+# A process that already joined a torch.distributed group (e.g. pytest, after an in-process
+# test built an engine) holds these; a child inheriting them would reuse that group's port.
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 class Zygote:
     def __init__(self, env: dict | None = None):
+        clean = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
         self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(ROOT)], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**clean, **(env or {})})
         assert json.loads(self.proc.stdout.readline())["ready"]
 
     def start(self, args: list[str], log: Path) -> int:
