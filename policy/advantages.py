@@ -62,6 +62,13 @@ def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     """
     normalised = normalised_step_rewards(step_rewards, step_mask, group_size,
                                          scale_by_std=scale_by_std, unbiased=unbiased, eps=eps)
-    token = torch.arange(num_tokens, device=step_rewards.device)
+    return step_sums_to_tokens(normalised, step_mask, step_end_index, num_tokens)
+
+
+def step_sums_to_tokens(normalised: torch.Tensor, step_mask: torch.Tensor,
+                        step_end_index: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[N, S] normalised step rewards -> [N, T]: token t gets the sum over steps ending at or
+    after t (0 after the last step)."""
+    token = torch.arange(num_tokens, device=normalised.device)
     covers = (step_end_index[:, None, :] >= token[None, :, None]) & step_mask[:, None, :]
     return (covers.to(normalised.dtype) * normalised[:, None, :]).sum(-1)

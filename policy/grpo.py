@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from configs.plan import plan_grpo_batch
-from policy.advantages import outcome_advantages, process_advantages
+from policy.advantages import normalised_step_rewards, outcome_advantages, step_sums_to_tokens
 from policy.evaluate import evaluate_policy
 from policy import inspection
 from policy.logprobs import completion_logprobs
@@ -48,22 +48,25 @@ def step_questions(records: list[MathRecord], step: int, per_step: int, seed: in
 
 
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, g, *,
-                       std_normalised: bool) -> torch.Tensor:
-    """[N, T] token advantages for the configured supervision (`g` is the GRPOConfig)."""
+                       std_normalised: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] token advantages for the configured supervision (`g` is the GRPOConfig), and the
+    normalised rewards they were built from: [N, S] per step (process) or [N, 1] (outcome)."""
     scale = g.scale_by_std and std_normalised
     num_tokens = rollout.completion_ids.shape[1]
     if g.supervision == "process":
         if scores.step_rewards is None:
             raise ValueError("grpo.supervision=process needs a reward that returns step rewards "
                              "(a PRM or a step oracle), but this reward returned only outcomes")
-        adv = process_advantages(scores.step_rewards.float(), scores.step_mask,
-                                 scores.step_end_index, num_tokens, g.group_size,
-                                 scale_by_std=scale, unbiased=g.std_unbiased, eps=g.std_eps)
+        normalised = normalised_step_rewards(scores.step_rewards.float(), scores.step_mask,
+                                             g.group_size, scale_by_std=scale,
+                                             unbiased=g.std_unbiased, eps=g.std_eps)
+        adv = step_sums_to_tokens(normalised, scores.step_mask, scores.step_end_index,
+                                  num_tokens)
     else:
-        adv = outcome_advantages(rewards, g.group_size, scale_by_std=scale,
-                                 unbiased=g.std_unbiased, eps=g.std_eps)[:, None]
-        adv = adv.expand(-1, num_tokens)
-    return adv * rollout.completion_mask
+        normalised = outcome_advantages(rewards, g.group_size, scale_by_std=scale,
+                                        unbiased=g.std_unbiased, eps=g.std_eps)[:, None]
+        adv = normalised.expand(-1, num_tokens)
+    return adv * rollout.completion_mask, normalised
 
 
 def drop_nonfinite(scores: Scores, group_size: int) -> tuple[Scores, torch.Tensor]:
@@ -165,14 +168,10 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             rewards = rewards[torch.randperm(len(rewards))]
         scored = time.perf_counter()
         # -- advantages
-        advantages = compute_advantages(scores, rewards, rollout, g,
-                                        std_normalised=loss_spec.std_normalised_advantages)
+        advantages, normalised = compute_advantages(
+            scores, rewards, rollout, g, std_normalised=loss_spec.std_normalised_advantages)
         if g.zero_advantages:
             advantages = torch.zeros_like(advantages)
-        normalised = inspection.normalised_rewards(
-            scores, rewards, g.group_size, process=g.supervision == "process",
-            scale_by_std=g.scale_by_std and loss_spec.std_normalised_advantages,
-            unbiased=g.std_unbiased, eps=g.std_eps)
         keep = torch.ones(len(rewards), dtype=torch.bool)
         if g.dynamic_sampling:
             keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from policy.advantages import normalised_step_rewards, outcome_advantages
 from policy.rewards import Scores
 from policy.rollout import Rollout
 from runtime.data import MathRecord
@@ -28,16 +27,6 @@ from runtime.steps import step_end_token_indices
 COLUMNS = ("step", "question_id", "question", "sample", "step_index", "step_text", "token_start",
            "token_end", "step_score", "normalised_reward", "advantage", "final_reward", "correct",
            "supervision")
-
-
-def normalised_rewards(scores: Scores, rewards: torch.Tensor, group_size: int, *, process: bool,
-                       scale_by_std: bool, unbiased: bool, eps: float) -> torch.Tensor:
-    """The normalised rewards advantages are built from: [N, S] per step (process) or [N, 1]."""
-    if process:
-        return normalised_step_rewards(scores.step_rewards.float(), scores.step_mask, group_size,
-                                       scale_by_std=scale_by_std, unbiased=unbiased, eps=eps)
-    return outcome_advantages(rewards, group_size, scale_by_std=scale_by_std, unbiased=unbiased,
-                              eps=eps)[:, None]
 
 
 def group_sum_check(normalised: torch.Tensor, group_size: int) -> float:

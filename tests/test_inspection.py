@@ -12,6 +12,7 @@ from datasets import load_dataset
 from configs import load_config
 from policy import grpo as grpo_module
 from policy import inspection
+from policy.advantages import normalised_step_rewards
 from policy.rewards import Scores, grade_samples
 from policy.rollout import Rollout
 from policy.grpo import train_grpo
@@ -140,8 +141,7 @@ def test_rows_by_hand():
                     step_rewards=torch.tensor([[1.0, 0.0], [1.0, 0.0]]),
                     step_mask=torch.tensor([[True, True], [True, False]]),
                     step_end_index=torch.tensor([[1, 3], [2, 0]]))
-    normalised = inspection.normalised_rewards(scores, scores.rewards, 2, process=True,
-                                               scale_by_std=True, unbiased=False, eps=0.0)
+    normalised = normalised_step_rewards(scores.step_rewards, scores.step_mask, 2, eps=0.0)
     # Rewards (1, 0, 1): mean 2/3, population std sqrt(2)/3 -> +0.7071, -1.4142, +0.7071.
     assert normalised[0].tolist() == pytest.approx([0.70711, -1.41421], abs=1e-4)
     assert normalised[1, 0].item() == pytest.approx(0.70711, abs=1e-4)
