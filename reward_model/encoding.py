@@ -32,6 +32,9 @@ class TagBatch:
     """[B, L] label of the tag at each position (0 elsewhere); soft labels allowed."""
     label_mask: torch.Tensor
     """[B, L] bool, True exactly at the tag tokens that carry a label."""
+    lm_mask: torch.Tensor
+    """[B, L] bool, True at the tokens of steps labelled right (>= 0.5), tags excluded: the
+    targets of the optional language-model loss (`rm.lm_weight`)."""
     steps_kept: list[int]
     """Per example: how many of its tags survived truncation."""
 
@@ -55,23 +58,32 @@ def orm_example(question: str, solution: str, correct: float | None = None) -> S
 def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
            max_length: int) -> TagBatch:
     """Tokenise Math-Shepherd texts and put each label on its tag token."""
-    rows, targets, masks, kept = [], [], [], []
+    rows, targets, masks, lm_masks, kept = [], [], [], [], []
     for ex in examples:
         text, _ = to_math_shepherd(ex.question, ex.steps, None, tag)
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
         positions = [i for i, t in enumerate(ids) if t == tags.tag_id]
+        # Where the first step starts: the tokens of the question alone (a BPE merge across the
+        # boundary can move it by a token, which only matters to the auxiliary LM loss).
+        question = ex.question.replace(tag, "").strip()
+        question_end = len(tokenizer(question, add_special_tokens=True)["input_ids"])
         if len(positions) != len(ex.steps):
             raise ValueError(f"reward model: found {len(positions)} tag tokens for "
                              f"{len(ex.steps)} steps in {ex.source_id or ex.question[:40]!r}: the tag "
                              f"{tag!r} must tokenise to one token in context")
         ids = ids[:max_length]
         positions = [p for p in positions if p < len(ids)]
-        target, mask = [0.0] * len(ids), [False] * len(ids)
+        target, mask, lm = [0.0] * len(ids), [False] * len(ids), [False] * len(ids)
+        start = question_end
         for p, y in zip(positions, ex.labels):
             target[p], mask[p] = float(y), True
+            if y >= 0.5:
+                lm[start:p] = [True] * (p - start)
+            start = p + 1
         rows.append(ids)
         targets.append(target)
         masks.append(mask)
+        lm_masks.append(lm)
         kept.append(len(positions))
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
@@ -82,4 +94,5 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
     return TagBatch(torch.tensor(padded(rows, pad)),
                     torch.tensor(padded([[1] * len(r) for r in rows], 0)),
                     torch.tensor(padded(targets, 0.0)),
-                    torch.tensor(padded(masks, False)), kept)
+                    torch.tensor(padded(masks, False)), torch.tensor(padded(lm_masks, False)),
+                    kept)

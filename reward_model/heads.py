@@ -33,6 +33,16 @@ def tag_loss(margin: torch.Tensor, targets: torch.Tensor, label_mask: torch.Tens
     return (per_position * mask).sum() / mask.sum().clamp(min=1)
 
 
+def lm_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, lm_mask: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy at the `lm_mask` tokens (each predicted from the position
+    before it): the optional auxiliary loss that keeps the backbone able to read and redo the
+    steps in the tagged format. logits: [B, L, V]; input_ids, lm_mask: [B, L]."""
+    mask = lm_mask[:, 1:]
+    if not mask.any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[:, :-1][mask].float(), input_ids[:, 1:][mask], reduction="sum")
+
+
 def aggregate_min(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Math-Shepherd's choice: the weakest step. scores, mask: [N, S] -> [N]."""
     return scores.masked_fill(~mask, float("inf")).min(-1).values.masked_fill(~mask.any(-1), 0.0)

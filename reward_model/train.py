@@ -20,7 +20,7 @@ from configs.plan import plan_batch
 from process_supervision.formats import StepExample
 from reward_model.encoding import encode, tag_tokens
 from reward_model.evaluate import step_metrics
-from reward_model.heads import tag_logit_margin, tag_loss
+from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer
 from runtime.checkpoint import export, load_training_state, save_training_state
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
@@ -79,7 +79,8 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
                                             (rank + 1) * plan.rank_sequences]]
         batch = encode(tokenizer, mine, tags, rm.step_tag, rm.max_length)
         labels_total = global_sum(float(batch.label_mask.sum()))
-        started, loss_sum, grad_norm = time.perf_counter(), 0.0, 0.0
+        lm_total = global_sum(float(batch.lm_mask[:, 1:].sum())) if rm.lm_weight else 0.0
+        started, loss_sum, lm_sum, grad_norm = time.perf_counter(), 0.0, 0.0, 0.0
         engine.train()
         for mb in range(plan.grad_accum):
             rows = slice(mb * plan.micro_batch_size, (mb + 1) * plan.micro_batch_size)
@@ -90,6 +91,12 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
             # Mean over the step's labels: this micro-batch's share of the global count.
             loss = tag_loss(margin, batch.targets[rows].to(engine.device), mask) \
                 * (float(mask.sum()) / max(labels_total, 1.0)) * world_size
+            if rm.lm_weight:  # the same global mean over the LM tokens of all ranks
+                lm = lm_loss_sum(logits, batch.input_ids[rows].to(engine.device),
+                                 batch.lm_mask[rows].to(engine.device))
+                lm_share = lm / max(lm_total, 1.0) * world_size
+                loss = loss + rm.lm_weight * lm_share
+                lm_sum += lm_share.item() / world_size
             where = f"{out} step {state['step'] + 1}, micro-batch {mb + 1}"
             checked_backward(engine, loss, where)
             norm = engine_step(engine, where)
@@ -97,8 +104,10 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
             loss_sum += loss.item() / world_size
         state["step"] = step + 1
         bar.update(1)
-        metrics = {"rm/loss": global_sum(loss_sum), "rm/lr": current_lr(engine), "rm/grad_norm": grad_norm,
-                   "time/step": time.perf_counter() - started}
+        metrics = {"rm/loss": global_sum(loss_sum), "rm/lr": current_lr(engine),
+                   "rm/grad_norm": grad_norm, "time/step": time.perf_counter() - started}
+        if rm.lm_weight:
+            metrics["rm/lm_loss"] = global_sum(lm_sum)
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
             metrics.update({f"rm/val_{k}": v for k, v in validate().items()})
             bar.set_postfix(step_acc=f"{metrics.get('rm/val_step_accuracy', float('nan')):.3f}")

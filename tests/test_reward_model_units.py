@@ -12,7 +12,7 @@ from process_supervision.formats import (StepExample, example_from_row, load_ste
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
 from reward_model.encoding import encode, orm_example, tag_tokens
 from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
-from reward_model.heads import STEP_AGGREGATORS, tag_logit_margin, tag_loss
+from reward_model.heads import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
 from runtime.tiny_model import STEP_TAG, build_tokenizer
 
@@ -98,6 +98,29 @@ def test_truncation_drops_trailing_labels(tok):
     assert batch.targets[0][batch.label_mask[0]].tolist() == [1.0, 0.0]  # not shifted
     short = encode(tok, [ex], tags, STEP_TAG, max_length=second_tag)
     assert short.targets[0][short.label_mask[0]].tolist() == [1.0]
+
+
+def test_lm_mask_covers_right_steps_only(tok):
+    # The auxiliary LM loss reads the tokens of steps labelled right: never the question, a tag,
+    # or a wrong step (that would teach the error).
+    tags = tag_tokens(tok, STEP_TAG)
+    ex = StepExample("Q?", ("1+1=2", "2*3=7", "The answer is 7"), (1.0, 0.0, 0.0))
+    batch = encode(tok, [ex], tags, STEP_TAG, max_length=128)
+    ids = batch.input_ids[0][batch.lm_mask[0]].tolist()
+    assert tok.decode(ids) == " Step 1: 1+1=2 "
+    soft = encode(tok, [StepExample("Q?", ex.steps, (0.5, 0.75, 0.25))], tags, STEP_TAG, 128)
+    assert tok.decode(soft.input_ids[0][soft.lm_mask[0]].tolist()) == \
+        " Step 1: 1+1=2 \nStep 2: 2*3=7 "
+
+
+def test_lm_loss_by_hand():
+    # Vocabulary of 3; position 0 predicts token 2 (logits 0, 0, ln 3 -> p = 3/5); position 1
+    # predicts token 0 but is masked out.
+    logits = torch.tensor([[[0.0, 0.0, math.log(3)], [5.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[1, 2, 0]])
+    mask = torch.tensor([[False, True, False]])
+    assert lm_loss_sum(logits, ids, mask).item() == pytest.approx(-math.log(3 / 5), rel=1e-6)
+    assert lm_loss_sum(logits, ids, torch.zeros_like(mask)).item() == 0.0
 
 
 def test_prm_loss_by_hand_with_soft_labels():
