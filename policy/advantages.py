@@ -1,7 +1,9 @@
 """Group-relative advantages (DeepSeekMath §4.1.2 outcome, §4.1.3 process) as pure functions.
 
 Samples are laid out group by group: rows [q*G, (q+1)*G) are the G samples of question q.
-Groups whose rewards are all equal get advantage 0 (never NaN).
+Groups whose rewards are all equal get advantage 0 (never NaN); so do groups whose reward std is
+at or below an optional floor `min_std` (default 0, the paper's formula): dividing by a tiny std
+turns a reward model's noise into full-size advantages.
 """
 
 from __future__ import annotations
@@ -10,45 +12,48 @@ import torch
 
 
 def _normalise(values: torch.Tensor, valid: torch.Tensor, scale_by_std: bool, unbiased: bool,
-               eps: float) -> torch.Tensor:
-    """(v - mean) / (std + eps) over the valid entries of each row of `values` [Q, K]."""
+               eps: float, min_std: float = 0.0) -> torch.Tensor:
+    """(v - mean) / (std + eps) over the valid entries of each row of `values` [Q, K]; rows
+    whose std is <= `min_std` get 0."""
     valid = valid.to(values.dtype)
     count = valid.sum(-1, keepdim=True).clamp(min=1)
     mean = (values * valid).sum(-1, keepdim=True) / count
     centred = (values - mean) * valid
-    if not scale_by_std:
-        return centred
     dof = (count - 1).clamp(min=1) if unbiased else count
     std = (centred.square().sum(-1, keepdim=True) / dof).sqrt()
+    if not scale_by_std:
+        return torch.where(std > min_std, centred, torch.zeros_like(centred)) if min_std > 0 \
+            else centred
     # A zero-std group carries no signal: its centred values are exactly 0, and stay 0.
-    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    return torch.where(std > min_std, centred / (std + eps), torch.zeros_like(centred))
 
 
 def outcome_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True,
-                       unbiased: bool = False, eps: float = 1e-6) -> torch.Tensor:
+                       unbiased: bool = False, eps: float = 1e-6,
+                       min_std: float = 0.0) -> torch.Tensor:
     """(r - mean) / std within each group of G samples.
 
     rewards: [Q*G] one scalar per sample. Returns [Q*G]; every token of sample i gets entry i.
     """
     grouped = rewards.view(-1, group_size)
     valid = torch.ones_like(grouped, dtype=torch.bool)
-    return _normalise(grouped, valid, scale_by_std, unbiased, eps).view(-1)
+    return _normalise(grouped, valid, scale_by_std, unbiased, eps, min_std).view(-1)
 
 
 def normalised_step_rewards(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                             group_size: int, *, scale_by_std: bool = True, unbiased: bool = False,
-                            eps: float = 1e-6) -> torch.Tensor:
+                            eps: float = 1e-6, min_std: float = 0.0) -> torch.Tensor:
     """All step rewards of each group normalised together: [Q*G, S] -> [Q*G, S] (0 on padding)."""
     n, s = step_rewards.shape
     grouped = step_rewards.reshape(-1, group_size * s)
     valid = step_mask.reshape(-1, group_size * s)
-    return _normalise(grouped, valid, scale_by_std, unbiased, eps).view(n, s)
+    return _normalise(grouped, valid, scale_by_std, unbiased, eps, min_std).view(n, s)
 
 
 def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                        step_end_index: torch.Tensor, num_tokens: int, group_size: int, *,
                        scale_by_std: bool = True, unbiased: bool = False,
-                       eps: float = 1e-6) -> torch.Tensor:
+                       eps: float = 1e-6, min_std: float = 0.0) -> torch.Tensor:
     """Process-supervision advantages: a token gets the sum of the normalised rewards of its own
     step and every later step.
 
@@ -61,7 +66,8 @@ def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     Tokens after a sample's last step end get 0. Returns [Q*G, T].
     """
     normalised = normalised_step_rewards(step_rewards, step_mask, group_size,
-                                         scale_by_std=scale_by_std, unbiased=unbiased, eps=eps)
+                                         scale_by_std=scale_by_std, unbiased=unbiased, eps=eps,
+                                         min_std=min_std)
     return step_sums_to_tokens(normalised, step_mask, step_end_index, num_tokens)
 
 

@@ -59,12 +59,14 @@ def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, 
                              "(a PRM or a step oracle), but this reward returned only outcomes")
         normalised = normalised_step_rewards(scores.step_rewards.float(), scores.step_mask,
                                              g.group_size, scale_by_std=scale,
-                                             unbiased=g.std_unbiased, eps=g.std_eps)
+                                             unbiased=g.std_unbiased, eps=g.std_eps,
+                                             min_std=g.min_reward_std)
         adv = step_sums_to_tokens(normalised, scores.step_mask, scores.step_end_index,
                                   num_tokens)
     else:
         normalised = outcome_advantages(rewards, g.group_size, scale_by_std=scale,
-                                        unbiased=g.std_unbiased, eps=g.std_eps)[:, None]
+                                        unbiased=g.std_unbiased, eps=g.std_eps,
+                                        min_std=g.min_reward_std)[:, None]
         adv = normalised.expand(-1, num_tokens)
     return adv * rollout.completion_mask, normalised
 
@@ -220,6 +222,10 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             "train/lr": current_lr(engine),
             "train/grad_norm": grad_norm,
             "train/kept_groups": float(keep.float().mean()),
+            # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
+            "reward/no_signal_groups": float(
+                (normalised.reshape(-1, g.group_size * normalised.shape[1]) == 0)
+                .all(-1).float().mean()),
             "reward/nonfinite_groups": float(broken_groups.sum()),
             "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
             "time/rollout": rolled - started, "time/scoring": scored - rolled,

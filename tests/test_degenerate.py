@@ -32,6 +32,26 @@ def test_single_sample_groups_and_all_equal_groups_give_zero():
     assert one_step.tolist() == [[0.0, 0.0, 0.0, 0.0]]
 
 
+def test_reward_spread_under_the_floor_gives_zero():
+    # A reward model that barely separates a group (0.50, 0.51, 0.49, 0.50: population std
+    # 0.00707) would get advantages of +-1.414 from its noise; a floor of 0.01 zeroes that group
+    # and leaves a real spread (0, 1, 0, 1: std 0.5 -> +-1) alone.
+    rewards = torch.tensor([0.50, 0.51, 0.49, 0.50, 0.0, 1.0, 0.0, 1.0])
+    plain = outcome_advantages(rewards, 4)
+    assert plain[:4].tolist() == pytest.approx([0.0, 1.4142, -1.4142, 0.0], abs=1e-3)
+    floored = outcome_advantages(rewards, 4, min_std=0.01)
+    assert floored.tolist() == pytest.approx([0, 0, 0, 0, -1, 1, -1, 1], abs=1e-5)
+    assert outcome_advantages(rewards, 4, min_std=0.01, scale_by_std=False).tolist() == \
+        pytest.approx([0, 0, 0, 0, -0.5, 0.5, -0.5, 0.5], abs=1e-6)
+    # Process supervision: the floor applies to the std over all step rewards of the group.
+    steps = torch.tensor([[0.50, 0.52], [0.48, 0.50], [0.0, 1.0], [1.0, 1.0]])
+    mask = torch.ones_like(steps, dtype=torch.bool)
+    ends = torch.tensor([[1, 3], [1, 3], [1, 3], [1, 3]])
+    adv = process_advantages(steps, mask, ends, 4, 2, min_std=0.05)
+    assert adv[:2].abs().sum() == 0 and adv[2:].abs().sum() > 0
+    assert process_advantages(steps, mask, ends, 4, 2)[:2].abs().sum() > 1
+
+
 def test_empty_and_all_padding_completions():
     """A sample with no step gets advantage 0; an all-padding row adds nothing to the loss."""
     adv = process_advantages(torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
