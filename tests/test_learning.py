@@ -1,8 +1,10 @@
 """Slow end-to-end runs that show learning, from the session's shared tiny warm start.
 
-GRPO is compared with the same number of steps with every advantage set to 0 (only the KL term
-trains), on the same held-out questions: a gain that the control does not show cannot be chance
-drift of the warm start.
+GRPO is compared with a control whose every advantage is 0, on the same held-out questions: a gain
+that the control does not show cannot be chance drift of the warm start. The control runs 20 of
+the 60 steps: with zero advantages the only gradient is the KL term's, which is exactly 0 while the
+policy equals its reference, so the control cannot drift, and 20 steps show that (measured: 0.783
+-> 0.783 over 60 steps, too) at a third of the cost.
 """
 
 from pathlib import Path
@@ -34,7 +36,7 @@ def _grpo(warm_start: Path, out: Path, *extra: str) -> tuple[float, float]:
 def test_grpo_raises_accuracy_beyond_zero_advantage_control(warm_start, tmp_path):
     before, after = _grpo(warm_start, tmp_path / "grpo")
     control_before, control_after = _grpo(warm_start, tmp_path / "control",
-                                          "grpo.zero_advantages=true")
+                                          "grpo.zero_advantages=true", "grpo.steps=20")
     print(f"GRPO {before:.3f} -> {after:.3f}; zero-advantage control "
           f"{control_before:.3f} -> {control_after:.3f}")
     assert before == control_before  # same warm start, same questions
