@@ -21,11 +21,10 @@ def _normalise(values: torch.Tensor, valid: torch.Tensor, scale_by_std: bool, un
     centred = (values - mean) * valid
     dof = (count - 1).clamp(min=1) if unbiased else count
     std = (centred.square().sum(-1, keepdim=True) / dof).sqrt()
-    if not scale_by_std:
-        return torch.where(std > min_std, centred, torch.zeros_like(centred)) if min_std > 0 \
-            else centred
-    # A zero-std group carries no signal: its centred values are exactly 0, and stay 0.
-    return torch.where(std > min_std, centred / (std + eps), torch.zeros_like(centred))
+    # A zero-std group carries no signal (its centred values are exactly 0), nor does one whose
+    # spread is within the floor.
+    scaled = centred / (std + eps) if scale_by_std else centred
+    return torch.where(std > min_std, scaled, torch.zeros_like(centred))
 
 
 def outcome_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True,

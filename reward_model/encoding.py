@@ -56,8 +56,9 @@ def orm_example(question: str, solution: str, correct: float | None = None) -> S
 
 
 def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
-           max_length: int) -> TagBatch:
-    """Tokenise Math-Shepherd texts and put each label on its tag token."""
+           max_length: int, lm_targets: bool = False) -> TagBatch:
+    """Tokenise Math-Shepherd texts and put each label on its tag token; with `lm_targets`, also
+    mark the tokens of right steps for the auxiliary LM loss (scoring leaves `lm_mask` empty)."""
     rows, targets, masks, lm_masks, kept = [], [], [], [], []
     for ex in examples:
         text, _ = to_math_shepherd(ex.question, ex.steps, None, tag)
@@ -65,8 +66,8 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         positions = [i for i, t in enumerate(ids) if t == tags.tag_id]
         # Where the first step starts: the tokens of the question alone (a BPE merge across the
         # boundary can move it by a token, which only matters to the auxiliary LM loss).
-        question = ex.question.replace(tag, "").strip()
-        question_end = len(tokenizer(question, add_special_tokens=True)["input_ids"])
+        question_end = len(tokenizer(ex.question.replace(tag, "").strip(),
+                                     add_special_tokens=True)["input_ids"]) if lm_targets else 0
         if len(positions) != len(ex.steps):
             raise ValueError(f"reward model: found {len(positions)} tag tokens for "
                              f"{len(ex.steps)} steps in {ex.source_id or ex.question[:40]!r}: the tag "
@@ -77,7 +78,7 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         start = question_end
         for p, y in zip(positions, ex.labels):
             target[p], mask[p] = float(y), True
-            if y >= 0.5:
+            if lm_targets and y >= 0.5:
                 lm[start:p] = [True] * (p - start)
             start = p + 1
         rows.append(ids)

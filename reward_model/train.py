@@ -77,7 +77,8 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         batch_ids = order[index * plan.global_sequences:(index + 1) * plan.global_sequences]
         mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
                                             (rank + 1) * plan.rank_sequences]]
-        batch = encode(tokenizer, mine, tags, rm.step_tag, rm.max_length)
+        batch = encode(tokenizer, mine, tags, rm.step_tag, rm.max_length,
+                       lm_targets=rm.lm_weight > 0)
         labels_total = global_sum(float(batch.label_mask.sum()))
         lm_total = global_sum(float(batch.lm_mask[:, 1:].sum())) if rm.lm_weight else 0.0
         started, loss_sum, lm_sum, grad_norm = time.perf_counter(), 0.0, 0.0, 0.0

@@ -105,12 +105,14 @@ def test_lm_mask_covers_right_steps_only(tok):
     # or a wrong step (that would teach the error).
     tags = tag_tokens(tok, STEP_TAG)
     ex = StepExample("Q?", ("1+1=2", "2*3=7", "The answer is 7"), (1.0, 0.0, 0.0))
-    batch = encode(tok, [ex], tags, STEP_TAG, max_length=128)
+    batch = encode(tok, [ex], tags, STEP_TAG, max_length=128, lm_targets=True)
     ids = batch.input_ids[0][batch.lm_mask[0]].tolist()
     assert tok.decode(ids) == " Step 1: 1+1=2 "
-    soft = encode(tok, [StepExample("Q?", ex.steps, (0.5, 0.75, 0.25))], tags, STEP_TAG, 128)
+    soft = encode(tok, [StepExample("Q?", ex.steps, (0.5, 0.75, 0.25))], tags, STEP_TAG, 128,
+                  lm_targets=True)
     assert tok.decode(soft.input_ids[0][soft.lm_mask[0]].tolist()) == \
         " Step 1: 1+1=2 \nStep 2: 2*3=7 "
+    assert not encode(tok, [ex], tags, STEP_TAG, 128).lm_mask.any()  # scoring: nothing to mark
 
 
 def test_lm_loss_by_hand():
