@@ -210,6 +210,16 @@ class RewardModelConfig:
     """Weight of an auxiliary next-token loss on the tokens of steps labelled right (0 = the
     tag loss alone). A small backbone reads the tagged format far worse than its own (the tiny
     policy's next-digit accuracy drops from 97% to 55%); this loss teaches it the format."""
+    extra_layers_from: list[int] = field(default_factory=list)
+    """Backbone layers to copy on top of it before reward training (zero-output copies: the
+    same function at the start). A small policy forms its next token only in its last layer;
+    checking a written result against it needs layers after that (`reward_model/backbone.py`)."""
+    new_layer_lr: float = 0.0
+    """Learning rate of the layers `extra_layers_from` added (0 = `lr`): they start at zero
+    output and learn from scratch, while the backbone's own layers only need adjusting."""
+    group_by_question: bool = False
+    """Keep each question's solutions side by side in the batches; synthetic data then holds
+    each question's right solution next to one with a slip (minimal pairs)."""
     step_tag: str = "ки"
     """Tag after each step (Math-Shepherd's); must be one token for the tokenizer."""
     aggregate: str = "min"

@@ -16,20 +16,24 @@ def as_orm(examples: list[StepExample]) -> list[StepExample]:
     return [orm_example(ex.question, format_solution(ex.steps), ex.labels[-1]) for ex in examples]
 
 
-def synthetic_step_examples(records: list[MathRecord], seed: int,
-                            wrong_fraction: float = 0.5) -> list[StepExample]:
+def synthetic_step_examples(records: list[MathRecord], seed: int, wrong_fraction: float = 0.5,
+                            paired: bool = False) -> list[StepExample]:
     """Per synthetic record: its correct solution, or (with `wrong_fraction`) a corrupted one;
-    labels are the true step correctness."""
+    with `paired`, both, one after the other (a minimal pair: the same question, one slip apart).
+    Labels are the true step correctness."""
     rng = random.Random(seed)
     out = []
     for rec in records:
         problem = synthetic.Problem(rec.question, rec.solution_steps, int(rec.answer))
-        steps = problem.steps
-        if rng.random() < wrong_fraction:
-            steps, _ = synthetic.corrupt_solution(problem, rng)
-        truth = synthetic.step_correctness(rec.question, steps)
-        out.append(StepExample(rec.question, tuple(steps), tuple(float(t) for t in truth),
-                               rec.source_id))
+        versions = [problem.steps]
+        if paired:
+            versions.append(synthetic.corrupt_solution(problem, rng)[0])
+        elif rng.random() < wrong_fraction:
+            versions = [synthetic.corrupt_solution(problem, rng)[0]]
+        for steps in versions:
+            truth = synthetic.step_correctness(rec.question, steps)
+            out.append(StepExample(rec.question, tuple(steps), tuple(float(t) for t in truth),
+                                   rec.source_id))
     return out
 
 
@@ -41,5 +45,7 @@ def training_examples(rm, records: list[MathRecord], seed: int,
         if skipped:
             print(f"[igrpo] skipped {skipped} malformed rows of {rm.data_path}")
     else:
-        examples = synthetic_step_examples(records[:rm.synthetic_solutions], seed)
+        # Paired generation makes two solutions per question: as many solutions, half the questions.
+        count = rm.synthetic_solutions // 2 if rm.group_by_question else rm.synthetic_solutions
+        examples = synthetic_step_examples(records[:count], seed, paired=rm.group_by_question)
     return as_orm(examples) if rm.kind == "orm" else examples

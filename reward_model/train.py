@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from configs.plan import plan_batch
 from process_supervision.formats import StepExample
+from reward_model.backbone import added_layer_parameters, deepen
 from reward_model.encoding import encode, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss
@@ -29,12 +30,41 @@ from runtime.rundir import atomic_write_json
 from runtime.tiny_model import load_causal_lm, load_tokenizer
 
 
+def question_groups(examples: list[StepExample]) -> list[list[int]]:
+    """Indices of the examples, grouped by question (in order of first appearance)."""
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        groups.setdefault(ex.question, []).append(i)
+    return list(groups.values())
+
+
 def split_validation(examples: list[StepExample], fraction: float, seed: int):
-    """Seeded (train, validation) split of the examples."""
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
+    """Seeded (train, validation) split of the examples, by question: no question has solutions
+    on both sides."""
+    groups = question_groups(examples)
+    random.Random(seed).shuffle(groups)
     n_val = max(1, int(len(examples) * fraction)) if fraction > 0 else 0
-    return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
+    val: list[int] = []
+    for group in groups:
+        if len(val) >= n_val:
+            break
+        val += group
+    held = set(val)
+    return [ex for i, ex in enumerate(examples) if i not in held], [examples[i] for i in val]
+
+
+def epoch_order(examples: list[StepExample], seed: int, grouped: bool) -> list[int]:
+    """A seeded shuffle of the example indices; `grouped` keeps each question's solutions next
+    to each other (so a batch holds them side by side: a right and a wrong solution of the same
+    question differ only where the slip is)."""
+    rng = random.Random(seed)
+    if not grouped:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        return order
+    groups = question_groups(examples)
+    rng.shuffle(groups)
+    return [i for group in groups for i in group]
 
 
 def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExample], logger,
@@ -49,11 +79,16 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     tokenizer = load_tokenizer(init, cfg.model.trust_remote_code)
     tokenizer.padding_side = "right"
     model = load_causal_lm(init, cfg.model.dtype, cfg.model.trust_remote_code)
+    added = deepen(model, list(rm.extra_layers_from))  # (a refresh's RM is deep already)
+    if added and is_main():
+        print(f"[igrpo] {out.name}: {added} zero-output layers added on top of {init}")
     tags = tag_tokens(tokenizer, rm.step_tag)
     plan = plan_batch(rm.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"rm.batch_size={rm.batch_size}")
+    fresh = {id(p): rm.new_layer_lr for p in added_layer_parameters(model)} \
+        if rm.new_layer_lr else None
     engine = build_engine(model, cfg.deepspeed, lr=rm.lr, micro_batch_size=plan.micro_batch_size,
-                          grad_accum=plan.grad_accum)
+                          grad_accum=plan.grad_accum, lr_by_param=fresh)
     steps_per_epoch = max(1, len(train) // plan.global_sequences)
     total_steps = math.ceil(rm.epochs * steps_per_epoch)
     eval_every = rm.eval_every or total_steps
@@ -72,8 +107,7 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     while state["step"] < total_steps:
         step = state["step"]
         epoch, index = divmod(step, steps_per_epoch)
-        order = list(range(len(train)))
-        random.Random(cfg.run.seed * 31 + epoch).shuffle(order)
+        order = epoch_order(train, cfg.run.seed * 31 + epoch, rm.group_by_question)
         batch_ids = order[index * plan.global_sequences:(index + 1) * plan.global_sequences]
         mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
                                             (rank + 1) * plan.rank_sequences]]

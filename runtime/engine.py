@@ -57,8 +57,11 @@ def is_main() -> bool:
     return world()[0] == 0
 
 
-def deepspeed_config(ds, *, lr: float, micro_batch_size: int, grad_accum: int) -> dict:
-    """The DeepSpeed JSON config for one engine, from a `DeepSpeedConfig` and derived numbers."""
+def deepspeed_config(ds, *, lr: float | list[float], micro_batch_size: int,
+                     grad_accum: int) -> dict:
+    """The DeepSpeed JSON config for one engine, from a `DeepSpeedConfig` and derived numbers;
+    `lr` is one rate, or one per parameter group."""
+    base_lr = lr[0] if isinstance(lr, list) else lr
     _, world_size = world()
     zero: dict = {"stage": ds.zero_stage}
     if ds.offload_optimizer:
@@ -73,7 +76,7 @@ def deepspeed_config(ds, *, lr: float, micro_batch_size: int, grad_accum: int) -
         "zero_optimization": zero,
         "bf16": {"enabled": ds.bf16},
         "optimizer": {"type": "AdamW", "params": {
-            "lr": lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
+            "lr": base_lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
             "torch_adam": True}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -85,15 +88,21 @@ def deepspeed_config(ds, *, lr: float, micro_batch_size: int, grad_accum: int) -
     return config
 
 
-def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int):
-    """Wrap `model` in a DeepSpeed training engine (optimizer, schedule, clipping, ZeRO)."""
+def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int,
+                 lr_by_param: dict[int, float] | None = None):
+    """Wrap `model` in a DeepSpeed training engine (optimizer, schedule, clipping, ZeRO).
+    `lr_by_param` (id(parameter) -> rate) gives those parameters their own learning rate."""
     import deepspeed
 
     init_distributed()
-    config = deepspeed_config(ds, lr=lr, micro_batch_size=micro_batch_size, grad_accum=grad_accum)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
-                                                                      if p.requires_grad],
-                                      config=config)
+    params = [p for p in model.parameters() if p.requires_grad]
+    rates = sorted({lr, *(lr_by_param or {}).values()}, key=lambda r: r != lr)
+    groups = [{"params": [p for p in params if (lr_by_param or {}).get(id(p), lr) == rate],
+               "lr": rate} for rate in rates]
+    config = deepspeed_config(ds, lr=rates if len(rates) > 1 else lr,
+                              micro_batch_size=micro_batch_size, grad_accum=grad_accum)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=groups if len(groups) > 1
+                                      else params, config=config)
     return engine
 
 

@@ -173,3 +173,76 @@ def test_metrics_by_hand():
                     [["1", "2", "2"], ["3", "4", "5"]])
     assert bon["rm_pick"] == 0.5 and bon["majority"] == 0.0
     assert bon["random"] == pytest.approx(1 / 3)
+
+
+def test_deepened_backbone_starts_as_the_same_function(tok, tmp_path):
+    from reward_model.backbone import ADDED_LAYERS_KEY, deepen
+    from runtime.tiny_model import build_model, load_causal_lm
+
+    model = build_model(tok, 32, 2, 2, 64, 64, seed=0).eval()
+    ids = tok("Start with 7. Add 3.\nAdd 3: 7+3=10", return_tensors="pt")["input_ids"]
+    before = model(ids).logits
+    assert deepen(model, [0, 1]) == 2
+    assert len(model.model.layers) == 4 and model.config.num_hidden_layers == 4
+    torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
+    # The copies are real layers with their own weights: zero outputs, the same attention inputs.
+    assert model.model.layers[2].self_attn.o_proj.weight.abs().sum() == 0
+    torch.testing.assert_close(model.model.layers[2].self_attn.q_proj.weight,
+                               model.model.layers[0].self_attn.q_proj.weight)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    again = load_causal_lm(tmp_path).eval()
+    assert getattr(again.config, ADDED_LAYERS_KEY) == 2 and len(again.model.layers) == 4
+    torch.testing.assert_close(again(ids).logits, before)
+    assert deepen(again, [0, 1]) == 0  # a refresh keeps the depth it has
+    with pytest.raises(ValueError, match="layer 5 does not exist"):
+        deepen(build_model(tok, 32, 2, 2, 64, 64, seed=0), [5])
+
+
+def test_minimal_pairs_and_question_grouped_batches():
+    from reward_model.examples import synthetic_step_examples
+    from reward_model.train import epoch_order, split_validation
+    from runtime.data import synthetic_records
+
+    records = synthetic_records(seed=5, count=40, min_ops=2, max_ops=4)
+    pairs = synthetic_step_examples(records, seed=1, paired=True)
+    assert len(pairs) == 80
+    for right, wrong in zip(pairs[::2], pairs[1::2]):
+        assert right.question == wrong.question and set(right.labels) == {1.0}
+        assert 0.0 in wrong.labels and wrong.labels[-1] == 0.0  # a slip makes the answer wrong
+    order = epoch_order(pairs, seed=3, grouped=True)
+    assert sorted(order) == list(range(80))
+    assert all(pairs[order[i]].question == pairs[order[i + 1]].question for i in range(0, 80, 2))
+    assert order != epoch_order(pairs, seed=4, grouped=True)
+    train, val = split_validation(pairs, 0.1, seed=0)
+    assert len(val) == 8 and len(train) == 72
+    assert not {ex.question for ex in train} & {ex.question for ex in val}
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_added_layers_train_at_their_own_rate(tok, warmup):
+    from configs.schema import DeepSpeedConfig
+    from reward_model.backbone import added_layer_parameters, deepen
+    from runtime.engine import build_engine
+
+    model = build_model_small(tok)
+    deepen(model, [0])
+    fresh = added_layer_parameters(model)
+    assert len(fresh) == len(list(model.model.layers[0].parameters()))
+    engine = build_engine(model, DeepSpeedConfig(warmup_steps=warmup), lr=1e-4,
+                          micro_batch_size=1, grad_accum=1,
+                          lr_by_param={id(p): 1e-3 for p in fresh})
+    for _ in range(4):  # past the warm-up, each group is at its own rate
+        loss = engine(input_ids=torch.tensor([[5, 6, 7]])).logits.mean()
+        engine.backward(loss)
+        engine.step()
+    groups = engine.optimizer.param_groups
+    assert [g["lr"] for g in groups] == pytest.approx([1e-4, 1e-3])
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in fresh}
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(list(model.parameters()))
+
+
+def build_model_small(tok):
+    from runtime.tiny_model import build_model
+
+    return build_model(tok, 32, 2, 2, 64, 64, seed=0)
