@@ -54,6 +54,7 @@ def table(iterations: list[dict]) -> str:
                ("eval.maj_accuracy", "maj@K", "{:.3f}"), ("eval.pass_at_k", "pass@K", "{:.3f}"),
                ("rm.prm/step_accuracy", "PRM step acc", "{:.3f}"),
                ("bon.prm_pick", "BoN PRM", "{:.3f}"), ("bon.orm_pick", "BoN ORM", "{:.3f}"),
+               ("bon.prm_group_auroc", "PRM in-group", "{:.3f}"),
                ("bon.random", "BoN random", "{:.3f}"), ("grpo.reward/mean", "reward", "{:.3f}"),
                ("grpo.train/kl", "KL", "{:.4f}")]
     lines = ["  ".join(f"{title:>12}" for _, title, _ in columns)]

@@ -82,14 +82,20 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
 
     Per question: `correct[q][i]` (is sample i right), `scores[q][i]` (reward-model score),
     `answers[q][i]` (its extracted final answer, for the vote). Random is the expected accuracy
-    of a uniform pick (the mean correctness) and one seeded draw.
+    of a uniform pick (the mean correctness) and one seeded draw. `group_auroc` is the mean, over
+    questions with both right and wrong samples, of the AUROC of the scores within the question:
+    what best-of-N and GRPO's group-normalised advantages use. A reward model that only knows
+    which questions are hard ranks well pooled over questions and scores 0.5 here.
     """
     from collections import Counter
 
     rng = random.Random(seed)
     picked = voted = drawn = expected = 0.0
+    within = []
     for right, score, answer in zip(correct, scores, answers):
         picked += right[max(range(len(score)), key=score.__getitem__)]
+        if 0 < sum(right) < len(right):
+            within.append(auroc(score, list(right)))
         counts = Counter(a for a in answer if a is not None)
         if counts:
             top = counts.most_common(1)[0][0]
@@ -98,4 +104,5 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
         expected += sum(right) / len(right)
     n = max(len(correct), 1)
     return {"rm_pick": picked / n, "majority": voted / n, "random": expected / n,
-            "random_draw": drawn / n}
+            "random_draw": drawn / n,
+            "group_auroc": sum(within) / len(within) if within else float("nan")}

@@ -67,5 +67,6 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], prompt
     for name in scorers:
         result = best_of_n(correct, scores[name], answers, seed)
         report[f"{name}_pick"] = result["rm_pick"]
-        report.update({k: v for k, v in result.items() if k != "rm_pick"})
+        report[f"{name}_group_auroc"] = result["group_auroc"]
+        report.update({k: v for k, v in result.items() if k not in ("rm_pick", "group_auroc")})
     return report

@@ -21,9 +21,8 @@ RM = ["rm.lr=2e-4", "rm.batch_size=32", "rm.epochs=2", "rm.synthetic_solutions=3
 
 @pytest.mark.slow
 def test_tiny_prm_learns_to_rank_steps(warm_start, tmp_path):
-    # Measured (README "Measurements"): the tiny recipe (2 added layers, minimal pairs) reaches
-    # AUROC ~0.70-0.73 in ~180 steps and 0.83 in 400; the issue's 85% step accuracy takes longer
-    # than this test may run, so it checks that the PRM learned at all.
+    # Measured (README "Measurements"): a 2-epoch PRM reaches AUROC ~0.65-0.70 on held-out steps;
+    # the issue's 85% step accuracy is not reached yet, so this checks it learned at all.
     assert igrpo.main(["train-rm", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
                        "rm.kind=prm", f"rm.init_path={warm_start}", *RM]) == 0
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *RM])

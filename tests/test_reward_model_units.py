@@ -173,6 +173,13 @@ def test_metrics_by_hand():
                     [["1", "2", "2"], ["3", "4", "5"]])
     assert bon["rm_pick"] == 0.5 and bon["majority"] == 0.0
     assert bon["random"] == pytest.approx(1 / 3)
+    assert bon["group_auroc"] == pytest.approx((1.0 + 0.5) / 2)  # 0.3 beats 0.1, not 0.8
+    # Pooled over questions these scores rank well; within each question they rank nothing.
+    right = [[True, True, False], [True, False, False]]  # an easy and a hard question
+    easy_hard = [[0.9, 0.9, 0.9], [0.2, 0.2, 0.2]]
+    assert auroc(easy_hard[0] + easy_hard[1], right[0] + right[1]) == pytest.approx(6 / 9)
+    assert best_of_n(right, easy_hard, [["1", "1", "2"], ["3", "4", "5"]])["group_auroc"] == 0.5
+    assert math.isnan(best_of_n([[True, True]], [[0.1, 0.2]], [["1", "1"]])["group_auroc"])
 
 
 def test_deepened_backbone_starts_as_the_same_function(tok, tmp_path):
