@@ -220,6 +220,12 @@ class RewardModelConfig:
     group_by_question: bool = False
     """Keep each question's solutions side by side in the batches; synthetic data then holds
     each question's right solution next to one with a slip (minimal pairs)."""
+    likelihood_feature: bool = False
+    """Add the reward model's own token log-likelihoods to its step score: a step's logit is a
+    fitted weighted sum of the tag's margin and the lowest log-likelihood of any solution token
+    so far (`reward_model/calibration.py`). Off = P(+) at the tag, the Math-Shepherd score."""
+    calibration_examples: int = 2000
+    """Training examples the likelihood feature's three numbers are fitted on."""
     step_tag: str = "ки"
     """Tag after each step (Math-Shepherd's); must be one token for the tokenizer."""
     aggregate: str = "min"

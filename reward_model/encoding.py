@@ -35,6 +35,10 @@ class TagBatch:
     lm_mask: torch.Tensor
     """[B, L] bool, True at the tokens of steps labelled right (>= 0.5), tags excluded: the
     targets of the optional language-model loss (`rm.lm_weight`)."""
+    solution_mask: torch.Tensor
+    """[B, L] bool, True at the tokens of every step (tags and the token after each tag
+    excluded, whose prediction the tag loss bends): where the likelihood feature reads the
+    reward model's own token log-likelihoods. Empty unless asked for."""
     steps_kept: list[int]
     """Per example: how many of its tags survived truncation."""
 
@@ -56,10 +60,11 @@ def orm_example(question: str, solution: str, correct: float | None = None) -> S
 
 
 def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
-           max_length: int, lm_targets: bool = False) -> TagBatch:
+           max_length: int, lm_targets: bool = False, solution_tokens: bool = False) -> TagBatch:
     """Tokenise Math-Shepherd texts and put each label on its tag token; with `lm_targets`, also
-    mark the tokens of right steps for the auxiliary LM loss (scoring leaves `lm_mask` empty)."""
-    rows, targets, masks, lm_masks, kept = [], [], [], [], []
+    mark the tokens of right steps for the auxiliary LM loss (scoring leaves `lm_mask` empty);
+    with `solution_tokens`, the tokens of all steps (`solution_mask`)."""
+    rows, targets, masks, lm_masks, solution_masks, kept = [], [], [], [], [], []
     for ex in examples:
         text, _ = to_math_shepherd(ex.question, ex.steps, None, tag)
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -67,7 +72,8 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         # Where the first step starts: the tokens of the question alone (a BPE merge across the
         # boundary can move it by a token, which only matters to the auxiliary LM loss).
         question_end = len(tokenizer(ex.question.replace(tag, "").strip(),
-                                     add_special_tokens=True)["input_ids"]) if lm_targets else 0
+                                     add_special_tokens=True)["input_ids"]) \
+            if lm_targets or solution_tokens else 0
         if len(positions) != len(ex.steps):
             raise ValueError(f"reward model: found {len(positions)} tag tokens for "
                              f"{len(ex.steps)} steps in {ex.source_id or ex.question[:40]!r}: the tag "
@@ -75,16 +81,21 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         ids = ids[:max_length]
         positions = [p for p in positions if p < len(ids)]
         target, mask, lm = [0.0] * len(ids), [False] * len(ids), [False] * len(ids)
+        solution = [False] * len(ids)
         start = question_end
-        for p, y in zip(positions, ex.labels):
+        for k, (p, y) in enumerate(zip(positions, ex.labels)):
             target[p], mask[p] = float(y), True
             if lm_targets and y >= 0.5:
                 lm[start:p] = [True] * (p - start)
+            if solution_tokens:
+                first = start + (k > 0)  # the token after the previous tag
+                solution[first:p] = [True] * max(0, p - first)
             start = p + 1
         rows.append(ids)
         targets.append(target)
         masks.append(mask)
         lm_masks.append(lm)
+        solution_masks.append(solution)
         kept.append(len(positions))
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
@@ -96,4 +107,4 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
                     torch.tensor(padded([[1] * len(r) for r in rows], 0)),
                     torch.tensor(padded(targets, 0.0)),
                     torch.tensor(padded(masks, False)), torch.tensor(padded(lm_masks, False)),
-                    kept)
+                    torch.tensor(padded(solution_masks, False)), kept)

@@ -43,6 +43,31 @@ def lm_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, lm_mask: torch.Te
     return F.cross_entropy(logits[:, :-1][mask].float(), input_ids[:, 1:][mask], reduction="sum")
 
 
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log P(token j | tokens before it) at every position j (0 at position 0): [B, L, V] and
+    [B, L] -> [B, L] (float32)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return F.pad(picked, (1, 0))
+
+
+def running_min(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """At every position, the least of `values` over the `mask` positions up to and including it
+    (0 before the first one). Read at a step's tag over the solution's tokens, it is the lowest
+    log-likelihood of any token so far: once a step is unlikely, so is every later prefix, the
+    Math-Shepherd notion of a step being wrong. values: [B, L] (<= 0), mask: [B, L] bool."""
+    return values.masked_fill(~mask, 0.0).cummin(dim=-1).values
+
+
+def calibrated_margin(margin: torch.Tensor, surprise: torch.Tensor,
+                      calibration: dict[str, float]) -> torch.Tensor:
+    """The step logit of a reward model with a likelihood feature: a weighted sum of the tag's
+    logit margin and `running_min` of its own token log-likelihoods, plus a bias
+    (`reward_model/calibration.py` fits the three numbers)."""
+    return (calibration["margin"] * margin + calibration["surprise"] * surprise
+            + calibration["bias"])
+
+
 def aggregate_min(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Math-Shepherd's choice: the weakest step. scores, mask: [N, S] -> [N]."""
     return scores.masked_fill(~mask, float("inf")).min(-1).values.masked_fill(~mask.any(-1), 0.0)

@@ -14,7 +14,9 @@ from policy.rollout import Rollout
 from process_supervision.formats import StepExample
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from reward_model.encoding import encode, orm_example, tag_tokens
-from reward_model.heads import STEP_AGGREGATORS, tag_logit_margin
+from reward_model.calibration import calibration_of
+from reward_model.heads import (STEP_AGGREGATORS, calibrated_margin, running_min, tag_logit_margin,
+                                token_logprobs)
 from runtime.data import MathRecord
 
 
@@ -35,21 +37,41 @@ class TagScorer:
         return cls(model, load_tokenizer(path, trust_remote_code), tag, max_length, batch_size)
 
     @torch.no_grad()
-    def score(self, examples: list[StepExample]) -> list[list[float]]:
-        """Per example, P(+) of each step whose tag fits in `max_length` (later ones dropped)."""
+    def tag_values(self, examples: list[StepExample], with_surprise: bool
+                   ) -> list[tuple[list[float], list[float]]]:
+        """Per example, for each step whose tag fits in `max_length` (later ones dropped): the
+        tag's logit margin and, `with_surprise`, the running min of the model's own token
+        log-likelihoods over the solution up to that tag (empty list otherwise)."""
         was_training = self.model.training
         self.model.eval()
-        out: list[list[float]] = []
+        out = []
         device = next(self.model.parameters()).device
         for start in range(0, len(examples), self.batch_size):
             batch = encode(self.tokenizer, examples[start:start + self.batch_size], self.tags,
-                           self.tag, self.max_length)
-            logits = self.model(input_ids=batch.input_ids.to(device),
-                                attention_mask=batch.attention_mask.to(device)).logits
-            probs = torch.sigmoid(tag_logit_margin(logits, self.tags.plus_id, self.tags.minus_id))
+                           self.tag, self.max_length, solution_tokens=with_surprise)
+            ids = batch.input_ids.to(device)
+            logits = self.model(input_ids=ids, attention_mask=batch.attention_mask.to(device)).logits
+            margin = tag_logit_margin(logits, self.tags.plus_id, self.tags.minus_id)
+            surprise = running_min(token_logprobs(logits, ids), batch.solution_mask.to(device)) \
+                if with_surprise else None
             for row in range(len(batch.steps_kept)):
-                out.append(probs[row][batch.label_mask[row].to(device)].tolist())
+                at = batch.label_mask[row].to(device)
+                out.append((margin[row][at].tolist(),
+                            surprise[row][at].tolist() if with_surprise else []))
         self.model.train(was_training)
+        return out
+
+    def score(self, examples: list[StepExample]) -> list[list[float]]:
+        """Per example, the score of each step whose tag fits in `max_length`: P(+) at the tag,
+        or, for a reward model with a fitted likelihood feature (`reward_model/calibration.py`),
+        the calibrated probability."""
+        calibration = calibration_of(self.model)
+        out = []
+        for margins, surprises in self.tag_values(examples, with_surprise=calibration is not None):
+            logit = torch.tensor(margins)
+            if calibration is not None:
+                logit = calibrated_margin(logit, torch.tensor(surprises), calibration)
+            out.append(torch.sigmoid(logit).tolist())
         return out
 
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from configs.plan import plan_batch
 from process_supervision.formats import StepExample
 from reward_model.backbone import added_layer_parameters, deepen
+from reward_model.calibration import fit_calibration, set_calibration
 from reward_model.encoding import encode, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss
@@ -96,6 +97,26 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     # Rows a crash logged past the saved state are redone: drop them.
     logger.rewind(step_offset + state["step"] if state["step"] else step_offset - 1)
 
+    def calibrate() -> dict:
+        """With `rm.likelihood_feature`: fit the step logit's weights on training examples (main
+        rank; every rank records them in its model config, which the export saves)."""
+        if not rm.likelihood_feature:
+            return {}
+        fitted = None
+        if is_main():
+            sample = random.Random(cfg.run.seed).sample(train, min(len(train),
+                                                                   rm.calibration_examples))
+            scorer = TagScorer(engine.module, tokenizer, rm.step_tag, rm.max_length)
+            margins, surprises, targets = [], [], []
+            for ex, (m, s) in zip(sample, scorer.tag_values(sample, with_surprise=True)):
+                margins += m
+                surprises += s
+                targets += list(ex.labels[:len(m)])
+            fitted = fit_calibration(margins, surprises, targets)
+        fitted = broadcast_from_main(fitted)
+        set_calibration(engine.module, fitted)
+        return {f"rm/calibration_{k}": v for k, v in fitted.items()}
+
     def validate() -> dict:
         metrics = None
         if is_main() and val:
@@ -144,12 +165,14 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         if rm.lm_weight:
             metrics["rm/lm_loss"] = global_sum(lm_sum)
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
+            metrics.update(calibrate())
             metrics.update({f"rm/val_{k}": v for k, v in validate().items()})
             bar.set_postfix(step_acc=f"{metrics.get('rm/val_step_accuracy', float('nan')):.3f}")
         if state["step"] % rm.save_every == 0 or state["step"] == total_steps:
             save_training_state(engine, out / "state", state)
         logger.log(metrics, step=step_offset + state["step"])
     bar.close()
+    calibrate()
     final_metrics = validate()
     export(engine, tokenizer, final_dir, config_yaml)
     if is_main():
