@@ -224,6 +224,10 @@ class RewardModelConfig:
     """Add the reward model's own token log-likelihoods to its step score: a step's logit is a
     fitted weighted sum of the tag's margin and the lowest log-likelihood of any solution token
     so far (`reward_model/calibration.py`). Off = P(+) at the tag, the Math-Shepherd score."""
+    worked_solutions: int = 0
+    """`igrpo iterate`: worked solutions of the SFT set added to the reward models' first
+    training as all-right examples (their true labels), so that a small backbone learns the
+    tagged layout from more than the few labelled samples (0 = labelled samples only)."""
     calibration_examples: int = 2000
     """Training examples the likelihood feature's three numbers are fitted on."""
     step_tag: str = "ки"

@@ -30,7 +30,7 @@ from policy.rewards import RuleReward
 from policy.sft import train_sft
 from process_supervision.label import Labeller, label_in_shards, label_statistics
 from process_supervision.sampling import sample_solutions
-from reward_model.examples import as_orm, synthetic_step_examples
+from reward_model.examples import as_orm, synthetic_step_examples, worked_examples
 from reward_model.report import best_of_n_report, labelled_report
 from reward_model.score import ORMReward, PRMReward, TagScorer
 from reward_model.train import train_reward_model
@@ -89,16 +89,20 @@ class IterationRun:
                            self.cfg.run.seed)
         init = self.base_rm_init() if k == 0 else \
             self._abs(self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"])
+        examples = [ex for _, ex in rows]
+        # The first training also reads worked solutions of the SFT set (all steps right): true
+        # labels that teach a small backbone the tagged layout (`rm.worked_solutions`).
+        worked = worked_examples(self.splits.sft[:self.cfg.rm.worked_solutions]) if k == 0 else []
+        examples += as_orm(worked) if kind == "orm" else worked
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
         logger = self.make_logger(f"rm-{kind}/iteration-{k}")
         try:
-            path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows], logger,
-                                      self.config_yaml)
+            path = train_reward_model(self.cfg, out, init, examples, logger, self.config_yaml)
         finally:
             logger.close()
         origins = [origin for origin, _ in rows]
         return {"path": self._rel(path), "rows": len(rows),
-                "historical_rows": sum(1 for o in origins if o != k)}
+                "historical_rows": sum(1 for o in origins if o != k), "worked_rows": len(worked)}
 
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
         """GRPO from `policy` with the reference reset to it, rewarded by the current RMs."""

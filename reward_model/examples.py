@@ -16,6 +16,12 @@ def as_orm(examples: list[StepExample]) -> list[StepExample]:
     return [orm_example(ex.question, format_solution(ex.steps), ex.labels[-1]) for ex in examples]
 
 
+def worked_examples(records: list[MathRecord]) -> list[StepExample]:
+    """Worked solutions (e.g. the SFT set's) as PRM examples: every step right, a true label."""
+    return [StepExample(r.question, tuple(r.solution_steps), (1.0,) * len(r.solution_steps),
+                        r.source_id) for r in records if r.solution_steps]
+
+
 def synthetic_step_examples(records: list[MathRecord], seed: int, wrong_fraction: float = 0.5,
                             paired: bool = False) -> list[StepExample]:
     """Per synthetic record: its correct solution, or (with `wrong_fraction`) a corrupted one;

@@ -70,6 +70,8 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     refresh = manifest["rm-prm/1"]["outputs"]
     new_rows = refresh["rows"] - refresh["historical_rows"]
     assert refresh["historical_rows"] == historical_count(new_rows, 0.25) > 0
+    # Worked SFT solutions join the first training only (rm.worked_solutions=8), never a refresh.
+    assert manifest["rm-prm/0"]["outputs"]["worked_rows"] == 8 and refresh["worked_rows"] == 0
     # Reference reset: each iteration's reference is the policy it starts from ...
     assert manifest["grpo/1"]["outputs"]["reference"] == manifest["sft"]["outputs"]["policy"]
     assert manifest["grpo/2"]["outputs"]["reference"] == manifest["grpo/1"]["outputs"]["policy"]
