@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from policy.logprobs import selective_log_softmax
+
 
 def tag_logit_margin(logits: torch.Tensor, plus_id: int, minus_id: int) -> torch.Tensor:
     """logit(+) - logit(-) at every position: [B, L, V] -> [B, L] (float32).
@@ -45,10 +47,9 @@ def lm_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, lm_mask: torch.Te
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """log P(token j | tokens before it) at every position j (0 at position 0): [B, L, V] and
-    [B, L] -> [B, L] (float32)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return F.pad(picked, (1, 0))
+    [B, L] -> [B, L] (float32), a chunk of positions at a time (a 7B vocabulary's full float32
+    log-softmax would not fit)."""
+    return F.pad(selective_log_softmax(logits[:, :-1], input_ids[:, 1:]), (1, 0))
 
 
 def running_min(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
