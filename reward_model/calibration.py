@@ -21,7 +21,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from reward_model.evaluate import auroc
+
 CALIBRATION_KEY = "igrpo_step_calibration"
+MIN_CLASS_STEPS = 5
+"""A refit needs at least this many right and this many wrong steps (hard, >= 0.5) to fit on."""
 
 
 def fit_calibration(margins: list[float], surprises: list[float], targets: list[float],
@@ -56,6 +60,45 @@ def fit_calibration(margins: list[float], surprises: list[float], targets: list[
     margin, surprise, bias = w.detach().tolist()
     return {"margin": margin, "surprise": surprise, "bias": bias, "loss": float(fitted),
             "plain_loss": float(plain)}
+
+
+def step_logits(calibration: dict[str, float] | None, margins: list[float],
+                surprises: list[float]) -> list[float]:
+    """Step logits under `calibration` (None: the plain tag margin)."""
+    if calibration is None:
+        return list(margins)
+    return [calibration["margin"] * m + calibration["surprise"] * s + calibration["bias"]
+            for m, s in zip(margins, surprises)]
+
+
+def refit_or_keep(previous: dict[str, float] | None, fit_on: tuple[list, list, list],
+                  validate_on: tuple[list, list, list]) -> tuple[dict[str, float] | None, dict]:
+    """The guard around a refit (a refresh trains on a few hundred of the policy's own samples).
+
+    `fit_on` and `validate_on` are (margins, surprises, soft labels) of training and validation
+    steps. Keeps `previous` (the weights the model carries; None = plain tag score) when
+    - the training steps hold fewer than `MIN_CLASS_STEPS` right or wrong steps: a fit on one
+      class drives the bias to -inf or +inf and ranks nothing (a random model's samples are all
+      wrong: every score became ~2e-8 and GRPO had no signal), or
+    - the new weights rank the validation steps worse (AUROC) than `previous` on the same backbone.
+    Returns (weights to use, report: `kept` 0/1, `fit_right`/`fit_wrong` counts, and the two
+    validation AUROCs where both classes are present)."""
+    margins, surprises, targets = fit_on
+    right = sum(1 for t in targets if t >= 0.5)
+    report = {"fit_right": float(right), "fit_wrong": float(len(targets) - right)}
+    if min(right, len(targets) - right) < MIN_CLASS_STEPS:
+        return previous, {**report, "kept": 1.0}
+    fitted = fit_calibration(margins, surprises, targets)
+    report.update({"loss": fitted["loss"], "plain_loss": fitted["plain_loss"]})
+    v_margins, v_surprises, v_targets = validate_on
+    truth = [t >= 0.5 for t in v_targets]
+    if previous is not None and any(truth) and not all(truth):
+        new = auroc(step_logits(fitted, v_margins, v_surprises), truth)
+        old = auroc(step_logits(previous, v_margins, v_surprises), truth)
+        report.update({"val_auroc_refit": new, "val_auroc_previous": old})
+        if new < old:
+            return previous, {**report, "kept": 1.0}
+    return fitted, {**report, "kept": 0.0}
 
 
 def calibration_of(model) -> dict[str, float] | None:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from configs.plan import plan_batch
 from process_supervision.formats import StepExample
 from reward_model.backbone import added_layer_parameters, deepen
-from reward_model.calibration import fit_calibration, set_calibration
+from reward_model.calibration import calibration_of, refit_or_keep, set_calibration
 from reward_model.encoding import encode, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss
@@ -97,25 +97,36 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     # Rows a crash logged past the saved state are redone: drop them.
     logger.rewind(step_offset + state["step"] if state["step"] else step_offset - 1)
 
+    if "calibration" in state:  # the weights fitted before the interruption
+        set_calibration(engine.module, state["calibration"])
+
+    def step_values(examples: list[StepExample], scorer: TagScorer):
+        """(tag margins, running-min log-likelihoods, labels) of every step that fits."""
+        margins, surprises, targets = [], [], []
+        for ex, (m, s) in zip(examples, scorer.tag_values(examples, with_surprise=True)):
+            margins += m
+            surprises += s
+            targets += list(ex.labels[:len(m)])
+        return margins, surprises, targets
+
     def calibrate() -> dict:
-        """With `rm.likelihood_feature`: fit the step logit's weights on training examples (main
-        rank; every rank records them in its model config, which the export saves)."""
+        """With `rm.likelihood_feature`: fit the step logit's weights on training examples, or
+        keep the ones the model carries where the fit is degenerate or ranks validation worse
+        (`calibration.refit_or_keep`; main rank; every rank records the choice in its model
+        config, which the export saves, and in the training state, which a resume restores)."""
         if not rm.likelihood_feature:
             return {}
-        fitted = None
+        chosen = report = None
         if is_main():
             sample = random.Random(cfg.run.seed).sample(train, min(len(train),
                                                                    rm.calibration_examples))
             scorer = TagScorer(engine.module, tokenizer, rm.step_tag, rm.max_length)
-            margins, surprises, targets = [], [], []
-            for ex, (m, s) in zip(sample, scorer.tag_values(sample, with_surprise=True)):
-                margins += m
-                surprises += s
-                targets += list(ex.labels[:len(m)])
-            fitted = fit_calibration(margins, surprises, targets)
-        fitted = broadcast_from_main(fitted)
-        set_calibration(engine.module, fitted)
-        return {f"rm/calibration_{k}": v for k, v in fitted.items()}
+            chosen, report = refit_or_keep(calibration_of(engine.module),
+                                           step_values(sample, scorer), step_values(val, scorer))
+        chosen, report = broadcast_from_main((chosen, report))
+        set_calibration(engine.module, chosen)
+        state["calibration"] = calibration_of(engine.module)
+        return {f"rm/calibration_{k}": v for k, v in {**(chosen or {}), **report}.items()}
 
     def validate() -> dict:
         metrics = None
@@ -125,6 +136,7 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         return broadcast_from_main(metrics) or {}
 
     bar = tqdm(total=total_steps, initial=state["step"], desc=out.name, disable=not is_main())
+    checked = (None, {})  # (step, validation metrics) of the last check
     while state["step"] < total_steps:
         step = state["step"]
         epoch, index = divmod(step, steps_per_epoch)
@@ -166,14 +178,18 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
             metrics["rm/lm_loss"] = global_sum(lm_sum)
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
             metrics.update(calibrate())
-            metrics.update({f"rm/val_{k}": v for k, v in validate().items()})
+            checked = (state["step"], validate())
+            metrics.update({f"rm/val_{k}": v for k, v in checked[1].items()})
             bar.set_postfix(step_acc=f"{metrics.get('rm/val_step_accuracy', float('nan')):.3f}")
         if state["step"] % rm.save_every == 0 or state["step"] == total_steps:
             save_training_state(engine, out / "state", state)
         logger.log(metrics, step=step_offset + state["step"])
     bar.close()
-    calibrate()
-    final_metrics = validate()
+    if checked[0] == state["step"]:  # fitted and validated at the last step already
+        final_metrics = checked[1]
+    else:  # a run resumed after its last step
+        calibrate()
+        final_metrics = validate()
     export(engine, tokenizer, final_dir, config_yaml)
     if is_main():
         atomic_write_json(done_file, {"steps": state["step"], **final_metrics})

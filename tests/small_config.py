@@ -14,8 +14,4 @@ ITERATE = [
     "label.num_completions=2", "label.max_new_tokens=12", "rm.epochs=1", "rm.batch_size=8",
     "rm.eval_solutions=8", "rm.bon_questions=4", "rm.bon_samples=4", "grpo.supervision=process",
     "iterate.iterations=2", "iterate.replay_fraction=0.25", "run.wandb_mode=disabled",
-    # A random 1-layer model's few labels are nearly all "wrong": the fitted likelihood weights
-    # saturate (bias -11.6) and the refreshed PRM gives every sample ~2e-8, so GRPO cannot move
-    # and the reference-reset check has nothing to see. The feature has its own tests.
-    "rm.likelihood_feature=false",
 ]

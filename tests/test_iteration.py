@@ -72,6 +72,14 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     assert refresh["historical_rows"] == historical_count(new_rows, 0.25) > 0
     # Worked SFT solutions join the first training only (rm.worked_solutions=8), never a refresh.
     assert manifest["rm-prm/0"]["outputs"]["worked_rows"] == 8 and refresh["worked_rows"] == 0
+    # The likelihood weights: fitted at iteration 0 (worked solutions are right, samples wrong);
+    # the refresh's samples of a random model are all wrong, so the refit is refused and the
+    # weights stay (unguarded, the fit saturated and every sample scored ~2e-8: no GRPO signal).
+    fits = [[r for r in read_metrics(run / "rm-prm" / f"iteration-{k}" / "metrics.jsonl")
+             if "rm/calibration_kept" in r][-1] for k in (0, 1)]
+    assert fits[0]["rm/calibration_kept"] == 0.0 and fits[0]["rm/calibration_fit_wrong"] > 0
+    assert fits[1]["rm/calibration_kept"] == 1.0 and fits[1]["rm/calibration_fit_right"] == 0
+    assert fits[1]["rm/calibration_bias"] == fits[0]["rm/calibration_bias"]
     # Reference reset: each iteration's reference is the policy it starts from ...
     assert manifest["grpo/1"]["outputs"]["reference"] == manifest["sft"]["outputs"]["policy"]
     assert manifest["grpo/2"]["outputs"]["reference"] == manifest["grpo/1"]["outputs"]["policy"]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from process_supervision.formats import StepExample
-from reward_model.calibration import calibration_of, fit_calibration, set_calibration
+from reward_model.calibration import (MIN_CLASS_STEPS, calibration_of, fit_calibration,
+                                      refit_or_keep, set_calibration, step_logits)
 from reward_model.encoding import encode, tag_tokens
 from reward_model.heads import running_min, token_logprobs
 from reward_model.score import TagScorer
@@ -54,6 +55,46 @@ def test_calibration_recovers_known_weights():
     assert fitted["loss"] < fitted["plain_loss"]
     with pytest.raises(ValueError, match="no labelled steps"):
         fit_calibration([], [], [])
+
+
+def _draws(n: int, seed: int, surprise_weight: float):
+    """(margins, surprises, labels): labels drawn from logit 0.5 m + w s + 1."""
+    gen = torch.Generator().manual_seed(seed)
+    margin = torch.randn(n, generator=gen)
+    surprise = -torch.empty(n).exponential_(1.0, generator=gen)
+    p = torch.sigmoid(0.5 * margin + surprise_weight * surprise + 1.0)
+    return margin.tolist(), surprise.tolist(), torch.bernoulli(p, generator=gen).tolist()
+
+
+def test_refit_keeps_the_previous_weights_on_one_class():
+    previous = {"margin": 0.3, "surprise": 1.5, "bias": 0.2}
+    margins, surprises, _ = _draws(200, 1, 2.0)
+    # A random model's samples are all wrong: an unguarded fit saturates (every score ~0).
+    saturated = fit_calibration(margins, surprises, [0.0] * 200)
+    assert max(torch.sigmoid(torch.tensor(step_logits(saturated, margins, surprises)))) < 0.01
+    chosen, report = refit_or_keep(previous, (margins, surprises, [0.0] * 200), _draws(100, 2, 2.0))
+    assert chosen == previous and report["kept"] == 1.0 and report["fit_right"] == 0
+    # Exactly MIN_CLASS_STEPS of the rare class is enough to refit (no validation steps here).
+    labels = [1.0] * MIN_CLASS_STEPS + [0.0] * (200 - MIN_CLASS_STEPS)
+    chosen, report = refit_or_keep(previous, (margins, surprises, labels), ([], [], []))
+    assert report["kept"] == 0.0 and chosen != previous
+    # No previous weights and one class: the plain tag score (None).
+    assert refit_or_keep(None, (margins, surprises, [1.0] * 200), ([], [], []))[0] is None
+
+
+def test_refit_is_kept_only_when_it_ranks_validation_at_least_as_well():
+    truth = {"margin": 0.5, "surprise": 2.0, "bias": 1.0}
+    validation = _draws(4000, 3, 2.0)
+    # The refit's data say the likelihood does not matter (w = 0): on validation data where it
+    # does, the refit ranks worse than the previous weights, which stay.
+    chosen, report = refit_or_keep(truth, _draws(4000, 4, 0.0), validation)
+    assert chosen == truth and report["kept"] == 1.0
+    assert report["val_auroc_refit"] < report["val_auroc_previous"] - 0.05
+    # Previous weights that ignore the likelihood lose to a refit on data like validation's.
+    blind = {"margin": 1.0, "surprise": 0.0, "bias": 0.0}
+    chosen, report = refit_or_keep(blind, _draws(4000, 5, 2.0), validation)
+    assert report["kept"] == 0.0 and chosen["surprise"] == pytest.approx(2.0, abs=0.3)
+    assert report["val_auroc_refit"] > report["val_auroc_previous"]
 
 
 def test_scorer_applies_the_fitted_weights_after_reload(tok, tmp_path):
