@@ -106,6 +106,8 @@ class SFTConfig:
     """Optimizer steps between held-out evaluations (0 = only at the end)."""
     patience: int = 3
     """Stop early after this many evaluations without a new best greedy accuracy (0 = never)."""
+    lr_decay: bool = False
+    """Decay the rate linearly to 0 over the run's steps (after `deepspeed.warmup_steps`)."""
 
 
 @dataclass

@@ -81,10 +81,11 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     model = load_causal_lm(policy_path, cfg.model.dtype, cfg.model.trust_remote_code)
     plan = plan_batch(cfg.sft.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"sft.batch_size={cfg.sft.batch_size}")
-    engine = build_engine(model, cfg.deepspeed, lr=cfg.sft.lr,
-                          micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
     steps_per_epoch = max(1, len(sft_records) // plan.global_sequences)
     total_steps = math.ceil(cfg.sft.epochs * steps_per_epoch)
+    engine = build_engine(model, cfg.deepspeed, lr=cfg.sft.lr,
+                          micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum,
+                          decay_steps=total_steps if cfg.sft.lr_decay else 0)
     state = load_training_state(engine, out / "state") or {"step": 0, "best": -1.0, "stale": 0}
     # Rows a crash logged past the saved state are redone: drop them.
     logger.rewind(state["step"] if state["step"] else -1)

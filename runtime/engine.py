@@ -58,9 +58,10 @@ def is_main() -> bool:
 
 
 def deepspeed_config(ds, *, lr: float | list[float], micro_batch_size: int,
-                     grad_accum: int) -> dict:
+                     grad_accum: int, decay_steps: int = 0) -> dict:
     """The DeepSpeed JSON config for one engine, from a `DeepSpeedConfig` and derived numbers;
-    `lr` is one rate, or one per parameter group."""
+    `lr` is one rate, or one per parameter group. `decay_steps` > 0: after the warm-up the rate
+    falls linearly to 0 at that optimizer step (DeepSpeed's WarmupDecayLR)."""
     base_lr = lr[0] if isinstance(lr, list) else lr
     _, world_size = world()
     zero: dict = {"stage": ds.zero_stage}
@@ -81,17 +82,25 @@ def deepspeed_config(ds, *, lr: float | list[float], micro_batch_size: int,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if ds.warmup_steps > 0:
-        config["scheduler"] = {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": ds.warmup_steps,
-            "warmup_type": "linear"}}
+    if ds.warmup_steps > 0 or decay_steps > 0:
+        # (DeepSpeed's schedules warm up over at least 2 steps: rate 0, then half the rate.)
+        params = {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_type": "linear",
+                  "warmup_num_steps": max(1, ds.warmup_steps)}
+        if decay_steps > 0:
+            if decay_steps <= ds.warmup_steps:
+                raise ValueError(f"the lr decay ends at step {decay_steps}, not after the "
+                                 f"warm-up (deepspeed.warmup_steps={ds.warmup_steps})")
+            params["total_num_steps"] = decay_steps
+        config["scheduler"] = {"type": "WarmupDecayLR" if decay_steps > 0 else "WarmupLR",
+                               "params": params}
     return config
 
 
 def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int,
-                 lr_by_param: dict[int, float] | None = None):
+                 lr_by_param: dict[int, float] | None = None, decay_steps: int = 0):
     """Wrap `model` in a DeepSpeed training engine (optimizer, schedule, clipping, ZeRO).
-    `lr_by_param` (id(parameter) -> rate) gives those parameters their own learning rate."""
+    `lr_by_param` (id(parameter) -> rate) gives those parameters their own learning rate;
+    `decay_steps` > 0 decays every rate linearly to 0 at that step."""
     import deepspeed
 
     init_distributed()
@@ -100,7 +109,8 @@ def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int
     groups = [{"params": [p for p in params if (lr_by_param or {}).get(id(p), lr) == rate],
                "lr": rate} for rate in rates]
     config = deepspeed_config(ds, lr=rates if len(rates) > 1 else lr,
-                              micro_batch_size=micro_batch_size, grad_accum=grad_accum)
+                              micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                              decay_steps=decay_steps)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=groups if len(groups) > 1
                                       else params, config=config)
     return engine
