@@ -71,6 +71,20 @@ def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, 
     return adv * rollout.completion_mask, normalised
 
 
+def shuffled_rewards(scores: Scores, rewards: torch.Tensor) -> tuple[Scores, torch.Tensor]:
+    """The shuffled-reward control (`grpo.shuffle_rewards`): the batch's solution rewards
+    permuted over its samples and, for process supervision, its step rewards permuted over all
+    of its real steps, so that no reward belongs to its own sample or step any more (the same
+    values, the same step layout)."""
+    rewards = rewards[torch.randperm(len(rewards))]
+    if scores.step_rewards is not None:
+        steps = scores.step_rewards.clone()
+        values = steps[scores.step_mask]
+        steps[scores.step_mask] = values[torch.randperm(len(values))]
+        scores = replace(scores, step_rewards=steps)
+    return scores, rewards
+
+
 def drop_nonfinite(scores: Scores, group_size: int) -> tuple[Scores, torch.Tensor]:
     """A reward model can return NaN/inf (a PRM on odd input). Every group holding such a value is
     left out of the step's loss (its values set to 0 so nothing non-finite propagates), and
@@ -167,7 +181,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         rewards = scores.rewards.float() + overlong_penalty(rollout.lengths, g.max_new_tokens,
                                                             g.overlong_buffer, g.overlong_penalty)
         if g.shuffle_rewards:
-            rewards = rewards[torch.randperm(len(rewards))]
+            scores, rewards = shuffled_rewards(scores, rewards)
         scored = time.perf_counter()
         # -- advantages
         advantages, normalised = compute_advantages(

@@ -230,3 +230,24 @@ def test_majority_vote():
              "The answer is 4"]
     assert majority_answer(texts) == "4"
     assert majority_answer(["nothing here"]) is None
+
+
+def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
+    from policy.grpo import shuffled_rewards
+    from policy.rewards import Scores
+
+    torch.manual_seed(0)
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False],
+                         [True, True, True, True]])
+    steps = torch.arange(12, dtype=torch.float32).reshape(3, 4) * mask
+    scores = Scores(rewards=torch.tensor([0.1, 0.2, 0.3]), step_rewards=steps, step_mask=mask,
+                    step_end_index=torch.zeros(3, 4, dtype=torch.long))
+    moved, rewards = shuffled_rewards(scores, scores.rewards)
+    # The same values on the same layout (padding untouched) ...
+    assert sorted(moved.step_rewards[mask].tolist()) == sorted(steps[mask].tolist())
+    assert (moved.step_rewards[~mask] == 0).all()
+    assert sorted(rewards.tolist()) == pytest.approx([0.1, 0.2, 0.3])
+    # ... but not on their own steps (a no-op for process supervision before this control
+    # permuted the step rewards too).
+    assert not torch.equal(moved.step_rewards, steps)
+    assert torch.equal(scores.step_rewards, steps)  # the input is left as it was
