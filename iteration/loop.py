@@ -112,7 +112,8 @@ class IterationRun:
         try:
             final = train_grpo(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
                                self.splits.rl, self.splits.eval, logger, self.config_yaml,
-                               out_name=f"grpo/iteration-{k}", reference_path=policy)
+                               out_name=f"grpo/iteration-{k}", reference_path=policy,
+                               evaluate_ends=False)  # eval/{k-1} and eval/k do that
         finally:
             logger.close()
         return {"policy": self._rel(final), "reference": self._rel(policy)}

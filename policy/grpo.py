@@ -117,11 +117,13 @@ def _forward_logprobs(model, rollout: Rollout, micro: int) -> torch.Tensor:
 def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
                rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
                config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
-               step_offset: int = 0) -> Path:
+               step_offset: int = 0, evaluate_ends: bool = True) -> Path:
     """Run `cfg.grpo.steps` GRPO steps from `policy_path`; returns the final export's folder.
 
     The reference model is `reference_path` (default: the starting policy), frozen throughout.
     `step_offset` shifts the logged step numbers (the outer loop logs several GRPO stages).
+    `evaluate_ends=False` skips the held-out evaluation of the starting and the final policy
+    (the outer loop evaluates both in its own units; `grpo.eval_every` still applies between).
     """
     g = cfg.grpo
     out = run_path / out_name
@@ -157,7 +159,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                     timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
         return broadcast_from_main(metrics)
 
-    if state["step"] == 0:
+    if state["step"] == 0 and evaluate_ends:
         logger.log(evaluate(sampled=False), step=step_offset)
     bar = tqdm(total=g.steps, initial=state["step"], desc=out_name, disable=not is_main())
     while state["step"] < g.steps:
@@ -251,7 +253,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         if g.eval_every and state["step"] % g.eval_every == 0 and state["step"] < g.steps:
             metrics.update(evaluate(sampled=False))
             bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
-        if state["step"] == g.steps:
+        if state["step"] == g.steps and evaluate_ends:
             metrics.update(evaluate(sampled=True))
         media = None
         if g.inspect_every and state["step"] % g.inspect_every == 0 and is_main():

@@ -89,6 +89,9 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         # ... so the KL to it is exactly 0 before the first update, and not after it.
         assert rows[0]["train/kl"] == 0.0
         assert rows[1]["train/kl"] > 0.0
+        # The loop's eval units evaluate the policies; GRPO does not evaluate them again.
+        assert not any("eval/greedy_accuracy" in r for r in
+                       read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl"))
 
     # A run killed between units, then re-run with the same command, ends the same.
     calls = {"n": 0}
