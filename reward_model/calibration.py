@@ -71,6 +71,14 @@ def step_logits(calibration: dict[str, float] | None, margins: list[float],
             for m, s in zip(margins, surprises)]
 
 
+def validation_loss(calibration: dict[str, float] | None, margins: list[float],
+                    surprises: list[float], targets: list[float]) -> float:
+    """Mean binary cross-entropy of the (soft) step labels under `calibration`."""
+    logits = torch.tensor(step_logits(calibration, margins, surprises), dtype=torch.float64)
+    return float(F.binary_cross_entropy_with_logits(
+        logits, torch.tensor(targets, dtype=torch.float64)))
+
+
 def refit_or_keep(previous: dict[str, float] | None, fit_on: tuple[list, list, list],
                   validate_on: tuple[list, list, list]) -> tuple[dict[str, float] | None, dict]:
     """The guard around a refit (a refresh trains on a few hundred of the policy's own samples).
@@ -80,9 +88,13 @@ def refit_or_keep(previous: dict[str, float] | None, fit_on: tuple[list, list, l
     - the training steps hold fewer than `MIN_CLASS_STEPS` right or wrong steps: a fit on one
       class drives the bias to -inf or +inf and ranks nothing (a random model's samples are all
       wrong: every score became ~2e-8 and GRPO had no signal), or
-    - the new weights rank the validation steps worse (AUROC) than `previous` on the same backbone.
-    Returns (weights to use, report: `kept` 0/1, `fit_right`/`fit_wrong` counts, and the two
-    validation AUROCs where both classes are present)."""
+    - the new weights score the validation steps worse (mean log loss) than `previous` on the
+      same backbone. Log loss, not AUROC: the refreshed backbone can keep its ranking and move
+      its scores, and only a refit puts the threshold back (the tiny demo, seed 1: carried
+      weights ranked validation at AUROC 0.844 against the refit's 0.842, were kept, and
+      called 99% of right solutions wrong).
+    Returns (weights to use, report: `kept` 0/1, `fit_right`/`fit_wrong` counts, the two
+    validation losses, and the two validation AUROCs where both classes are present)."""
     margins, surprises, targets = fit_on
     right = sum(1 for t in targets if t >= 0.5)
     report = {"fit_right": float(right), "fit_wrong": float(len(targets) - right)}
@@ -91,12 +103,16 @@ def refit_or_keep(previous: dict[str, float] | None, fit_on: tuple[list, list, l
     fitted = fit_calibration(margins, surprises, targets)
     report.update({"loss": fitted["loss"], "plain_loss": fitted["plain_loss"]})
     v_margins, v_surprises, v_targets = validate_on
-    truth = [t >= 0.5 for t in v_targets]
-    if previous is not None and any(truth) and not all(truth):
-        new = auroc(step_logits(fitted, v_margins, v_surprises), truth)
-        old = auroc(step_logits(previous, v_margins, v_surprises), truth)
-        report.update({"val_auroc_refit": new, "val_auroc_previous": old})
-        if new < old:
+    if previous is not None and v_targets:
+        new = validation_loss(fitted, v_margins, v_surprises, v_targets)
+        old = validation_loss(previous, v_margins, v_surprises, v_targets)
+        report.update({"val_loss_refit": new, "val_loss_previous": old})
+        truth = [t >= 0.5 for t in v_targets]
+        if any(truth) and not all(truth):
+            report.update({
+                "val_auroc_refit": auroc(step_logits(fitted, v_margins, v_surprises), truth),
+                "val_auroc_previous": auroc(step_logits(previous, v_margins, v_surprises), truth)})
+        if new > old:
             return previous, {**report, "kept": 1.0}
     return fitted, {**report, "kept": 0.0}
 

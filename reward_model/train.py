@@ -111,7 +111,7 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
 
     def calibrate() -> dict:
         """With `rm.likelihood_feature`: fit the step logit's weights on training examples, or
-        keep the ones the model carries where the fit is degenerate or ranks validation worse
+        keep the ones the model carries where the fit is degenerate or scores validation worse
         (`calibration.refit_or_keep`; main rank; every rank records the choice in its model
         config, which the export saves, and in the training state, which a resume restores)."""
         if not rm.likelihood_feature:

@@ -82,19 +82,27 @@ def test_refit_keeps_the_previous_weights_on_one_class():
     assert refit_or_keep(None, (margins, surprises, [1.0] * 200), ([], [], []))[0] is None
 
 
-def test_refit_is_kept_only_when_it_ranks_validation_at_least_as_well():
+def test_refit_is_kept_only_when_it_scores_validation_at_least_as_well():
     truth = {"margin": 0.5, "surprise": 2.0, "bias": 1.0}
     validation = _draws(4000, 3, 2.0)
     # The refit's data say the likelihood does not matter (w = 0): on validation data where it
-    # does, the refit ranks worse than the previous weights, which stay.
+    # does, the refit scores (and ranks) worse than the previous weights, which stay.
     chosen, report = refit_or_keep(truth, _draws(4000, 4, 0.0), validation)
     assert chosen == truth and report["kept"] == 1.0
+    assert report["val_loss_refit"] > report["val_loss_previous"]
     assert report["val_auroc_refit"] < report["val_auroc_previous"] - 0.05
     # Previous weights that ignore the likelihood lose to a refit on data like validation's.
     blind = {"margin": 1.0, "surprise": 0.0, "bias": 0.0}
     chosen, report = refit_or_keep(blind, _draws(4000, 5, 2.0), validation)
     assert report["kept"] == 0.0 and chosen["surprise"] == pytest.approx(2.0, abs=0.3)
     assert report["val_auroc_refit"] > report["val_auroc_previous"]
+    # Previous weights that rank exactly as well (the same weights, bias off by 4: AUROC is
+    # unchanged by a shift) but put the threshold in the wrong place lose to the refit.
+    shifted = {**truth, "bias": truth["bias"] - 4.0}
+    chosen, report = refit_or_keep(shifted, _draws(4000, 6, 2.0), validation)
+    assert report["kept"] == 0.0 and chosen["bias"] == pytest.approx(1.0, abs=0.3)
+    assert report["val_loss_refit"] < report["val_loss_previous"] - 0.3
+    assert abs(report["val_auroc_refit"] - report["val_auroc_previous"]) < 0.01
 
 
 def test_scorer_applies_the_fitted_weights_after_reload(tok, tmp_path):
