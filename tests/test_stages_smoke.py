@@ -57,8 +57,8 @@ def test_cli_sft_then_grpo_process(tmp_path):
 
 
 def test_sft_lr_decays_linearly_to_zero(tmp_path):
-    assert igrpo.main(["sft", *_args(tmp_path, "sft.lr_decay=true", "sft.epochs=2",
-                                     "sft.eval_every=0")]) == 0
+    assert igrpo.main(["sft", *_args(tmp_path, "sft.lr_decay=true", "sft.lr=1e-3",
+                                     "sft.epochs=2", "sft.eval_every=0")]) == 0
     lrs = [r["train/lr"] for r in read_metrics(tmp_path / "tiny" / "sft" / "metrics.jsonl")
            if "train/lr" in r]
     total = len(lrs)
