@@ -156,7 +156,7 @@ def run_sft(session: Session) -> Path:
     logger = session.logger("sft")
     try:
         return train_sft(session.cfg, session.run.path, base_policy(session), splits.sft,
-                         splits.eval, logger, session.config_yaml)
+                         splits.val, logger, session.config_yaml)
     finally:
         logger.close()
 

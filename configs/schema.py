@@ -48,6 +48,10 @@ class DataConfig:
     """Synthetic: questions with gold answers only, for RL and reward-model sampling."""
     eval_questions: int = 300
     """Held-out questions used for evaluation."""
+    val_questions: int = 200
+    """Validation questions, disjoint from training and held-out, on which SFT picks its best
+    checkpoint: picking on the held-out set would bias the warm start's reported accuracy up.
+    Synthetic: a separate draw; real data: the end of the training file. 0 = pick on held-out."""
     min_ops: int = 2
     """Synthetic: fewest operations (solution steps) per problem."""
     max_ops: int = 4

@@ -56,7 +56,7 @@ class IterationRun:
     def warm_start(self) -> dict:
         logger = self.make_logger("sft")
         try:
-            best = train_sft(self.cfg, self.run, self.base, self.splits.sft, self.splits.eval,
+            best = train_sft(self.cfg, self.run, self.base, self.splits.sft, self.splits.val,
                              logger, self.config_yaml)
         finally:
             logger.close()

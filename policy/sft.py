@@ -2,9 +2,10 @@
 
 Launch: `igrpo sft --config configs/tiny.yaml [key=value ...]` (one process), or under
 `torchrun --nproc_per_node N -m policy sft ...`. Trains through the same DeepSpeed engine as GRPO,
-evaluates greedy accuracy on held-out questions every `sft.eval_every` steps, keeps the best
-export, and stops early once `sft.patience` evaluations in a row bring no new best: the warm start
-is trained until more SFT on its set stops helping (as the paper's instruct model is, before RL).
+evaluates greedy accuracy on validation questions (`data.val_questions`, disjoint from the
+held-out set the loop reports) every `sft.eval_every` steps, keeps the best export, and stops
+early once `sft.patience` evaluations in a row bring no new best: the warm start is trained
+until more SFT on its set stops helping (as the paper's instruct model is, before RL).
 Re-running the same command resumes from the last evaluation.
 """
 
@@ -69,8 +70,9 @@ def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[MathRecord],
-              eval_records: list[MathRecord], logger, config_yaml: str) -> Path:
-    """Train the warm start; returns the folder of the best export (`<run>/sft/best`)."""
+              val_records: list[MathRecord], logger, config_yaml: str) -> Path:
+    """Train the warm start; returns the folder of the best export (`<run>/sft/best`), the best
+    by greedy accuracy on `val_records` (not the held-out questions the policy is scored on)."""
     out = run_path / "sft"
     best_dir, done_file = out / "best", out / "done.json"
     if done_file.exists():
@@ -92,11 +94,11 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     eval_every = cfg.sft.eval_every or total_steps
 
     def evaluate() -> float | None:
-        """Greedy held-out accuracy on rank 0 (None elsewhere); every rank joins the gather."""
+        """Greedy validation accuracy on rank 0 (None elsewhere); every rank joins the gather."""
         with gathered_for_generation(engine):
             if not is_main():
                 return None
-            return evaluate_policy(engine.module, tokenizer, eval_records,
+            return evaluate_policy(engine.module, tokenizer, val_records,
                                    cfg.data.prompt_template, k=1, temperature=0.0,
                                    max_new_tokens=cfg.eval.max_new_tokens,
                                    batch_size=cfg.eval.batch_size,
@@ -106,7 +108,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     if state["step"] == 0:
         state["best"] = broadcast_from_main(evaluate())
         export(engine, tokenizer, best_dir, config_yaml)
-        logger.log({"eval/greedy_accuracy": state["best"]}, step=0)
+        logger.log({"val/greedy_accuracy": state["best"]}, step=0)
     bar = tqdm(total=total_steps, initial=state["step"], desc="sft", disable=not is_main())
     engine.train()
     while state["step"] < total_steps:
@@ -135,7 +137,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
                    "time/step": time.perf_counter() - started, "train/epoch": epoch}
         if state["step"] % eval_every == 0 or state["step"] == total_steps:
             accuracy = broadcast_from_main(evaluate())
-            metrics["eval/greedy_accuracy"] = accuracy
+            metrics["val/greedy_accuracy"] = accuracy
             if accuracy > state["best"]:
                 state["best"], state["stale"] = accuracy, 0
                 export(engine, tokenizer, best_dir, config_yaml)
@@ -149,5 +151,5 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
         logger.log(metrics, step=state["step"])
     bar.close()
     if is_main():
-        atomic_write_json(done_file, {"steps": state["step"], "best_greedy_accuracy": state["best"]})
+        atomic_write_json(done_file, {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
     return best_dir

@@ -197,6 +197,8 @@ class Splits:
     """Questions with gold answers for RL (their solutions are not used for training)."""
     eval: list[MathRecord]
     """Held-out questions."""
+    val: list[MathRecord]
+    """Questions for choosing the SFT checkpoint (`data.val_questions`; the held-out ones if 0)."""
 
 
 def load_splits(data, seed: int) -> Splits:
@@ -206,9 +208,13 @@ def load_splits(data, seed: int) -> Splits:
         sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops, data.max_ops)
         rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops)
         seen = {r.question for r in sft} | {r.question for r in rl}
-        pool = synthetic_records(seed * 3 + 3, data.eval_questions * 2, data.min_ops, data.max_ops)
-        held_out = [r for r in pool if r.question not in seen][:data.eval_questions]
-        return Splits(sft, rl, held_out)
+        wanted = data.eval_questions + data.val_questions
+        pool = synthetic_records(seed * 3 + 3, wanted * 2, data.min_ops, data.max_ops)
+        unseen = [r for r in pool if r.question not in seen]
+        held_out = unseen[:data.eval_questions]
+        held_questions = {r.question for r in held_out}
+        val = [r for r in unseen[data.eval_questions:] if r.question not in held_questions]
+        return Splits(sft, rl, held_out, val[:data.val_questions] or held_out)
     default_eval = GSM8K_TEST if data.source == "gsm8k" else MATH500_TEST
     train = load_records(data.path or str(default_eval), data.source, split="train",
                          hub_config=data.hub_config, skip_bad_rows=data.skip_bad_rows)
@@ -217,7 +223,10 @@ def load_splits(data, seed: int) -> Splits:
                             limit=data.eval_questions)
     held_questions = {r.question for r in held_out}
     train = [r for r in train if r.question not in held_questions]
-    return Splits(train[:data.sft_questions], train[data.sft_questions:] or train, held_out)
+    n_val = min(data.val_questions, max(0, len(train) - data.sft_questions - 1))
+    val, train = (train[len(train) - n_val:], train[:len(train) - n_val]) if n_val else ([], train)
+    return Splits(train[:data.sft_questions], train[data.sft_questions:] or train, held_out,
+                  val or held_out)
 
 
 def format_solution(steps: tuple[str, ...] | list[str]) -> str:

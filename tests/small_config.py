@@ -3,7 +3,8 @@
 SMALL = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
     "model.tiny.intermediate_size=64", "data.sft_questions=64", "data.rl_questions=256",
-    "data.eval_questions=8", "sft.batch_size=16", "sft.epochs=0.5", "sft.eval_every=1",
+    "data.eval_questions=8", "data.val_questions=8", "sft.batch_size=16", "sft.epochs=0.5",
+    "sft.eval_every=1",
     "deepspeed.micro_batch_size=8", "grpo.steps=2", "grpo.questions_per_step=2",
     "grpo.group_size=4", "grpo.max_new_tokens=12", "eval.max_new_tokens=12", "eval.k=2",
     "run.threads=2", "rm.extra_layers_from=[0]", "rm.worked_solutions=8",

@@ -92,9 +92,34 @@ def test_synthetic_splits_are_disjoint():
     cfg = load_config(None, ["data.sft_questions=300", "data.rl_questions=2000",
                              "data.eval_questions=100"])
     splits = load_splits(cfg.data, seed=0)
-    assert (len(splits.sft), len(splits.rl), len(splits.eval)) == (300, 2000, 100)
+    assert (len(splits.sft), len(splits.rl), len(splits.eval), len(splits.val)) == \
+        (300, 2000, 100, 200)
     train = {r.question for r in splits.sft} | {r.question for r in splits.rl}
-    assert not train & {r.question for r in splits.eval}
+    held_out, val = {r.question for r in splits.eval}, {r.question for r in splits.val}
+    assert not train & held_out and not train & val and not held_out & val
+    # The validation draw comes after the held-out one: adding it leaves the held-out set as is.
+    without = load_splits(load_config(None, [*cfg_overrides(cfg), "data.val_questions=0"]).data, 0)
+    assert [r.question for r in without.eval] == [r.question for r in splits.eval]
+    assert without.val is without.eval  # 0: SFT picks on the held-out set, as before
+
+
+def cfg_overrides(cfg) -> list[str]:
+    return [f"data.{key}={cfg.data[key]}" for key in ("sft_questions", "rl_questions",
+                                                      "eval_questions")]
+
+
+def test_real_data_validation_is_the_end_of_the_training_file(tmp_path):
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text("".join(
+        json.dumps({"question": f"What is {i} plus 1?", "answer": f"So it is {i + 1}.\n#### {i + 1}"})
+        + "\n" for i in range(30)))
+    cfg = load_config(None, ["data.source=gsm8k", f"data.path={train_file}", "data.sft_questions=10",
+                             "data.val_questions=5", "data.eval_questions=20"])
+    splits = load_splits(cfg.data, seed=0)
+    assert [r.answer for r in splits.val] == [str(i + 1) for i in range(25, 30)]
+    assert [r.answer for r in splits.sft] == [str(i + 1) for i in range(10)]
+    assert [r.answer for r in splits.rl] == [str(i + 1) for i in range(10, 25)]
+    assert len(splits.eval) == 20  # the shipped GSM8K test set
 
 
 def test_parquet_and_json_files_load(tmp_path):

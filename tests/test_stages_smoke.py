@@ -33,7 +33,7 @@ def test_cli_sft_then_grpo_process(tmp_path):
     best = run / "sft" / "best"
     assert load_causal_lm(best) is not None and (best / "model.safetensors").exists()
     sft_rows = read_metrics(run / "sft" / "metrics.jsonl")
-    assert sft_rows[-1]["train/loss"] > 0 and "eval/greedy_accuracy" in sft_rows[-1]
+    assert sft_rows[-1]["train/loss"] > 0 and "val/greedy_accuracy" in sft_rows[-1]
     assert igrpo.main(["grpo", *_args(tmp_path, "grpo.supervision=process",
                                       "grpo.reward=step_oracle")]) == 0
     assert load_causal_lm(run / "grpo" / "final") is not None
