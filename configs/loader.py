@@ -52,6 +52,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
+    data = cfg.data
+    if not (1 <= data.min_ops <= data.max_ops) or not (
+            data.sft_max_ops == 0 or data.min_ops <= data.sft_max_ops <= data.max_ops):
+        raise ConfigError(f"{where}: data.min_ops / max_ops / sft_max_ops = {data.min_ops} / "
+                          f"{data.max_ops} / {data.sft_max_ops}; expected 1 <= min_ops <= max_ops "
+                          "and sft_max_ops 0 (= max_ops) or within [min_ops, max_ops]")
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

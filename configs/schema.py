@@ -56,6 +56,10 @@ class DataConfig:
     """Synthetic: fewest operations (solution steps) per problem."""
     max_ops: int = 4
     """Synthetic: most operations per problem."""
+    sft_max_ops: int = 0
+    """Synthetic: most operations in the SFT worked solutions; 0 = `max_ops`. Set below `max_ops`,
+    the warm start never sees a worked solution as long as the longest RL and held-out questions:
+    more SFT on its set cannot teach those, RL on gold answers can."""
 
 
 @dataclass

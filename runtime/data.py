@@ -205,7 +205,8 @@ def load_splits(data, seed: int) -> Splits:
     """The three disjoint splits a run uses, from a `DataConfig`."""
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
-        sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops, data.max_ops)
+        sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops,
+                                data.sft_max_ops or data.max_ops)
         rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops)
         seen = {r.question for r in sft} | {r.question for r in rl}
         wanted = data.eval_questions + data.val_questions

@@ -8,7 +8,7 @@ import pytest
 from runtime import synthetic
 from runtime.data import (GSM8K_TEST, MATH500_TEST, DataError, LoadReport, load_records,
                           load_splits)
-from configs import load_config
+from configs import ConfigError, load_config
 
 
 def test_gsm8k_reads_all_shipped_test_rows():
@@ -101,6 +101,19 @@ def test_synthetic_splits_are_disjoint():
     without = load_splits(load_config(None, [*cfg_overrides(cfg), "data.val_questions=0"]).data, 0)
     assert [r.question for r in without.eval] == [r.question for r in splits.eval]
     assert without.val is without.eval  # 0: SFT picks on the held-out set, as before
+
+
+def test_sft_max_ops_keeps_the_longest_problems_out_of_sft_only():
+    overrides = ["data.sft_questions=300", "data.rl_questions=600", "data.eval_questions=100",
+                 "data.min_ops=2", "data.max_ops=5"]
+    full = load_splits(load_config(None, overrides).data, seed=0)
+    short = load_splits(load_config(None, [*overrides, "data.sft_max_ops=3"]).data, seed=0)
+    ops = lambda records: {len(r.solution_steps) - 1 for r in records}  # the last step is the answer line
+    assert ops(full.sft) == ops(short.rl) == ops(short.eval) == ops(short.val) == {2, 3, 4, 5}
+    assert ops(short.sft) == {2, 3}
+    assert [r.question for r in short.rl] == [r.question for r in full.rl]
+    with pytest.raises(ConfigError, match="sft_max_ops"):
+        load_config(None, [*overrides, "data.sft_max_ops=6"])
 
 
 def cfg_overrides(cfg) -> list[str]:
