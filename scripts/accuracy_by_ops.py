@@ -1,15 +1,19 @@
 """Greedy held-out accuracy per number of operations on the synthetic task.
 
-    python scripts/accuracy_by_ops.py CHECKPOINT [config overrides...]
+    python scripts/accuracy_by_ops.py CHECKPOINT [--samples N] [--ops K] [--limit Q] [overrides...]
 
 The held-out questions are those of `configs/tiny.yaml` with the overrides (e.g. `data.max_ops=5
 data.sft_max_ops=4 eval.max_new_tokens=144 data.eval_questions=400`). For each operation count it
 prints the greedy accuracy and how many steps the policy wrote on average, which tells a policy
 that stops early (writes fewer steps than the question has) from one that miscalculates.
+`--samples N` adds N samples a question at `eval.temperature`: their accuracy, pass@N and the share
+that write as many steps as the question has operations (what GRPO with G=N has to learn from); `--ops K` keeps questions with K operations only,
+`--limit Q` the first Q of them.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -28,34 +32,62 @@ from runtime.tiny_model import load_causal_lm, load_tokenizer  # noqa: E402
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        raise SystemExit(__doc__)
-    checkpoint, overrides = sys.argv[1], sys.argv[2:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--samples", type=int, default=0)
+    parser.add_argument("--ops", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=0)
+    args, overrides = parser.parse_known_args()
     cfg = load_config("configs/tiny.yaml", overrides)
     if cfg.data.source != "synthetic":
         raise SystemExit("accuracy_by_ops: data.source must be synthetic (operations are known)")
     torch.set_num_threads(cfg.run.threads)
-    records = load_splits(cfg.data, cfg.run.seed).eval
-    model = load_causal_lm(checkpoint, cfg.model.dtype).eval()
-    tokenizer = load_tokenizer(checkpoint)
-    right, written = defaultdict(int), defaultdict(list)
-    for start in range(0, len(records), cfg.eval.batch_size):
-        chunk = records[start:start + cfg.eval.batch_size]
+    torch.manual_seed(cfg.run.seed)
+    records = [r for r in load_splits(cfg.data, cfg.run.seed).eval
+               if not args.ops or len(r.solution_steps) - 1 == args.ops]
+    records = records[:args.limit or None]
+    model = load_causal_lm(args.checkpoint, cfg.model.dtype).eval()
+    tokenizer = load_tokenizer(args.checkpoint)
+
+    def grade(texts: list[str], gold: str) -> tuple[list[bool], list[int]]:
+        """Right or not, and steps written (lines before the answer line), per text."""
+        answers = [extract_final_answer(t) for t in texts]
+        right = [a is not None and answers_match(a, gold, cfg.eval.grade_timeout_s) for a in answers]
+        return right, [sum(not s.startswith(ANSWER_PREFIX) for s in split_steps(t)) for t in texts]
+
+    rows = defaultdict(lambda: defaultdict(list))  # ops -> measure -> values
+    per_call = max(1, cfg.eval.batch_size // max(1, args.samples))
+    for start in range(0, len(records), per_call):
+        chunk = records[start:start + per_call]
         prompts = [cfg.data.prompt_template.format(question=r.question) for r in chunk]
-        out = generate_groups(model, tokenizer, prompts, 1, max_new_tokens=cfg.eval.max_new_tokens,
-                              greedy=True)
-        for text, rec in zip(out.texts, chunk):
+        greedy = generate_groups(model, tokenizer, prompts, 1,
+                                 max_new_tokens=cfg.eval.max_new_tokens, greedy=True)
+        sampled = generate_groups(model, tokenizer, prompts, args.samples,
+                                  max_new_tokens=cfg.eval.max_new_tokens,
+                                  temperature=cfg.eval.temperature) if args.samples else None
+        for q, rec in enumerate(chunk):
             ops = len(rec.solution_steps) - 1  # the last step is the answer line
-            answer = extract_final_answer(text)
-            right[ops] += answer is not None and answers_match(answer, rec.answer,
-                                                               cfg.eval.grade_timeout_s)
-            written[ops].append(sum(not s.startswith(ANSWER_PREFIX) for s in split_steps(text)))
-    print("ops  questions  greedy  steps written")
-    for ops in sorted(written):
-        n = len(written[ops])
-        print(f"{ops:>3}  {n:>9}  {right[ops] / n:6.3f}  {sum(written[ops]) / n:13.2f}")
-    total = sum(len(w) for w in written.values())
-    print(f"all  {total:>9}  {sum(right.values()) / total:6.3f}")
+            row = rows[ops]
+            right, written = grade([greedy.texts[q]], rec.answer)
+            row["greedy"] += right
+            row["written"] += written
+            if sampled:
+                right, written = grade(sampled.texts[q * args.samples:(q + 1) * args.samples],
+                                       rec.answer)
+                row["sample"].append(sum(right) / len(right))
+                row["pass"].append(any(right))
+                row["all_steps"].append(sum(w >= ops for w in written) / len(written))
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    head = "ops  questions  greedy  steps written"
+    print(head + (f"  sample acc  pass@{args.samples}  samples writing all steps" if args.samples else ""))
+    for ops in sorted(rows):
+        row = rows[ops]
+        line = f"{ops:>3}  {len(row['greedy']):>9}  {mean(row['greedy']):6.3f}  {mean(row['written']):13.2f}"
+        if args.samples:
+            line += f"  {mean(row['sample']):10.4f}  {mean(row['pass']):7.3f}  {mean(row['all_steps']):25.4f}"
+        print(line)
+    every = [v for row in rows.values() for v in row["greedy"]]
+    print(f"all  {len(every):>9}  {mean(every):6.3f}")
 
 
 if __name__ == "__main__":
