@@ -19,7 +19,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
     "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo"),
-    "grpo.supervision": ("outcome", "process"),
+    "grpo.supervision": ("outcome", "process", "rft"),
     "grpo.reward": ("rule", "step_oracle"),
     "rm.kind": ("prm", "orm"),
     "iterate.reward": ("rm", "rule"),

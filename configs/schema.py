@@ -136,7 +136,9 @@ class GRPOConfig:
     loss: str = "grpo"
     """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo (see policy/losses.py)."""
     supervision: str = "outcome"
-    """outcome (one reward per sample) or process (one reward per step)."""
+    """outcome (one reward per sample) or process (one reward per step); rft is the paper's
+    online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
+    ones, no group baseline; run it with beta=0 as the paper does)."""
     reward: str = "rule"
     """Reward callable: rule (final answer vs gold), step_oracle (synthetic task: exact step
     correctness, a perfect PRM for tests and controls)."""

@@ -39,6 +39,16 @@ def outcome_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: 
     return _normalise(grouped, valid, scale_by_std, unbiased, eps, min_std).view(-1)
 
 
+def rejection_sampling_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Online rejection-sampling fine-tuning (DeepSeekMath §5.2.1, gradient coefficient I(o)):
+    1 for a sample judged right (reward >= 0.5: the rule's 1, an ORM's "right"), else 0. No
+    baseline and no normalisation, so a wrong sample is ignored rather than pushed down.
+
+    rewards: [Q*G]. Returns [Q*G]; every token of sample i gets entry i.
+    """
+    return (rewards >= 0.5).to(rewards.dtype)
+
+
 def normalised_step_rewards(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                             group_size: int, *, scale_by_std: bool = True, unbiased: bool = False,
                             eps: float = 1e-6, min_std: float = 0.0) -> torch.Tensor:

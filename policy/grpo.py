@@ -22,7 +22,8 @@ import torch
 from tqdm import tqdm
 
 from configs.plan import plan_grpo_batch
-from policy.advantages import normalised_step_rewards, outcome_advantages, step_sums_to_tokens
+from policy.advantages import (normalised_step_rewards, outcome_advantages,
+                               rejection_sampling_advantages, step_sums_to_tokens)
 from policy.evaluate import evaluate_policy
 from policy import inspection
 from policy.logprobs import completion_logprobs
@@ -50,7 +51,7 @@ def step_questions(records: list[MathRecord], step: int, per_step: int, seed: in
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, g, *,
                        std_normalised: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, T] token advantages for the configured supervision (`g` is the GRPOConfig), and the
-    normalised rewards they were built from: [N, S] per step (process) or [N, 1] (outcome)."""
+    normalised rewards they were built from: [N, S] per step (process) or [N, 1] (outcome, rft)."""
     scale = g.scale_by_std and std_normalised
     num_tokens = rollout.completion_ids.shape[1]
     if g.supervision == "process":
@@ -64,9 +65,10 @@ def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, 
         adv = step_sums_to_tokens(normalised, scores.step_mask, scores.step_end_index,
                                   num_tokens)
     else:
-        normalised = outcome_advantages(rewards, g.group_size, scale_by_std=scale,
-                                        unbiased=g.std_unbiased, eps=g.std_eps,
-                                        min_std=g.min_reward_std)[:, None]
+        normalised = (rejection_sampling_advantages(rewards) if g.supervision == "rft" else
+                      outcome_advantages(rewards, g.group_size, scale_by_std=scale,
+                                         unbiased=g.std_unbiased, eps=g.std_eps,
+                                         min_std=g.min_reward_std))[:, None]
         adv = normalised.expand(-1, num_tokens)
     return adv * rollout.completion_mask, normalised
 

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from policy.advantages import outcome_advantages, process_advantages
+from policy.advantages import (outcome_advantages, process_advantages,
+                               rejection_sampling_advantages)
 from policy.logprobs import selective_log_softmax
 from policy.losses import POLICY_LOSSES, k3_kl, keep_informative_groups, overlong_penalty
 
@@ -153,6 +154,27 @@ def test_grpo_gradient_matches_paper_coefficient():
     coeff = adv + beta * (torch.exp(ref - logp) - 1)
     expected = coeff * mask / mask.sum(-1, keepdim=True) / 2
     assert torch.allclose(x.grad, expected, atol=1e-12)
+
+
+def test_online_rft_gradient_is_the_paper_rft_objective():
+    # DeepSeekMath 5.2.1 / A.1.2: online RFT's gradient coefficient is I(o), with no baseline and
+    # no KL: d J / d log pi_t = (1/G)(1/|o_i|) I(o_i). The rule's 1/0 and an ORM's 0.7/0.2 alike.
+    rewards = torch.tensor([1.0, 0.0, 0.7, 0.2], dtype=torch.float64)
+    assert rejection_sampling_advantages(rewards).tolist() == [1.0, 0.0, 1.0, 0.0]
+    logp = torch.log(torch.tensor([[0.2, 0.5, 0.4], [0.3, 0.6, 0.1], [0.5, 0.5, 0.5],
+                                   [0.9, 0.9, 0.9]], dtype=torch.float64))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]],
+                        dtype=torch.float64)
+    adv = rejection_sampling_advantages(rewards)[:, None] * mask
+    x = logp.clone().requires_grad_(True)
+    out = POLICY_LOSSES["grpo"].fn(x, logp, logp, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2,
+                                   beta=0.0, num_sequences=4, num_tokens=9, max_tokens=3)
+    (-out.loss).backward()
+    rft = x.clone().detach().requires_grad_(True)  # the RFT objective itself, differentiated
+    objective = sum((rft[i] * mask[i]).sum() / mask[i].sum() for i in (0, 2)) / 4
+    objective.backward()
+    assert torch.allclose(x.grad, rft.grad, atol=1e-12)
+    assert x.grad[1].abs().sum() == 0 and x.grad[3].abs().sum() == 0  # wrong samples: no push
 
 
 # Hand-derived example shared by the variants: two sequences, one question.
