@@ -61,7 +61,7 @@ def _sample_rows(rows):
     return [groups.index(r["question_id"]) * 4 + r["sample"] for r in rows]
 
 
-@pytest.mark.parametrize("supervision", ["process", "outcome"])
+@pytest.mark.parametrize("supervision", ["process", "outcome", "rft"])
 def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch, supervision):
     cfg = load_config("configs/tiny.yaml", [
         f"run.root={tmp_path}", *SMALL, "grpo.steps=2", "grpo.eval_every=0",
@@ -81,7 +81,7 @@ def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch
     assert len(captured) == 2  # one micro-batch, mu = 1, two steps
     offline_dir = next((tmp_path / "grpo" / "wandb").glob("offline-run-*"))
     history = read_offline_run(offline_dir)["history"]
-    multi_step = 0
+    multi_step, rft_values = 0, set()
     for step in (1, 2):
         advantages = captured[step - 1]
         assert advantages.abs().sum() > 0  # the varied reward gives real signal
@@ -110,6 +110,9 @@ def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch
                     assert s["advantage"] == pytest.approx(sum(norm[k:]), abs=1e-5)
             else:
                 assert len({round(s["advantage"], 6) for s in steps}) == 1
+            if supervision == "rft":  # online RFT: 1 on a sample judged right, else 0
+                assert steps[0]["advantage"] == float(steps[0]["final_reward"] >= 0.5)
+                rft_values.add(steps[0]["advantage"])
         # The wandb table (offline run files) holds the same rows.
         logged = next(h for h in history if h["_step"] == step)
         wandb_table = json.loads((offline_dir / "files" / logged["inspect/advantages/path"])
@@ -124,8 +127,10 @@ def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch
         assert wandb_page.count("class='step-end'") == len(rows)
         assert logged["inspect/token_advantages/_type"] == "histogram"
         # Outcome advantages sum to 0 over a group, and so do the normalised step rewards.
-        assert logged["train/advantage_group_sum"] == pytest.approx(0, abs=1e-4)
+        if supervision != "rft":  # no baseline there
+            assert logged["train/advantage_group_sum"] == pytest.approx(0, abs=1e-4)
     assert multi_step >= 2  # the check above really covered step boundaries
+    assert supervision != "rft" or rft_values == {0.0, 1.0}  # both kinds of sample were seen
 
 
 def test_rows_by_hand():
