@@ -25,6 +25,7 @@ from pathlib import Path
 
 from configs import ConfigError, load_config, to_dict, to_yaml
 from configs.loader import diff_configs
+from runtime.prompts import prompt_format
 
 
 
@@ -164,7 +165,7 @@ def run_sft(session: Session) -> Path:
 def run_grpo(session: Session) -> Path:
     from policy.grpo import train_grpo
     from runtime.data import load_splits
-    from runtime.tiny_model import load_tokenizer
+    from runtime.models import load_tokenizer
 
     cfg = session.cfg
     if cfg.grpo.supervision == "process" and cfg.grpo.reward == "rule":
@@ -172,7 +173,7 @@ def run_grpo(session: Session) -> Path:
                           "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
     splits = load_splits(cfg.data, cfg.run.seed)
     start = warm_start(session)
-    reward = make_reward(cfg, load_tokenizer(start, cfg.model.trust_remote_code))
+    reward = make_reward(cfg, load_tokenizer(start, cfg.model))
     logger = session.logger("grpo")
     try:
         return train_grpo(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
@@ -185,7 +186,7 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     from policy.evaluate import evaluate_policy
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.tiny_model import load_causal_lm, load_tokenizer
+    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg = session.cfg
     if checkpoint is None:
@@ -195,9 +196,9 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     if checkpoint is None:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
     splits = load_splits(cfg.data, cfg.run.seed)
-    model = load_causal_lm(checkpoint, cfg.model.dtype, cfg.model.trust_remote_code).eval()
-    tokenizer = load_tokenizer(checkpoint, cfg.model.trust_remote_code)
-    metrics = evaluate_policy(model, tokenizer, splits.eval, cfg.data.prompt_template, k=cfg.eval.k,
+    model = load_causal_lm(checkpoint, cfg.model).eval()
+    tokenizer = load_tokenizer(checkpoint, cfg.model)
+    metrics = evaluate_policy(model, tokenizer, splits.eval, prompt_format(cfg.data), k=cfg.eval.k,
                               temperature=cfg.eval.temperature,
                               max_new_tokens=cfg.eval.max_new_tokens,
                               batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s,
@@ -215,18 +216,18 @@ def run_label(session: Session) -> Path:
     from process_supervision.sampling import sample_solutions
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.tiny_model import load_causal_lm, load_tokenizer
+    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg, lab = session.cfg, session.cfg.label
     splits = load_splits(cfg.data, cfg.run.seed)
     completer_path = Path(lab.completer) if lab.completer else warm_start(session)
-    completer = load_causal_lm(completer_path, cfg.model.dtype, cfg.model.trust_remote_code).eval()
-    tokenizer = load_tokenizer(completer_path, cfg.model.trust_remote_code)
+    completer = load_causal_lm(completer_path, cfg.model).eval()
+    tokenizer = load_tokenizer(completer_path, cfg.model)
     out = session.run.child("labels")
     solutions = sample_solutions(completer, tokenizer, splits.rl[:lab.questions],
-                                 cfg.data.prompt_template, lab.samples_per_question,
+                                 prompt_format(cfg.data), lab.samples_per_question,
                                  lab.max_new_tokens, lab.temperature, out / "solutions.jsonl")
-    labeller = Labeller(completer, tokenizer, cfg.data.prompt_template, lab.num_completions,
+    labeller = Labeller(completer, tokenizer, prompt_format(cfg.data), lab.num_completions,
                         lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
                         lab.prefixes_per_batch)
     labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
@@ -275,7 +276,7 @@ def run_eval_rm(session: Session) -> dict:
     from reward_model.score import TagScorer
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.tiny_model import load_causal_lm, load_tokenizer
+    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg = session.cfg
     splits = load_splits(cfg.data, cfg.run.seed)
@@ -284,7 +285,7 @@ def run_eval_rm(session: Session) -> dict:
         path = session.run.child(f"rm-{kind}", "final")
         if (path / "config.json").exists():
             scorers[kind] = (TagScorer.from_pretrained(path, cfg.rm.step_tag, cfg.rm.max_length,
-                                                       cfg.model.dtype), kind)
+                                                       cfg.model), kind)
     if not scorers:
         raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first")
     report: dict = {}
@@ -295,8 +296,8 @@ def run_eval_rm(session: Session) -> dict:
             report.update({f"{kind}/{k}": v for k, v in labelled_report(scorer, examples).items()})
     policy_path = warm_start(session)
     report.update({f"bon/{k}": v for k, v in best_of_n_report(
-        load_causal_lm(policy_path, cfg.model.dtype).eval(), load_tokenizer(policy_path),
-        splits.eval[:cfg.rm.bon_questions], cfg.data.prompt_template, scorers, cfg.rm.aggregate,
+        load_causal_lm(policy_path, cfg.model).eval(), load_tokenizer(policy_path, cfg.model),
+        splits.eval[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers, cfg.rm.aggregate,
         cfg.rm.bon_samples, cfg.eval.temperature, cfg.eval.max_new_tokens,
         cfg.eval.grade_timeout_s, seed=cfg.run.seed).items()})
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)

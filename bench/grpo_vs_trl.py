@@ -69,9 +69,9 @@ else:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from runtime.tiny_model import load_tokenizer
+    from runtime.models import load_tokenizer
     tokenizer = load_tokenizer(policy)
-    data = Dataset.from_list([{"prompt": template.format(question=r.question), "gold": r.answer}
+    data = Dataset.from_list([{"prompt": template.replace("{question}", r.question), "gold": r.answer}
                               for r in records])
 
     def reward(prompts, completions, gold, **kwargs):

@@ -18,7 +18,9 @@ import torch
 from configs.schema import TinyModelConfig
 from process_supervision.label import Labeller, Solution
 from runtime.data import synthetic_records
-from runtime.tiny_model import build_tiny, load_causal_lm, load_tokenizer
+from runtime.tiny_model import build_tiny
+from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import PromptFormat
 
 
 def main() -> None:
@@ -41,7 +43,7 @@ def main() -> None:
     labels = {}
     for _ in range(args.repeats):
         for name, per_call in paths.items():
-            labeller = Labeller(model, tok, "{question}\n", args.completions, 48, 1.0,
+            labeller = Labeller(model, tok, PromptFormat(), args.completions, 48, 1.0,
                                 prefixes_per_batch=max(per_call, 1))
             started = time.perf_counter()
             labels[name] = labeller.label(solutions, greedy=True, batched=per_call > 0)

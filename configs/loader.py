@@ -24,6 +24,8 @@ CHOICES = {
     "rm.kind": ("prm", "orm"),
     "iterate.reward": ("rm", "rule"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
+    "model.attn_implementation": ("", "sdpa", "eager", "flash_attention_2"),
+    "model.tiny.architecture": ("llama", "qwen2", "mistral", "gpt_neox"),
 }
 
 
@@ -52,6 +54,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
+    _check_lengths(cfg, where)
     data = cfg.data
     if not (1 <= data.min_ops <= data.max_ops) or not (
             data.sft_max_ops == 0 or data.min_ops <= data.sft_max_ops <= data.max_ops):
@@ -60,6 +63,29 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                           "and sft_max_ops 0 (= max_ops) or within [min_ops, max_ops]")
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _check_lengths(cfg, where: str) -> None:
+    """Lengths that must agree: Math-Shepherd continuations as long as the policy's solutions,
+    and reward-model inputs that hold a whole prompt plus solution (else the late steps get no
+    score and the ORM scores a cut solution)."""
+    from runtime.prompts import resolve_template
+
+    try:
+        resolve_template(cfg.data.prompt_template)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from err
+    if not cfg.data.step_separator:
+        raise ConfigError(f"{where}: data.step_separator is empty")
+    g, lab, rm, data = cfg.grpo, cfg.label, cfg.rm, cfg.data
+    if lab.max_new_tokens < g.max_new_tokens:
+        raise ConfigError(f"{where}: label.max_new_tokens={lab.max_new_tokens} < "
+                          f"grpo.max_new_tokens={g.max_new_tokens}: Math-Shepherd continuations "
+                          "must be able to write as much as the policy does")
+    if rm.max_length < data.max_prompt_tokens + g.max_new_tokens:
+        raise ConfigError(f"{where}: rm.max_length={rm.max_length} < data.max_prompt_tokens="
+                          f"{data.max_prompt_tokens} + grpo.max_new_tokens={g.max_new_tokens}: "
+                          "the reward models would not see the end of a solution")
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -31,17 +31,36 @@ class RunConfig:
 @dataclass
 class DataConfig:
     source: str = "synthetic"
-    """Question set: synthetic (built in), gsm8k, math (MATH / MATH-500 schema)."""
+    """Question set: synthetic (built in), gsm8k (GSM8K layout: a worked solution ending
+    '#### N'), math (MATH layout: a LaTeX solution with the answer in \\boxed{})."""
     path: str = ""
-    """Training data: a hub id or a local JSONL/JSON/parquet path; empty = built in (synthetic)."""
+    """Training data: a hub id or a local JSONL/JSON/parquet path; empty = built in (synthetic,
+    or the shipped GSM8K train split for gsm8k; math has no shipped training set)."""
     eval_path: str = ""
     """Held-out data (same schema); empty = built in (synthetic) or the shipped GSM8K/MATH-500 test set."""
+    question_field: str = ""
+    """Field holding the question; empty = the layout's own (gsm8k: question, math: problem)."""
+    answer_field: str = ""
+    """Field holding the gold final answer as plain text; empty = the layout's own (gsm8k: the
+    '#### N' of the solution field, math: `answer` if present, else the solution's \\boxed{})."""
+    solution_field: str = ""
+    """Field holding the worked solution (optional outside SFT); empty = the layout's own
+    (gsm8k: answer, math: solution)."""
+    max_prompt_tokens: int = 64
+    """The longest prompt the lengths are planned for: `rm.max_length` must cover it plus
+    `grpo.max_new_tokens`, and `igrpo plan` sizes the KV cache with it."""
     hub_config: str = ""
     """Dataset config name when `path` is a hub id (e.g. `main` for openai/gsm8k)."""
     skip_bad_rows: bool = False
     """Skip malformed rows (and report how many) instead of stopping at the first one."""
     prompt_template: str = "{question}\n"
-    """How a question becomes the policy's prompt."""
+    """How a question becomes the policy's prompt: a text holding `{question}`, or a name from
+    `runtime.prompts.PROMPT_TEMPLATES` (plain; boxed: the paper's "Please reason step by step,
+    and put your final answer within \\boxed{}.")."""
+    chat_template: bool = False
+    """Wrap the prompt in the tokenizer's chat template as one user turn (instruct models)."""
+    step_separator: str = "\n"
+    """What ends a solution step: steps are split on it for process rewards and labels."""
     sft_questions: int = 2000
     """Synthetic: size of the fixed set of worked solutions the SFT warm start sees."""
     rl_questions: int = 50000
@@ -64,13 +83,19 @@ class DataConfig:
 
 @dataclass
 class TinyModelConfig:
-    """The built-in offline model: a small Llama over a character tokenizer."""
+    """The built-in offline model: a small randomly initialised decoder (a Llama over a character
+    tokenizer by default), built into the run folder when `model.policy_path` is empty."""
 
     hidden_size: int = 256
     num_layers: int = 4
     num_heads: int = 4
     intermediate_size: int = 512
     max_positions: int = 256
+    architecture: str = "llama"
+    """transformers model type of the tiny model: llama, qwen2, mistral, gpt_neox."""
+    tokenizer: str = ""
+    """Empty: the character tokenizer; gpt2: the shipped GPT-2 byte-level BPE
+    (runtime/bundled/gpt2_tokenizer); else a local tokenizer folder."""
 
 
 @dataclass
@@ -80,7 +105,14 @@ class ModelConfig:
     dtype: str = "float32"
     """Weights dtype: float32 or bfloat16."""
     trust_remote_code: bool = False
-    """Allow hub models to run their own code (off unless you trust the source)."""
+    """Allow hub models to run their own code (off unless you trust the source); read at every
+    load of a model or tokenizer."""
+    attn_implementation: str = ""
+    """Attention kernel: empty = transformers' default, sdpa, eager, or flash_attention_2 (where
+    the flash-attn package is installed)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass of every trained model (less memory, ~30%
+    more compute)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -105,6 +137,9 @@ class DeepSpeedConfig:
 
 @dataclass
 class SFTConfig:
+    enabled: bool = True
+    """false: `igrpo iterate` starts from `model.policy_path` as it is (an instruct model, as the
+    paper's Algorithm 1 does), with no SFT stage."""
     lr: float = 1e-3
     batch_size: int = 64
     """Sequences per optimizer step (all devices)."""
@@ -243,7 +278,11 @@ class RewardModelConfig:
     calibration_examples: int = 2000
     """Training examples the likelihood feature's three numbers are fitted on."""
     step_tag: str = "ки"
-    """Tag after each step (Math-Shepherd's); must be one token for the tokenizer."""
+    """Tag after each step (Math-Shepherd's); must be one token in context for the tokenizer,
+    checked before any work starts."""
+    add_tag_token: bool = False
+    """Where the tag is not one token: add it to the reward model's tokenizer as a new token
+    (embeddings resized, saved with the reward model) instead of stopping."""
     aggregate: str = "min"
     """PRM step scores -> solution score: min (Math-Shepherd), prod, last, mean."""
     init_path: str = ""

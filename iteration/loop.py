@@ -36,7 +36,8 @@ from reward_model.score import ORMReward, PRMReward, TagScorer
 from reward_model.train import train_reward_model
 from runtime.data import Splits
 from runtime.engine import broadcast_from_main, is_main
-from runtime.tiny_model import load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+from runtime.models import load_causal_lm, load_tokenizer
 from runtime.tracking import MetricsLogger, read_metrics
 
 KINDS = ("orm", "prm")
@@ -65,14 +66,15 @@ class IterationRun:
     def label(self, k: int, policy: str) -> dict:
         """Sample `policy` on this iteration's RM questions; label for the ORM and the PRM."""
         cfg, lab = self.cfg, self.cfg.label
-        model = load_causal_lm(policy, cfg.model.dtype).eval()
-        tokenizer = load_tokenizer(policy)
+        model = load_causal_lm(policy, cfg.model).eval()
+        tokenizer = load_tokenizer(policy, cfg.model)
         questions = self._rm_questions(k)
         out = self.run / "labels" / f"iteration-{k}"
-        solutions = sample_solutions(model, tokenizer, questions, cfg.data.prompt_template,
+        fmt = prompt_format(cfg.data)
+        solutions = sample_solutions(model, tokenizer, questions, fmt,
                                      lab.samples_per_question, lab.max_new_tokens,
                                      lab.temperature, out / "solutions.jsonl")
-        labeller = Labeller(model, tokenizer, cfg.data.prompt_template, lab.num_completions,
+        labeller = Labeller(model, tokenizer, fmt, lab.num_completions,
                             lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
                             lab.prefixes_per_batch)
         labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
@@ -107,7 +109,7 @@ class IterationRun:
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
         """GRPO from `policy` with the reference reset to it, rewarded by the current RMs."""
         cfg = self.cfg
-        tokenizer = load_tokenizer(policy)
+        tokenizer = load_tokenizer(policy, cfg.model)
         logger = self.make_logger(f"grpo/iteration-{k}")
         try:
             final = train_grpo(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
@@ -125,9 +127,10 @@ class IterationRun:
 
     def _evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         cfg = self.cfg
-        model = load_causal_lm(policy, cfg.model.dtype).eval()
-        tokenizer = load_tokenizer(policy)
-        metrics = evaluate_policy(model, tokenizer, self.splits.eval, cfg.data.prompt_template,
+        model = load_causal_lm(policy, cfg.model).eval()
+        tokenizer = load_tokenizer(policy, cfg.model)
+        fmt = prompt_format(cfg.data)
+        metrics = evaluate_policy(model, tokenizer, self.splits.eval, fmt,
                                   k=cfg.eval.k, temperature=cfg.eval.temperature,
                                   max_new_tokens=cfg.eval.max_new_tokens,
                                   batch_size=cfg.eval.batch_size,
@@ -144,7 +147,7 @@ class IterationRun:
                 entry["rm"].update({f"{kind}/{key}": v for key, v in
                                     labelled_report(scorer, examples).items()})
         entry["bon"] = best_of_n_report(model, tokenizer, self.splits.eval[:cfg.rm.bon_questions],
-                                        cfg.data.prompt_template, scorers, cfg.rm.aggregate,
+                                        fmt, scorers, cfg.rm.aggregate,
                                         cfg.rm.bon_samples, cfg.eval.temperature,
                                         cfg.eval.max_new_tokens, cfg.eval.grade_timeout_s,
                                         seed=cfg.run.seed)
@@ -184,7 +187,7 @@ class IterationRun:
     def _scorer(self, kind: str, rm_iteration: int) -> TagScorer:
         path = self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"])
         return TagScorer.from_pretrained(path, self.cfg.rm.step_tag, self.cfg.rm.max_length,
-                                         self.cfg.model.dtype)
+                                         self.cfg.model)
 
     def _reward(self, policy_tokenizer, rm_iteration: int):
         cfg = self.cfg
@@ -192,7 +195,7 @@ class IterationRun:
             return RuleReward(cfg.eval.grade_timeout_s)
         if cfg.grpo.supervision == "process":
             return PRMReward(self._scorer("prm", rm_iteration), policy_tokenizer, cfg.rm.aggregate,
-                             cfg.eval.grade_timeout_s)
+                             cfg.eval.grade_timeout_s, cfg.data.step_separator)
         return ORMReward(self._scorer("orm", rm_iteration), cfg.eval.grade_timeout_s)
 
     def _grpo_means(self, k: int) -> dict:

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from policy.rollout import generate_groups
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer
+from runtime.prompts import PromptFormat
 
 
 def _vote_key(answer: str | None) -> str | None:
@@ -42,7 +43,7 @@ def _is_right(answer: str | None, gold: str, timeout_s: int) -> bool:
 
 
 @torch.no_grad()
-def evaluate_policy(model, tokenizer, records: list[MathRecord], prompt_template: str, *, k: int,
+def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptFormat, *, k: int,
                     temperature: float, max_new_tokens: int, batch_size: int, timeout_s: int = 2,
                     sampled: bool = True, progress: bool = False) -> dict[str, float]:
     """Greedy accuracy (pass@1), and with `sampled`: maj@K, pass@K, mean sampled accuracy."""
@@ -52,7 +53,7 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], prompt_template
     bar = tqdm(total=len(records), desc="eval", disable=not progress, leave=False)
     for start in range(0, len(records), batch_size):
         chunk = records[start:start + batch_size]
-        prompts = [prompt_template.format(question=r.question) for r in chunk]
+        prompts = fmt.prompts(tokenizer, chunk)
         greedy = generate_groups(model, tokenizer, prompts, 1, max_new_tokens=max_new_tokens,
                                  greedy=True)
         lengths += greedy.lengths.tolist()
@@ -66,7 +67,7 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], prompt_template
         return metrics
     for start in range(0, len(records), per_batch):
         chunk = records[start:start + per_batch]
-        prompts = [prompt_template.format(question=r.question) for r in chunk]
+        prompts = fmt.prompts(tokenizer, chunk)
         rollout = generate_groups(model, tokenizer, prompts, k, max_new_tokens=max_new_tokens,
                                   temperature=temperature)
         for q, rec in enumerate(chunk):

@@ -35,8 +35,9 @@ from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
                             checked_backward, current_lr, engine_step, gathered_for_generation,
                             global_sum, is_main, world)
+from runtime.prompts import prompt_format
 from runtime.rundir import atomic_write_json
-from runtime.tiny_model import load_causal_lm, load_tokenizer
+from runtime.models import load_causal_lm, load_tokenizer
 
 
 def step_questions(records: list[MathRecord], step: int, per_step: int, seed: int) -> list[MathRecord]:
@@ -133,8 +134,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     if done_file.exists():
         return final_dir
     rank, world_size = world()
-    tokenizer = load_tokenizer(policy_path, cfg.model.trust_remote_code)
-    model = load_causal_lm(policy_path, cfg.model.dtype, cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    model = load_causal_lm(policy_path, cfg.model, train=True)
     plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
                            world_size)
     engine = build_engine(model, cfg.deepspeed, lr=g.lr, micro_batch_size=plan.micro_batch_size,
@@ -142,9 +143,10 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     reference = None
     if g.beta > 0:  # frozen; ZeRO-3 partitions it like the policy
         reference = build_inference_engine(
-            load_causal_lm(reference_path or policy_path, cfg.model.dtype,
-                           cfg.model.trust_remote_code).to(engine.device), cfg.deepspeed)
+            load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
+            cfg.deepspeed)
     loss_spec = POLICY_LOSSES[g.loss]
+    fmt = prompt_format(cfg.data)
     state = load_training_state(engine, out / "state") or {"step": 0}
     # Rows a crash logged past the saved state are redone: drop them.
     logger.rewind(step_offset + state["step"] if state["step"] else step_offset - 1)
@@ -155,7 +157,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         with gathered_for_generation(engine):  # every rank joins the gather; rank 0 evaluates
             if is_main():
                 metrics = evaluate_policy(
-                    engine.module, tokenizer, eval_records, cfg.data.prompt_template,
+                    engine.module, tokenizer, eval_records, fmt,
                     k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
                     timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
@@ -169,7 +171,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         started = time.perf_counter()
         batch = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
         records = batch[rank * questions_per_rank:(rank + 1) * questions_per_rank]
-        prompts = [cfg.data.prompt_template.format(question=r.question) for r in records]
+        prompts = fmt.prompts(tokenizer, records)
         # -- rollout: pi_old <- pi (the current weights sample the group)
         chunk = g.rollout_questions or len(prompts)
         with gathered_for_generation(engine):

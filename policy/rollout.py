@@ -87,7 +87,10 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
     """Sample `group_size` completions for each prompt; rows are grouped prompt by prompt."""
     from transformers import DynamicCache
 
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    from runtime.prompts import encode_prompts
+
+    enc = tokenizer.pad({"input_ids": encode_prompts(tokenizer, prompts)}, padding=True,
+                        return_tensors="pt")
     device = next(model.parameters()).device
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     # synced_gpus=False: under ZeRO-3 the caller gathers the weights first (see

@@ -24,23 +24,24 @@ from configs.plan import plan_batch
 from policy.evaluate import evaluate_policy
 from runtime.checkpoint import (export, load_training_state, recover_export,
                                 save_training_state)
-from runtime.data import MathRecord, format_solution
+from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
                             engine_step, gathered_for_generation, global_sum, is_main, world)
+from runtime.prompts import PromptFormat, encode_prompts, prompt_format
 from runtime.rundir import atomic_write_json
-from runtime.tiny_model import load_causal_lm, load_tokenizer
+from runtime.models import load_causal_lm, load_tokenizer
 
 
-def sft_tensors(tokenizer, records: list[MathRecord], prompt_template: str):
-    """Right-padded [prompt | solution | EOS] rows with labels only on solution tokens.
+def sft_tensors(tokenizer, records: list[MathRecord], fmt: PromptFormat):
+    """Right-padded [prompt | solution | EOS] rows with labels only on solution tokens; the
+    prompt tokenised as the rollout tokenises it (BOS where the model expects one).
 
     Returns input_ids, attention_mask, labels: [B, L] each (labels -100 on prompt and padding).
     """
     rows, label_rows = [], []
-    for rec in records:
-        prompt = tokenizer(prompt_template.format(question=rec.question),
-                           add_special_tokens=False)["input_ids"]
-        answer = tokenizer(format_solution(rec.solution_steps),
+    prompts = encode_prompts(tokenizer, fmt.prompts(tokenizer, records))
+    for rec, prompt in zip(records, prompts):
+        answer = tokenizer(fmt.join(rec.solution_steps),
                            add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         label_rows.append([-100] * len(prompt) + answer)
@@ -79,8 +80,8 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
         return best_dir
     recover_export(best_dir)
     rank, world_size = world()
-    tokenizer = load_tokenizer(policy_path, cfg.model.trust_remote_code)
-    model = load_causal_lm(policy_path, cfg.model.dtype, cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    model = load_causal_lm(policy_path, cfg.model, train=True)
     plan = plan_batch(cfg.sft.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"sft.batch_size={cfg.sft.batch_size}")
     steps_per_epoch = max(1, len(sft_records) // plan.global_sequences)
@@ -99,7 +100,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
             if not is_main():
                 return None
             return evaluate_policy(engine.module, tokenizer, val_records,
-                                   cfg.data.prompt_template, k=1, temperature=0.0,
+                                   prompt_format(cfg.data), k=1, temperature=0.0,
                                    max_new_tokens=cfg.eval.max_new_tokens,
                                    batch_size=cfg.eval.batch_size,
                                    timeout_s=cfg.eval.grade_timeout_s,
@@ -117,7 +118,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
         order = _epoch_order(len(sft_records), cfg.run.seed, epoch)
         batch_ids = order[index * plan.global_sequences:(index + 1) * plan.global_sequences]
         mine = batch_ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
-        tensors = sft_tensors(tokenizer, [sft_records[i] for i in mine], cfg.data.prompt_template)
+        tensors = sft_tensors(tokenizer, [sft_records[i] for i in mine], prompt_format(cfg.data))
         global_tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
         started, loss_sum, grad_norm = time.perf_counter(), 0.0, 0.0
         for mb in range(plan.grad_accum):

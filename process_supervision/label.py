@@ -25,6 +25,7 @@ from process_supervision.formats import StepExample
 from runtime.data import MathRecord
 from runtime.engine import barrier, world
 from runtime.grading import grade
+from runtime.prompts import PromptFormat
 from runtime.rundir import atomic_write_text
 
 
@@ -51,9 +52,10 @@ class LabelledSolution:
                            self.record.source_id)
 
 
-def prefix_prompt(template: str, question: str, steps: tuple[str, ...], k: int) -> str:
+def prefix_prompt(fmt: PromptFormat, tokenizer, question: str, steps: tuple[str, ...],
+                  k: int) -> str:
     """The completer's prompt for step prefix k (steps 1..k): where the continuation starts."""
-    return template.format(question=question) + "".join(step + "\n" for step in steps[:k])
+    return fmt.prompt(tokenizer, question) + fmt.prefix(steps[:k])
 
 
 def estimates(prefix_text: str, continuations: list[str], gold: str,
@@ -66,11 +68,11 @@ def estimates(prefix_text: str, continuations: list[str], gold: str,
 class Labeller:
     """Labels solutions with a completer policy; counts its generate calls."""
 
-    def __init__(self, completer, tokenizer, prompt_template: str, num_completions: int,
+    def __init__(self, completer, tokenizer, fmt: PromptFormat, num_completions: int,
                  max_new_tokens: int, temperature: float, timeout_s: int = 2,
                  prefixes_per_batch: int = 16):
         self.completer, self.tokenizer = completer, tokenizer
-        self.template, self.n = prompt_template, num_completions
+        self.fmt, self.n = fmt, num_completions
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.timeout_s, self.prefixes_per_batch = timeout_s, prefixes_per_batch
         self.generate_calls = 0
@@ -96,17 +98,17 @@ class Labeller:
         results: dict[tuple[int, int], tuple[float, float]] = {}
         for start in range(0, len(jobs), per_call):
             chunk = jobs[start:start + per_call]
-            prompts = [prefix_prompt(self.template, solutions[i].record.question,
+            prompts = [prefix_prompt(self.fmt, self.tokenizer, solutions[i].record.question,
                                      solutions[i].steps, k) for i, k in chunk]
             for (i, k), prompt, continuations in zip(chunk, prompts,
                                                       self._complete(prompts, greedy)):
-                prefix_text = "".join(step + "\n" for step in solutions[i].steps[:k])
+                prefix_text = self.fmt.prefix(solutions[i].steps[:k])
                 results[(i, k)] = estimates(prefix_text, continuations,
                                             solutions[i].record.answer, self.timeout_s)
             self.prefixes_done += len(chunk)
         out = []
         for i, s in enumerate(solutions):
-            final = float(grade("\n".join(s.steps), s.record.answer, self.timeout_s))
+            final = float(grade(self.fmt.join(s.steps), s.record.answer, self.timeout_s))
             hard = tuple(results[(i, k)][0] for k in range(1, len(s.steps))) + (final,)
             soft = tuple(results[(i, k)][1] for k in range(1, len(s.steps))) + (final,)
             out.append(LabelledSolution(s.record, s.steps, hard, soft))

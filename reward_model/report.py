@@ -18,6 +18,7 @@ from reward_model.heads import STEP_AGGREGATORS
 from reward_model.score import TagScorer
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer
+from runtime.prompts import PromptFormat
 
 
 def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str, float]:
@@ -28,11 +29,11 @@ def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str,
 
 
 def solution_scores(scorer: TagScorer, kind: str, aggregate: str, question: str,
-                    texts: list[str]) -> list[float]:
+                    texts: list[str], separator: str = "\n") -> list[float]:
     """One score per solution text: the ORM's P(+), or the PRM's aggregated step scores."""
     if kind == "orm":
         return [s[0] if s else 0.0 for s in scorer.score([orm_example(question, t) for t in texts])]
-    steps = [split_steps(t) for t in texts]
+    steps = [split_steps(t, separator) for t in texts]
     scored = iter(scorer.score([StepExample(question, tuple(s), (0.0,) * len(s))
                                 for s in steps if s]))
     per_step = [next(scored) if s else [] for s in steps]
@@ -43,7 +44,7 @@ def solution_scores(scorer: TagScorer, kind: str, aggregate: str, question: str,
 
 
 @torch.no_grad()
-def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], prompt_template: str,
+def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: PromptFormat,
                      scorers: dict[str, tuple[TagScorer, str]], aggregate: str, n: int,
                      temperature: float, max_new_tokens: int, timeout_s: int = 2,
                      questions_per_batch: int = 16, seed: int = 0) -> dict[str, float]:
@@ -52,8 +53,7 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], prompt
     scores: dict[str, list[list[float]]] = {name: [] for name in scorers}
     for start in range(0, len(records), questions_per_batch):
         chunk = records[start:start + questions_per_batch]
-        rollout = generate_groups(policy, policy_tokenizer,
-                                  [prompt_template.format(question=r.question) for r in chunk], n,
+        rollout = generate_groups(policy, policy_tokenizer, fmt.prompts(policy_tokenizer, chunk), n,
                                   max_new_tokens=max_new_tokens, temperature=temperature)
         for q, rec in enumerate(chunk):
             texts = rollout.texts[q * n:(q + 1) * n]
@@ -62,7 +62,8 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], prompt
             correct.append([a is not None and answers_match(a, rec.answer, timeout_s)
                             for a in extracted])
             for name, (scorer, kind) in scorers.items():
-                scores[name].append(solution_scores(scorer, kind, aggregate, rec.question, texts))
+                scores[name].append(solution_scores(scorer, kind, aggregate, rec.question, texts,
+                                                    fmt.step_separator))
     report: dict[str, float] = {}
     for name in scorers:
         result = best_of_n(correct, scores[name], answers, seed)

@@ -29,12 +29,14 @@ class TagScorer:
         self.tags = tag_tokens(tokenizer, tag)
 
     @classmethod
-    def from_pretrained(cls, path, tag: str, max_length: int, dtype: str = "float32",
-                        trust_remote_code: bool = False, batch_size: int = 64) -> "TagScorer":
-        from runtime.tiny_model import load_causal_lm, load_tokenizer
+    def from_pretrained(cls, path, tag: str, max_length: int, model_cfg=None,
+                        batch_size: int = 64) -> "TagScorer":
+        """A reward model from its folder, loaded as `model_cfg` (a `ModelConfig`) says, on the
+        accelerator where there is one."""
+        from runtime.models import load_causal_lm, load_tokenizer
 
-        model = load_causal_lm(path, dtype, trust_remote_code).eval()
-        return cls(model, load_tokenizer(path, trust_remote_code), tag, max_length, batch_size)
+        model = load_causal_lm(path, model_cfg).eval()
+        return cls(model, load_tokenizer(path, model_cfg), tag, max_length, batch_size)
 
     @torch.no_grad()
     def tag_values(self, examples: list[StepExample], with_surprise: bool
@@ -80,13 +82,15 @@ class PRMReward:
     the aggregated solution score (`min` by default)."""
 
     def __init__(self, scorer: TagScorer, policy_tokenizer, aggregate: str = "min",
-                 timeout_s: int = 2):
+                 timeout_s: int = 2, separator: str = "\n"):
+        """`separator`: what ends a step in the policy's completions (`data.step_separator`)."""
         self.scorer, self.policy_tokenizer = scorer, policy_tokenizer
+        self.separator = separator
         self.aggregate = STEP_AGGREGATORS[aggregate]
         self.timeout_s = timeout_s
 
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
-        step_lists = [split_steps(t) for t in rollout.texts]
+        step_lists = [split_steps(t, self.separator) for t in rollout.texts]
         examples = [StepExample(r.question, tuple(steps), (0.0,) * len(steps))
                     for r, steps in zip(records, step_lists) if steps]
         scored = iter(self.scorer.score(examples))
@@ -94,7 +98,7 @@ class PRMReward:
         for i, (text, steps) in enumerate(zip(rollout.texts, step_lists)):
             ids = rollout.completion_ids[i][rollout.completion_mask[i].bool()].tolist()
             step_scores = next(scored) if steps else []
-            step_ends = step_end_token_indices(self.policy_tokenizer, ids, text)
+            step_ends = step_end_token_indices(self.policy_tokenizer, ids, text, self.separator)
             # Steps cut off by the reward model's max_length get no score and no reward.
             values.append(step_scores)
             ends.append(step_ends[:len(step_scores)])

@@ -28,7 +28,7 @@ from runtime.checkpoint import export, load_training_state, save_training_state
 from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
                             engine_step, global_sum, is_main, world)
 from runtime.rundir import atomic_write_json
-from runtime.tiny_model import load_causal_lm, load_tokenizer
+from runtime.models import load_causal_lm, load_tokenizer
 
 
 def question_groups(examples: list[StepExample]) -> list[list[int]]:
@@ -77,9 +77,9 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         return final_dir
     rank, world_size = world()
     train, val = split_validation(examples, rm.val_fraction, cfg.run.seed)
-    tokenizer = load_tokenizer(init, cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(init, cfg.model)
     tokenizer.padding_side = "right"
-    model = load_causal_lm(init, cfg.model.dtype, cfg.model.trust_remote_code)
+    model = load_causal_lm(init, cfg.model, train=True)
     added = deepen(model, list(rm.extra_layers_from))  # (a refresh's RM is deep already)
     if added and is_main():
         print(f"[igrpo] {out.name}: {added} zero-output layers added on top of {init}")

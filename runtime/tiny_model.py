@@ -59,22 +59,3 @@ def build_tiny(out_dir: str | Path, tiny, seed: int, extra_tokens: tuple[str, ..
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    """Tokenizer with left padding set explicitly (save/load of a wrapped tokenizer can drop it)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)

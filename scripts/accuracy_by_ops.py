@@ -28,7 +28,8 @@ from runtime.data import load_splits  # noqa: E402
 from runtime.grading import answers_match, extract_final_answer  # noqa: E402
 from runtime.steps import split_steps  # noqa: E402
 from runtime.synthetic import ANSWER_PREFIX  # noqa: E402
-from runtime.tiny_model import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.prompts import prompt_format  # noqa: E402
 
 
 def main() -> None:
@@ -46,8 +47,8 @@ def main() -> None:
     records = [r for r in load_splits(cfg.data, cfg.run.seed).eval
                if not args.ops or len(r.solution_steps) - 1 == args.ops]
     records = records[:args.limit or None]
-    model = load_causal_lm(args.checkpoint, cfg.model.dtype).eval()
-    tokenizer = load_tokenizer(args.checkpoint)
+    model = load_causal_lm(args.checkpoint, cfg.model).eval()
+    tokenizer = load_tokenizer(args.checkpoint, cfg.model)
 
     def grade(texts: list[str], gold: str) -> tuple[list[bool], list[int]]:
         """Right or not, and steps written (lines before the answer line), per text."""
@@ -59,7 +60,7 @@ def main() -> None:
     per_call = max(1, cfg.eval.batch_size // max(1, args.samples))
     for start in range(0, len(records), per_call):
         chunk = records[start:start + per_call]
-        prompts = [cfg.data.prompt_template.format(question=r.question) for r in chunk]
+        prompts = prompt_format(cfg.data).prompts(tokenizer, chunk)
         greedy = generate_groups(model, tokenizer, prompts, 1,
                                  max_new_tokens=cfg.eval.max_new_tokens, greedy=True)
         sampled = generate_groups(model, tokenizer, prompts, args.samples,

@@ -23,7 +23,8 @@ from configs import load_config  # noqa: E402
 from process_supervision.label import Labeller, Solution  # noqa: E402
 from reward_model.examples import synthetic_step_examples  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
-from runtime.tiny_model import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.prompts import prompt_format  # noqa: E402
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
     records = load_splits(cfg.data, args.seed).eval[:args.solutions]
     examples = synthetic_step_examples(records, seed=args.seed + 5)
     model, tok = load_causal_lm(args.completer).eval(), load_tokenizer(args.completer)
-    labeller = Labeller(model, tok, cfg.data.prompt_template, args.n, cfg.label.max_new_tokens,
+    labeller = Labeller(model, tok, prompt_format(cfg.data), args.n, cfg.label.max_new_tokens,
                         cfg.label.temperature, prefixes_per_batch=64)
     started = time.perf_counter()
     labelled = labeller.label([Solution(r, ex.steps) for r, ex in zip(records, examples)])

@@ -28,7 +28,8 @@ from process_supervision.formats import StepExample, write_math_shepherd_jsonl  
 from runtime import synthetic  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.steps import split_steps  # noqa: E402
-from runtime.tiny_model import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.prompts import prompt_format  # noqa: E402
 
 
 def main() -> None:
@@ -48,8 +49,7 @@ def main() -> None:
     for start in range(0, len(records), 16):
         chunk = records[start:start + 16]
         rollout = generate_groups(model, tokenizer,
-                                  [cfg.data.prompt_template.format(question=r.question)
-                                   for r in chunk], a.samples, max_new_tokens=112,
+                                  prompt_format(cfg.data).prompts(tokenizer, chunk), a.samples, max_new_tokens=112,
                                   temperature=1.0)
         for q, rec in enumerate(chunk):
             for text in rollout.texts[q * a.samples:(q + 1) * a.samples]:

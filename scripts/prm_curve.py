@@ -29,7 +29,7 @@ from reward_model.score import TagScorer  # noqa: E402
 from reward_model.evaluate import step_metrics  # noqa: E402
 from reward_model.train import epoch_order  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
-from runtime.tiny_model import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
 
 TAG = "ки"
 

@@ -29,7 +29,8 @@ from process_supervision.formats import StepExample, to_math_shepherd  # noqa: E
 from reward_model.score import TagScorer  # noqa: E402
 from runtime import synthetic  # noqa: E402
 from runtime.data import format_solution, load_splits  # noqa: E402
-from runtime.tiny_model import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
+from runtime.prompts import prompt_format  # noqa: E402
 
 
 def labelled_with_slips(records, seed: int):
@@ -96,7 +97,7 @@ def main() -> None:
             print(f"  {cat:40s} {acc:.3f}  ({n} steps)")
     if args.policy:
         model, tokenizer = load_causal_lm(args.policy).eval(), load_tokenizer(args.policy)
-        own = [cfg.data.prompt_template.format(question=r.question)
+        own = [prompt_format(cfg.data).prompt(tokenizer, r.question)
                + format_solution(r.solution_steps) for r in records]
         tagged = [to_math_shepherd(r.question, r.solution_steps, None, cfg.rm.step_tag)[0]
                   for r in records]

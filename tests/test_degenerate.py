@@ -16,7 +16,8 @@ from policy.losses import POLICY_LOSSES, k3_kl
 from policy.rewards import Scores
 from runtime.data import load_splits
 from runtime.engine import build_engine, checked_backward, engine_step
-from runtime.tiny_model import build_model, build_tiny, build_tokenizer, load_causal_lm
+from runtime.tiny_model import build_model, build_tiny, build_tokenizer
+from runtime.models import load_causal_lm
 from runtime.tracking import MetricsLogger, read_metrics
 from small_config import SMALL
 

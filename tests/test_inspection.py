@@ -18,7 +18,8 @@ from policy.rollout import Rollout
 from policy.grpo import train_grpo
 from runtime.data import MathRecord, load_splits
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
-from runtime.tiny_model import build_tiny, load_tokenizer
+from runtime.tiny_model import build_tiny
+from runtime.models import load_tokenizer
 from runtime.tracking import MetricsLogger
 from runtime.wandb_offline import read_offline_run
 from small_config import SMALL

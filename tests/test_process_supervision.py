@@ -7,7 +7,9 @@ from process_supervision.label import (Labeller, Solution, estimates, label_in_s
                                        label_statistics, prefix_prompt)
 from runtime.steps import split_steps, step_char_ends, step_end_token_indices
 from runtime.data import synthetic_records
-from runtime.tiny_model import build_tiny, load_causal_lm, load_tokenizer
+from runtime.tiny_model import build_tiny
+from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import PromptFormat
 
 SOLUTION = "7+3=10\n10*2=20\nThe answer is 20"
 
@@ -55,7 +57,10 @@ def test_estimates_by_hand():
 
 
 def test_prefix_prompt():
-    assert prefix_prompt("{question}\n", "Q", ("a", "b", "c"), 2) == "Q\na\nb\n"
+    assert prefix_prompt(PromptFormat(), None, "Q", ("a", "b", "c"), 2) == "Q\na\nb\n"
+    # Another template and step separator: `{question}` filled, other braces kept as they are.
+    fmt = PromptFormat("{question} in \\boxed{}:", step_separator="\n\n")
+    assert prefix_prompt(fmt, None, "Q", ("a", "b", "c"), 2) == "Q in \\boxed{}:a\n\nb\n\n"
 
 
 class _InterruptAfter(Labeller):
@@ -75,7 +80,7 @@ def test_resume_recomputes_nothing_finished(tmp_path):
     model, tok = load_causal_lm(path).eval(), load_tokenizer(path)
     records = synthetic_records(0, 6, 2, 3)
     solutions = [Solution(r, r.solution_steps) for r in records]
-    kwargs = dict(prompt_template="{question}\n", num_completions=2, max_new_tokens=8,
+    kwargs = dict(fmt=PromptFormat(), num_completions=2, max_new_tokens=8,
                   temperature=1.0, prefixes_per_batch=100)
     # One generate call per shard (all its prefixes fit one batch); 3 shards of 2 solutions.
     interrupted = _InterruptAfter(model, tok, stop_after_calls=2, **kwargs)
@@ -97,7 +102,7 @@ def test_batched_equals_per_prefix_with_greedy(tmp_path):
                                                        intermediate_size=64), seed=1)
     model, tok = load_causal_lm(path).eval(), load_tokenizer(path)
     solutions = [Solution(r, r.solution_steps) for r in synthetic_records(1, 4, 2, 3)]
-    labeller = Labeller(model, tok, "{question}\n", 1, 8, 1.0, prefixes_per_batch=100)
+    labeller = Labeller(model, tok, PromptFormat(), 1, 8, 1.0, prefixes_per_batch=100)
     batched = labeller.label(solutions, greedy=True, batched=True)
     calls = labeller.generate_calls
     single = labeller.label(solutions, greedy=True, batched=False)

@@ -12,8 +12,9 @@ from reward_model.examples import as_orm, synthetic_step_examples
 from reward_model.report import best_of_n_report, labelled_report
 from reward_model.score import TagScorer
 from runtime.data import load_splits
-from runtime.tiny_model import load_causal_lm, load_tokenizer
+from runtime.models import load_causal_lm, load_tokenizer
 from configs import load_config
+from runtime.prompts import prompt_format
 
 RM = ["rm.lr=2e-4", "rm.batch_size=32", "rm.epochs=2", "rm.synthetic_solutions=3000",
       "rm.eval_every=0", "deepspeed.micro_batch_size=32", "run.wandb_mode=disabled",
@@ -62,7 +63,7 @@ def test_best_of_n_prm_pick_beats_random_by_ten_points(trained_rms, warm_start):
     records = load_splits(cfg.data, cfg.run.seed).eval[:cfg.rm.bon_questions]
     torch.manual_seed(0)
     report = best_of_n_report(load_causal_lm(warm_start).eval(), load_tokenizer(warm_start),
-                              records, cfg.data.prompt_template,
+                              records, prompt_format(cfg.data),
                               {name: (scorer, name) for name, scorer in scorers.items()},
                               cfg.rm.aggregate, cfg.rm.bon_samples, 1.0, 112)
     print(json.dumps(report, indent=1))

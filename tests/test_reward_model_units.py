@@ -184,7 +184,8 @@ def test_metrics_by_hand():
 
 def test_deepened_backbone_starts_as_the_same_function(tok, tmp_path):
     from reward_model.backbone import ADDED_LAYERS_KEY, deepen
-    from runtime.tiny_model import build_model, load_causal_lm
+    from runtime.tiny_model import build_model
+    from runtime.models import load_causal_lm
 
     model = build_model(tok, 32, 2, 2, 64, 64, seed=0).eval()
     ids = tok("Start with 7. Add 3.\nAdd 3: 7+3=10", return_tensors="pt")["input_ids"]

@@ -5,7 +5,8 @@ import torch
 from configs.schema import TinyModelConfig
 from policy.logprobs import completion_logprobs, selective_log_softmax
 from policy.rollout import concat_rollouts, generate_groups
-from runtime.tiny_model import build_tiny, load_causal_lm, load_tokenizer
+from runtime.tiny_model import build_tiny
+from runtime.models import load_causal_lm, load_tokenizer
 
 PROMPTS = ["Start with 7. Add 3.\n", "Start with 12. Multiply by 2. Subtract 4.\n"]
 

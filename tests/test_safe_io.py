@@ -16,7 +16,8 @@ from runtime.checkpoint import (CheckpointError, load_training_state, recover_ex
                                 save_pretrained, save_training_state)
 from runtime.engine import build_engine
 from runtime.rundir import RunDir
-from runtime.tiny_model import build_model, build_tokenizer, load_causal_lm
+from runtime.tiny_model import build_model, build_tokenizer
+from runtime.models import load_causal_lm
 
 
 class _Bomb:

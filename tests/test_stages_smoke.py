@@ -10,7 +10,8 @@ from configs import load_config
 from policy.grpo import train_grpo
 from policy.rewards import RuleReward
 from runtime.data import load_splits
-from runtime.tiny_model import build_tiny, load_causal_lm
+from runtime.tiny_model import build_tiny
+from runtime.models import load_causal_lm
 from runtime.tracking import MetricsLogger, read_metrics
 from runtime.wandb_offline import read_offline_run
 from small_config import SMALL as BASE

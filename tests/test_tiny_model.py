@@ -4,7 +4,8 @@ import torch
 
 from configs.schema import TinyModelConfig
 from runtime.steps import step_end_token_indices
-from runtime.tiny_model import STEP_TAG, build_tiny, load_causal_lm, load_tokenizer
+from runtime.tiny_model import STEP_TAG, build_tiny
+from runtime.models import load_causal_lm, load_tokenizer
 
 
 def test_roundtrip_and_generate(tmp_path):

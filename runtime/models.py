@@ -1,0 +1,53 @@
+"""Loading models and tokenizers: every load reads the one `model.*` config.
+
+`load_causal_lm` puts the model on this process's accelerator (cuda:LOCAL_RANK) when there is
+one, in `model.dtype`, with `model.attn_implementation` and `model.trust_remote_code`; the
+labeller, evaluator, reference and reward-model scorers all come through it, so none of them is
+left on the CPU of a GPU machine, and no load forgets the remote-code setting.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def accelerator():
+    """This process's device: cuda:LOCAL_RANK where CUDA is available, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def load_tokenizer(path: str | Path, model=None):
+    """Tokenizer with left padding set explicitly (save/load of a wrapped tokenizer can drop it)
+    and a pad token (the EOS where the tokenizer has none). `model`: a `ModelConfig` (None =
+    defaults)."""
+    from transformers import AutoTokenizer
+
+    trust = bool(model is not None and model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str | Path, model=None, *, train: bool = False, device=None):
+    """A causal LM from a folder or hub id, on `device` (default: `accelerator()`), configured by
+    `model` (a `ModelConfig`; None = float32, default attention, no remote code). `train`
+    turns on gradient checkpointing where `model.gradient_checkpointing` asks for it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {}
+    if model is not None and model.attn_implementation:
+        kwargs["attn_implementation"] = model.attn_implementation
+    lm = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, model.dtype if model is not None else "float32"),
+        trust_remote_code=bool(model is not None and model.trust_remote_code), **kwargs)
+    if train and model is not None and model.gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return lm.to(device if device is not None else accelerator())
