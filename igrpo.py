@@ -126,9 +126,24 @@ def base_policy(session: Session) -> Path:
     return base
 
 
+def check_step_tag(session: Session) -> None:
+    """Before any sampling or training: the step tag must be one token in context for the
+    reward models' tokenizer, or `rm.add_tag_token` must allow adding it (exit 2 otherwise)."""
+    from reward_model.encoding import TagTokenError, check_tag_tokens
+    from runtime.models import load_tokenizer
+
+    cfg = session.cfg
+    backbone = cfg.rm.init_path or base_policy(session)
+    try:
+        check_tag_tokens(load_tokenizer(backbone, cfg.model), cfg.rm.step_tag)
+    except TagTokenError as err:
+        if not cfg.rm.add_tag_token:
+            raise ConfigError(str(err)) from err
+
+
 def warm_start(session: Session) -> Path:
     """The policy GRPO starts from: `model.policy_path` if set, else this run's SFT export."""
-    if session.cfg.model.policy_path:
+    if session.cfg.model.policy_path or not session.cfg.sft.enabled:
         return base_policy(session)
     best = session.run.child("sft", "best")
     if not (best / "config.json").exists():
@@ -153,6 +168,9 @@ def run_sft(session: Session) -> Path:
     from policy.sft import train_sft
     from runtime.data import load_splits
 
+    if not session.cfg.sft.enabled:
+        raise ConfigError("sft.enabled=false: this config starts from model.policy_path as it "
+                          "is; set sft.enabled=true to train a warm start")
     splits = load_splits(session.cfg.data, session.cfg.run.seed)
     logger = session.logger("sft")
     try:
@@ -327,6 +345,10 @@ COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval":
             "iterate": run_iterate, "demo": run_iterate, "plan": run_plan}
 
 
+# Stages that write or read step-tagged reward-model inputs: their tag is checked first.
+TAG_STAGES = ("label", "train-rm", "iterate", "demo")
+
+
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
     args = _parse(argv, stages or tuple(COMMANDS))
     from runtime.rundir import UnsafePathError
@@ -337,6 +359,8 @@ def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -
             run_plan(cfg, args)
             return 0
         session = Session(cfg, args.stage)
+        if args.stage in TAG_STAGES:
+            check_step_tag(session)
         result = COMMANDS[args.stage](session)
     except (ConfigError, UnsafePathError) as err:
         print(f"igrpo: {err}", file=sys.stderr)

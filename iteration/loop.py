@@ -55,6 +55,8 @@ class IterationRun:
 
     # -- units -----------------------------------------------------------------------------
     def warm_start(self) -> dict:
+        if not self.cfg.sft.enabled:  # Algorithm 1 proper: the given (instruct) policy as it is
+            return {"policy": self._rel(self.base)}
         logger = self.make_logger("sft")
         try:
             best = train_sft(self.cfg, self.run, self.base, self.splits.sft, self.splits.val,
@@ -82,7 +84,7 @@ class IterationRun:
         prm_examples = [x.example(soft=lab.soft) for x in labelled]
         save_iteration(self.run / "replay" / "prm", k, prm_examples)
         save_iteration(self.run / "replay" / "orm", k,
-                       as_orm([x.example(soft=False) for x in labelled]))
+                       as_orm([x.example(soft=False) for x in labelled], cfg.data.step_separator))
         return label_statistics(labelled)
 
     def reward_model(self, kind: str, k: int) -> dict:
@@ -209,11 +211,16 @@ class IterationRun:
                 for key in keys}
 
     def _rel(self, path) -> str:
-        """Paths in the manifest and summary are relative to the run folder (relocatable)."""
-        return str(Path(path).resolve().relative_to(self.run.resolve()))
+        """Paths in the manifest and summary are relative to the run folder (relocatable); a
+        policy from outside it (a hub id, another folder) is kept as it was given."""
+        try:
+            return str(Path(path).resolve().relative_to(self.run.resolve()))
+        except ValueError:
+            return str(path)
 
     def _abs(self, rel: str) -> str:
-        return str(self.run / rel)
+        inside = self.run / rel
+        return str(inside) if inside.exists() else rel
 
     def _write(self, iterations: list[dict]) -> None:
         if is_main():

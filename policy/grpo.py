@@ -183,6 +183,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         rolled = time.perf_counter()
         # -- reward
         scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
+        scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
         scores, broken_groups = drop_nonfinite(scores, g.group_size)
         rewards = scores.rewards.float() + overlong_penalty(rollout.lengths, g.max_new_tokens,
                                                             g.overlong_buffer, g.overlong_penalty)
@@ -194,7 +195,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             scores, rewards, rollout, g, std_normalised=loss_spec.std_normalised_advantages)
         if g.zero_advantages:
             advantages = torch.zeros_like(advantages)
-        keep = torch.ones(len(rewards), dtype=torch.bool)
+        keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
         if g.dynamic_sampling:
             keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)
         keep &= ~broken_groups.repeat_interleave(g.group_size)

@@ -31,6 +31,14 @@ class Scores:
     step_end_index: torch.Tensor | None = None
     """[N, S] completion-token index (inclusive) where each step ends."""
 
+    def to(self, device) -> "Scores":
+        """The same scores on `device` (reward callables may build them on the CPU)."""
+        def moved(t):
+            return None if t is None else t.to(device)
+
+        return Scores(moved(self.rewards), moved(self.correct), moved(self.step_rewards),
+                      moved(self.step_mask), moved(self.step_end_index))
+
 
 class RewardFn(Protocol):
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:

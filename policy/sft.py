@@ -78,6 +78,11 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     best_dir, done_file = out / "best", out / "done.json"
     if done_file.exists():
         return best_dir
+    missing = [r.source_id for r in sft_records if not r.solution_steps]
+    if missing:
+        raise ValueError(f"sft: {len(missing)} of {len(sft_records)} SFT records have no worked "
+                         f"solution (first: {missing[0]}): set data.solution_field, or "
+                         "sft.enabled=false to start from model.policy_path as it is")
     recover_export(best_dir)
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model)

@@ -54,6 +54,50 @@ def tag_tokens(tokenizer, tag: str) -> TagTokens:
     return TagTokens(last_id(tag), last_id(GOOD), last_id(BAD))
 
 
+class TagTokenError(ValueError):
+    """The step tag or a label token is not one token of the tokenizer in context."""
+
+
+def check_tag_tokens(tokenizer, tag: str) -> TagTokens:
+    """The tag's and the labels' token ids, checked in context before any work: the tag after a
+    step of a Math-Shepherd text must be one token (two steps: exactly two tag tokens, each
+    decoding to the tag), and `+` and `-` distinct tokens. Raises `TagTokenError` naming the
+    tokenizer, the tag and its token ids."""
+    tags = tag_tokens(tokenizer, tag)
+    text, _ = to_math_shepherd("1 + 1 = ?", ("1 + 1 = 2", "The answer is 2"), None, tag)
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    found = [i for i, t in enumerate(ids) if t == tags.tag_id]
+    alone = tokenizer(tag, add_special_tokens=False)["input_ids"]
+    spaced = tokenizer(" " + tag, add_special_tokens=False)["input_ids"]
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    if len(found) != 2 or tokenizer.decode([tags.tag_id]).strip() != tag:
+        raise TagTokenError(
+            f"the step tag {tag!r} is not one token for the tokenizer {name!r}: {tag!r} -> "
+            f"{alone}, {' ' + tag!r} -> {spaced}. Set rm.add_tag_token=true (it is added to the "
+            "reward model's tokenizer and embeddings), or choose an rm.step_tag that is one token")
+    if tags.plus_id == tags.minus_id or tags.tag_id in (tags.plus_id, tags.minus_id):
+        raise TagTokenError(f"the tokenizer {name!r} does not give the tag {tag!r} and the labels "
+                            f"'+' / '-' three distinct tokens ({tags})")
+    return tags
+
+
+def ensure_tag_token(tokenizer, model, tag: str, add: bool) -> bool:
+    """Make the tag one token where it is not and `add` allows: a new token in the tokenizer and
+    a new embedding row in `model` (resized; saved with it). Returns whether it was added;
+    raises `TagTokenError` where the tag is not one token and `add` is off."""
+    try:
+        check_tag_tokens(tokenizer, tag)
+        return False
+    except TagTokenError:
+        if not add:
+            raise
+    tokenizer.add_tokens([tag])
+    if model is not None:
+        model.resize_token_embeddings(len(tokenizer))
+    check_tag_tokens(tokenizer, tag)
+    return True
+
+
 def orm_example(question: str, solution: str, correct: float | None = None) -> StepExample:
     """An ORM example: the whole solution is one step, labelled with its correctness."""
     return StepExample(question, (solution,), (float(correct),) if correct is not None else (0.0,))

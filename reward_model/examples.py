@@ -8,12 +8,13 @@ import random
 from process_supervision.formats import StepExample, load_step_examples
 from reward_model.encoding import orm_example
 from runtime import synthetic
-from runtime.data import MathRecord, format_solution
+from runtime.data import MathRecord
 
 
-def as_orm(examples: list[StepExample]) -> list[StepExample]:
-    """PRM examples -> ORM examples: the whole solution, labelled by its last step's label."""
-    return [orm_example(ex.question, format_solution(ex.steps), ex.labels[-1]) for ex in examples]
+def as_orm(examples: list[StepExample], separator: str = "\n") -> list[StepExample]:
+    """PRM examples -> ORM examples: the whole solution (steps joined by `separator`, as the
+    policy wrote them), labelled by its last step's label."""
+    return [orm_example(ex.question, separator.join(ex.steps), ex.labels[-1]) for ex in examples]
 
 
 def worked_examples(records: list[MathRecord]) -> list[StepExample]:

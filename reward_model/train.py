@@ -20,7 +20,7 @@ from configs.plan import plan_batch
 from process_supervision.formats import StepExample
 from reward_model.backbone import added_layer_parameters, deepen
 from reward_model.calibration import calibration_of, refit_or_keep, set_calibration
-from reward_model.encoding import encode, tag_tokens
+from reward_model.encoding import encode, ensure_tag_token, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer
@@ -83,6 +83,9 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     added = deepen(model, list(rm.extra_layers_from))  # (a refresh's RM is deep already)
     if added and is_main():
         print(f"[igrpo] {out.name}: {added} zero-output layers added on top of {init}")
+    if ensure_tag_token(tokenizer, model, rm.step_tag, rm.add_tag_token) and is_main():
+        print(f"[igrpo] {out.name}: the step tag {rm.step_tag!r} added to the tokenizer as "
+              f"token {len(tokenizer) - 1}")
     tags = tag_tokens(tokenizer, rm.step_tag)
     plan = plan_batch(rm.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"rm.batch_size={rm.batch_size}")

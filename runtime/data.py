@@ -16,6 +16,7 @@ from runtime import synthetic
 from runtime.grading import extract_boxed
 
 BUNDLED = Path(__file__).resolve().parent / "bundled"
+GSM8K_TRAIN = BUNDLED / "gsm8k" / "train.jsonl"
 GSM8K_TEST = BUNDLED / "gsm8k" / "test.jsonl"
 MATH500_TEST = BUNDLED / "math500" / "test.jsonl"
 _CALCULATOR_NOTE = re.compile(r"<<[^>]*>>")
@@ -54,15 +55,41 @@ def _str_field(row: dict, name: str, where: str) -> str:
     return value
 
 
-def gsm8k_record(row: dict, where: str) -> MathRecord:
-    question = _str_field(row, "question", where)
-    solution = _str_field(row, "answer", where)
-    body, sep, final = solution.rpartition("####")
-    answer = final.strip().replace(",", "")
-    if not sep or not answer:
-        raise DataError(f"{where}: field 'answer': no final '#### N' answer")
+@dataclass(frozen=True)
+class Fields:
+    """Which row fields hold the question, the gold answer and the worked solution; empty = the
+    layout's own names (`data.question_field`, `answer_field`, `solution_field`)."""
+
+    question: str = ""
+    answer: str = ""
+    solution: str = ""
+
+
+def _answer_field(row: dict, name: str, where: str) -> str:
+    """A plain gold answer: text, or a number written as text."""
+    value = row.get(name)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return _str_field(row, name, where).strip()
+
+
+def gsm8k_record(row: dict, where: str, fields: Fields = Fields()) -> MathRecord:
+    """GSM8K layout: a worked solution, one step a line, ending `#### N`."""
+    question = _str_field(row, fields.question or "question", where)
+    solution_name = fields.solution or "answer"
+    if fields.answer:  # the answer stands alone; a solution is optional
+        answer = _answer_field(row, fields.answer, where).replace(",", "")
+        solution = row.get(solution_name) if isinstance(row.get(solution_name), str) else ""
+        body = solution.rpartition("####")[0] if "####" in solution else solution
+    else:
+        solution = _str_field(row, solution_name, where)
+        body, sep, final = solution.rpartition("####")
+        answer = final.strip().replace(",", "")
+        if not sep or not answer:
+            raise DataError(f"{where}: field {solution_name!r}: no final '#### N' answer")
     steps = [_CALCULATOR_NOTE.sub("", line).strip() for line in body.strip().splitlines()]
-    steps = [s for s in steps if s] + [f"{synthetic.ANSWER_PREFIX}{answer}"]
+    steps = [s for s in steps if s]
+    steps = steps + [f"{synthetic.ANSWER_PREFIX}{answer}"] if steps else []
     return MathRecord(question, answer, tuple(steps), where)
 
 
@@ -83,17 +110,24 @@ def split_latex_steps(solution: str) -> list[str]:
     return steps
 
 
-def math_record(row: dict, where: str) -> MathRecord:
-    question = _str_field(row, "problem", where)
-    solution = _str_field(row, "solution", where)
-    if row.get("answer") is not None:
-        answer = _str_field(row, "answer", where)
+def math_record(row: dict, where: str, fields: Fields = Fields()) -> MathRecord:
+    """MATH layout: a LaTeX solution with the final answer in `\\boxed{}` (or an answer field)."""
+    question = _str_field(row, fields.question or "problem", where)
+    solution_name, answer_name = fields.solution or "solution", fields.answer or "answer"
+    if fields.answer:  # the answer stands alone; a solution is optional
+        solution = row.get(solution_name) if isinstance(row.get(solution_name), str) else ""
+    else:
+        solution = _str_field(row, solution_name, where)
+    if row.get(answer_name) is not None:
+        answer = _answer_field(row, answer_name, where)
     else:
         answer = extract_boxed(solution) or ""
         if not answer:
-            raise DataError(f"{where}: field 'solution': no \\boxed{{}} answer and no 'answer' field")
+            raise DataError(f"{where}: field {solution_name!r}: no \\boxed{{}} answer and no "
+                            f"{answer_name!r} field")
     source = str(row.get("unique_id") or where)
-    return MathRecord(question, answer.strip(), tuple(split_latex_steps(solution)), source)
+    steps = split_latex_steps(solution) if solution.strip() else []
+    return MathRecord(question, answer.strip(), tuple(steps), source)
 
 
 RECORD_BUILDERS = {"gsm8k": gsm8k_record, "math": math_record}
@@ -162,8 +196,9 @@ def read_rows(path: str, hub_config: str = "", split: str = "train"):
 
 def load_records(path: str, schema: str, *, split: str = "test", hub_config: str = "",
                  skip_bad_rows: bool = False, limit: int | None = None,
-                 report: LoadReport | None = None) -> list[MathRecord]:
-    """Load GSM8K (`schema='gsm8k'`) or MATH/MATH-500 (`schema='math'`) records from a file or hub id."""
+                 report: LoadReport | None = None, fields: Fields = Fields()) -> list[MathRecord]:
+    """Load GSM8K-layout (`schema='gsm8k'`) or MATH-layout (`schema='math'`) records from a file
+    or hub id, reading the question, answer and solution from `fields`."""
     build = RECORD_BUILDERS[schema]
     report = report if report is not None else LoadReport()
     rows = read_rows(path, hub_config, split)
@@ -171,7 +206,7 @@ def load_records(path: str, schema: str, *, split: str = "test", hub_config: str
     for index, row in enumerate(rows):
         where = f"{path}: row {index + 1}"
         try:
-            records.append(build(row, where))
+            records.append(build(row, where, fields))
         except DataError as err:
             if not skip_bad_rows:
                 raise
@@ -216,12 +251,17 @@ def load_splits(data, seed: int) -> Splits:
         held_questions = {r.question for r in held_out}
         val = [r for r in unseen[data.eval_questions:] if r.question not in held_questions]
         return Splits(sft, rl, held_out, val[:data.val_questions] or held_out)
+    # Shipped copies: GSM8K trains on its train split and is scored on test; MATH-500 is a test
+    # set only, so without data.path it serves both (its held-out questions are removed below).
+    default_train = GSM8K_TRAIN if data.source == "gsm8k" else MATH500_TEST
     default_eval = GSM8K_TEST if data.source == "gsm8k" else MATH500_TEST
-    train = load_records(data.path or str(default_eval), data.source, split="train",
-                         hub_config=data.hub_config, skip_bad_rows=data.skip_bad_rows)
+    fields = Fields(data.question_field, data.answer_field, data.solution_field)
+    train = load_records(data.path or str(default_train), data.source, split="train",
+                         hub_config=data.hub_config, skip_bad_rows=data.skip_bad_rows,
+                         fields=fields)
     held_out = load_records(data.eval_path or str(default_eval), data.source, split="test",
                             hub_config=data.hub_config, skip_bad_rows=data.skip_bad_rows,
-                            limit=data.eval_questions)
+                            limit=data.eval_questions, fields=fields)
     held_questions = {r.question for r in held_out}
     train = [r for r in train if r.question not in held_questions]
     n_val = min(data.val_questions, max(0, len(train) - data.sft_questions - 1))
@@ -229,7 +269,3 @@ def load_splits(data, seed: int) -> Splits:
     return Splits(train[:data.sft_questions], train[data.sft_questions:] or train, held_out,
                   val or held_out)
 
-
-def format_solution(steps: tuple[str, ...] | list[str]) -> str:
-    """Steps as the policy writes them: one step a line."""
-    return "\n".join(steps)

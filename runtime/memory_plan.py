@@ -60,6 +60,11 @@ KNOWN = {
                        vocab=102400)
     for name in ("deepseek-ai/deepseek-math-7b-base", "deepseek-ai/deepseek-math-7b-instruct",
                  "deepseek-ai/deepseek-math-7b-rl")
+} | {
+    # Qwen2.5-Math-1.5B(-Instruct), from its config.json: GQA with 2 KV heads, tied embeddings.
+    name: Architecture(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960,
+                       vocab=151936, tied=True)
+    for name in ("Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2.5-Math-1.5B-Instruct")
 }
 
 
@@ -75,12 +80,12 @@ def architecture(model_cfg) -> Architecture:
     """The policy's architecture: a local `config.json`, a known hub id, or the tiny default."""
     path = model_cfg.policy_path
     if not path:
-        from runtime.tiny_model import build_tokenizer
+        from runtime.tiny_model import tiny_tokenizer
 
         tiny = model_cfg.tiny
         return Architecture(hidden=tiny.hidden_size, layers=tiny.num_layers, heads=tiny.num_heads,
                             kv_heads=tiny.num_heads, intermediate=tiny.intermediate_size,
-                            vocab=len(build_tokenizer(("ки",))), tied=True)
+                            vocab=len(tiny_tokenizer(tiny.tokenizer, ("ки",))), tied=True)
     config_file = Path(path) / "config.json"
     if config_file.exists():
         return _from_config_dict(json.loads(config_file.read_text()))

@@ -1,7 +1,10 @@
-"""The built-in offline model: a character tokenizer and a small Llama, saved with `save_pretrained`.
+"""The built-in offline model: a small randomly initialised decoder, saved with `save_pretrained`.
 
-Every stage then loads it through `from_pretrained`, exactly as it would load a hub model, so the
-tiny default exercises the real loading code with nothing downloaded.
+By default a Llama over a character tokenizer; `model.tiny.architecture` picks another
+transformers family (qwen2, mistral, gpt_neox) and `model.tiny.tokenizer` a real tokenizer (gpt2:
+the shipped GPT-2 byte-level BPE). Every stage then loads it through `from_pretrained`, exactly as
+it would load a hub model, so the tiny setup exercises the real loading code with nothing
+downloaded.
 """
 
 from __future__ import annotations
@@ -32,27 +35,48 @@ def build_tokenizer(extra_tokens: tuple[str, ...] = ()):
 
 
 def build_model(tokenizer, hidden_size: int, num_layers: int, num_heads: int,
-                intermediate_size: int, max_positions: int, seed: int):
-    """A small Llama with tied embeddings, initialised from `seed`."""
+                intermediate_size: int, max_positions: int, seed: int,
+                architecture: str = "llama"):
+    """A small decoder of the transformers family `architecture` with tied embeddings,
+    initialised from `seed`."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_positions,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    config = AutoConfig.for_model(
+        architecture, vocab_size=len(tokenizer), hidden_size=hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads, intermediate_size=intermediate_size,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=bos)
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
+
+
+GPT2_TOKENIZER = Path(__file__).resolve().parent / "bundled" / "gpt2_tokenizer"
+"""GPT-2's byte-level BPE (50,257 tokens), converted from its published ranks
+(scripts/build_gpt2_tokenizer.py; MIT, LICENSE beside it)."""
+
+
+def tiny_tokenizer(name: str, extra_tokens: tuple[str, ...] = ()):
+    """`model.tiny.tokenizer`: empty = the character tokenizer (with `extra_tokens` one token
+    each), gpt2 = the shipped GPT-2 BPE, else a local tokenizer folder (both as they are: a step
+    tag that is not one token is `rm.add_tag_token`'s business)."""
+    if not name:
+        return build_tokenizer(extra_tokens)
+    from runtime.models import load_tokenizer
+
+    return load_tokenizer(GPT2_TOKENIZER if name == "gpt2" else name)
 
 
 def build_tiny(out_dir: str | Path, tiny, seed: int, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Build and save the tokenizer and model (from a `TinyModelConfig`) into `out_dir`."""
     out = Path(out_dir)
-    tokenizer = build_tokenizer(extra_tokens)
+    tokenizer = tiny_tokenizer(getattr(tiny, "tokenizer", ""), extra_tokens)
     model = build_model(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads,
-                        tiny.intermediate_size, tiny.max_positions, seed)
+                        tiny.intermediate_size, tiny.max_positions, seed,
+                        getattr(tiny, "architecture", "llama"))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     out.mkdir(parents=True, exist_ok=True)

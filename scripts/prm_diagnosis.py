@@ -28,7 +28,7 @@ from configs import load_config  # noqa: E402
 from process_supervision.formats import StepExample, to_math_shepherd  # noqa: E402
 from reward_model.score import TagScorer  # noqa: E402
 from runtime import synthetic  # noqa: E402
-from runtime.data import format_solution, load_splits  # noqa: E402
+from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
 from runtime.prompts import prompt_format  # noqa: E402
 
@@ -98,7 +98,7 @@ def main() -> None:
     if args.policy:
         model, tokenizer = load_causal_lm(args.policy).eval(), load_tokenizer(args.policy)
         own = [prompt_format(cfg.data).prompt(tokenizer, r.question)
-               + format_solution(r.solution_steps) for r in records]
+               + prompt_format(cfg.data).join(r.solution_steps) for r in records]
         tagged = [to_math_shepherd(r.question, r.solution_steps, None, cfg.rm.step_tag)[0]
                   for r in records]
         print(f"policy next-digit accuracy: own layout {result_digit_accuracy(model, tokenizer, own):.3f}, "
