@@ -4,7 +4,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # A CPU build of torch; a looser pin would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
-export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE ?= offline

@@ -43,8 +43,9 @@ def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespac
     plan.add_argument("--nodes", type=int, default=1)
     plan.add_argument("--gpu-gb", type=float, nargs="+", default=[80.0, 141.0],
                       help="GPU memory sizes to check, in GB")
-    plan.add_argument("--prompt-tokens", type=int, default=256,
-                      help="prompt length assumed for the rollout and update")
+    plan.add_argument("--prompt-tokens", type=int, default=None,
+                      help="prompt length assumed for the rollout and update "
+                           "(default: data.max_prompt_tokens)")
     return parser.parse_intermixed_args(argv)
 
 
@@ -52,7 +53,8 @@ def run_plan(cfg, args: argparse.Namespace) -> None:
     """`igrpo plan`: per-GPU memory of the configured GRPO run (runtime/memory_plan.py)."""
     from runtime.memory_plan import plan, render
 
-    rows, numbers = plan(cfg, args.gpus, args.nodes, args.prompt_tokens)
+    prompt_tokens = args.prompt_tokens or cfg.data.max_prompt_tokens
+    rows, numbers = plan(cfg, args.gpus, args.nodes, prompt_tokens)
     print(render(cfg, rows, numbers, args.gpu_gb, args.gpus, args.nodes))
 
 

@@ -62,7 +62,8 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptForm
         bar.update(len(chunk))
     bar.close()
     metrics = {"eval/greedy_accuracy": greedy_right / len(records),
-               "eval/greedy_length": sum(lengths) / len(lengths)}
+               "eval/greedy_length": sum(lengths) / len(lengths),
+               "eval/questions": len(records)}
     if not sampled:
         return metrics
     for start in range(0, len(records), per_batch):

@@ -70,7 +70,7 @@ def check_tag_tokens(tokenizer, tag: str) -> TagTokens:
     alone = tokenizer(tag, add_special_tokens=False)["input_ids"]
     spaced = tokenizer(" " + tag, add_special_tokens=False)["input_ids"]
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    if len(found) != 2 or tokenizer.decode([tags.tag_id]).strip() != tag:
+    if len(found) != 2 or tokenizer.decode([tags.tag_id]).strip() != tag.strip():
         raise TagTokenError(
             f"the step tag {tag!r} is not one token for the tokenizer {name!r}: {tag!r} -> "
             f"{alone}, {' ' + tag!r} -> {spaced}. Set rm.add_tag_token=true (it is added to the "

@@ -140,23 +140,32 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
         return PlanRow(name, value_bytes * params, "replicated weights (inference only)")
 
     tokens = prompt_tokens + g.max_new_tokens
-    rollout_seqs = g.questions_per_step * g.group_size / total_gpus
+    rank_questions = g.questions_per_step / total_gpus
+    # One generate call holds grpo.rollout_questions questions' G samples (0: all of a rank's).
+    rollout_seqs = min(rank_questions, g.rollout_questions or rank_questions) * g.group_size
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
-    activations = arch.layers * tokens * ds.micro_batch_size * arch.hidden * 34
+    per_layer = tokens * ds.micro_batch_size * arch.hidden
+    recompute = cfg.model.gradient_checkpointing
+    # With gradient checkpointing each layer keeps only its input; one layer's activations are
+    # rebuilt at a time in the backward pass.
+    activations = (arch.layers * per_layer * value_bytes + per_layer * 34) if recompute else \
+        arch.layers * per_layer * 34
     logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
     reward = "PRM" if g.supervision == "process" else "ORM"
     gathered = value_bytes * params if ds.zero_stage == 3 else 0.0
     rows = [
         PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB"),
         frozen("reference model"),
-        frozen(f"{reward} (scoring)"),
+        # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
+        PlanRow(f"{reward} (scoring)", value_bytes * params, "replicated weights (scoring)"),
         PlanRow("rollout: gathered policy", gathered,
                 "ZeRO-3: the full weights, gathered once per rollout" if gathered else
                 "not partitioned: nothing to gather"),
         PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
                 f"{rollout_seqs:g} sequences x {tokens} tokens"),
         PlanRow("update: activations", activations + logits,
-                f"micro-batch {ds.micro_batch_size} x {tokens} tokens, no recompute, "
+                f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
+                f"{'gradient checkpointing' if recompute else 'no recompute'}, "
                 "flash attention, + logits"),
     ]
     weights = sum(r.gpu_bytes for r in rows[:3])

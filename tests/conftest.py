@@ -2,7 +2,10 @@
 
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():  # on a GPU machine DeepSpeed finds CUDA itself
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
