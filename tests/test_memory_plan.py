@@ -46,3 +46,18 @@ def test_two_nodes_halve_the_partitioned_states():
     two = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 2)[0])
     assert two["rollout: KV cache"] == one["rollout: KV cache"] / 2
     assert two["policy model states"] < one["policy model states"]
+
+
+def test_one_gpu_plan_for_the_qwen_config(capsys):
+    cfg = load_config("configs/qwen25_math_1p5b.yaml")
+    rows, numbers = plan(cfg, gpus=1, nodes=1, prompt_tokens=cfg.data.max_prompt_tokens)
+    # Qwen2.5-Math-1.5B: 28 layers of 1536, 2 KV heads of 128, tied 151,936-token embeddings.
+    assert numbers["params"] == KNOWN["Qwen/Qwen2.5-Math-1.5B-Instruct"].params
+    assert 1.5e9 < numbers["params"] < 1.6e9
+    by_item = {r.item: r.gpu_bytes for r in rows}
+    # 4 questions on one GPU, 2 per generate call: 128 sequences of 512 + 1,024 tokens.
+    assert by_item["rollout: KV cache"] == 128 * 1536 * 28 * 2 * 2 * 128 * 2
+    assert verdict(numbers, 80) == "fits"
+    assert igrpo.main(["plan", "--config", "configs/qwen25_math_1p5b.yaml", "--gpus", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "80 GB GPU (90% usable): fits" in out
