@@ -149,6 +149,10 @@ class SFTConfig:
     """Optimizer steps between held-out evaluations (0 = only at the end)."""
     patience: int = 3
     """Stop early after this many evaluations without a new best greedy accuracy (0 = never)."""
+    stop_at: float = 0.0
+    """Stop once validation greedy accuracy reaches this (0 = never): a warm start of a set
+    quality whatever the machine's float kernels do to where SFT crosses its copying
+    transition (the tests' warm start)."""
     lr_decay: bool = False
     """Decay the rate linearly to 0 over the run's steps (after `deepspeed.warmup_steps`)."""
 

@@ -151,7 +151,8 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
                 state["stale"] += 1
             bar.set_postfix(acc=f"{accuracy:.3f}", best=f"{state['best']:.3f}")
             save_training_state(engine, out / "state", state)
-            if cfg.sft.patience and state["stale"] >= cfg.sft.patience:
+            reached = cfg.sft.stop_at and accuracy >= cfg.sft.stop_at
+            if reached or (cfg.sft.patience and state["stale"] >= cfg.sft.patience):
                 logger.log(metrics, step=state["step"])
                 break
         logger.log(metrics, step=state["step"])
