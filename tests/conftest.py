@@ -17,7 +17,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 # The one tiny warm start shared by every slow test of a session: the tiny default's SFT stage at
-# lr 1e-3, stopped once validation greedy accuracy reaches 75% (checked every 25 steps, at most
+# lr 1e-3, stopped once validation greedy accuracy reaches 65% (checked every 25 steps, at most
 # 800), so that later stages start from a policy that solves part of the task with room above it.
 # The slow tests' thresholds were measured from such a warm start (~80% held-out greedy). A fixed
 # step count does not give one: at lr 1e-3 SFT crosses its copying transition near step 400, and
@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 # stop is by accuracy.
 WARM_START = [
     "data.sft_questions=25600", "sft.epochs=2", "sft.eval_every=25", "sft.patience=0",
-    "sft.lr=1e-3", "sft.stop_at=0.75", "data.eval_questions=200", "run.wandb_mode=disabled",
+    "sft.lr=1e-3", "sft.stop_at=0.65", "data.eval_questions=200", "run.wandb_mode=disabled",
     "run.threads=2",
 ]
 
@@ -43,7 +43,7 @@ def warm_start(tmp_path_factory) -> Path:
     import json
 
     done = json.loads((root / "tiny" / "sft" / "done.json").read_text())
-    # sft.stop_at: stopped at the first evaluation that reached 75%, before the 800-step cap.
-    assert done["best_val_greedy_accuracy"] >= 0.75 and done["steps"] < 800, done
+    # sft.stop_at: stopped at the first evaluation that reached 65%, before the 800-step cap.
+    assert done["best_val_greedy_accuracy"] >= 0.65 and done["steps"] < 800, done
     assert done["steps"] % 25 == 0
     return root / "tiny" / "sft" / "best"
