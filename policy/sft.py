@@ -70,6 +70,15 @@ def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def _check_worked_solutions(records: list[MathRecord]) -> None:
+    """SFT needs a worked solution in every record; stop before training, naming the first."""
+    missing = [r.source_id for r in records if not r.solution_steps]
+    if missing:
+        raise ValueError(f"sft: {len(missing)} of {len(records)} SFT records have no worked "
+                         f"solution (first: {missing[0]}): set data.solution_field, or "
+                         "sft.enabled=false to start from model.policy_path as it is")
+
+
 def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[MathRecord],
               val_records: list[MathRecord], logger, config_yaml: str) -> Path:
     """Train the warm start; returns the folder of the best export (`<run>/sft/best`), the best
@@ -78,11 +87,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     best_dir, done_file = out / "best", out / "done.json"
     if done_file.exists():
         return best_dir
-    missing = [r.source_id for r in sft_records if not r.solution_steps]
-    if missing:
-        raise ValueError(f"sft: {len(missing)} of {len(sft_records)} SFT records have no worked "
-                         f"solution (first: {missing[0]}): set data.solution_field, or "
-                         "sft.enabled=false to start from model.policy_path as it is")
+    _check_worked_solutions(sft_records)
     recover_export(best_dir)
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model)

@@ -73,10 +73,10 @@ def tiny_tokenizer(name: str, extra_tokens: tuple[str, ...] = ()):
 def build_tiny(out_dir: str | Path, tiny, seed: int, extra_tokens: tuple[str, ...] = ()) -> Path:
     """Build and save the tokenizer and model (from a `TinyModelConfig`) into `out_dir`."""
     out = Path(out_dir)
-    tokenizer = tiny_tokenizer(getattr(tiny, "tokenizer", ""), extra_tokens)
+    tokenizer = tiny_tokenizer(tiny.tokenizer, extra_tokens)
     model = build_model(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads,
                         tiny.intermediate_size, tiny.max_positions, seed,
-                        getattr(tiny, "architecture", "llama"))
+                        tiny.architecture)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     out.mkdir(parents=True, exist_ok=True)
