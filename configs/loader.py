@@ -29,8 +29,25 @@ CHOICES = {
 }
 
 
+# Model folders shipped in runtime/bundled, named `bundled:<name>` in a config.
+BUNDLED = CONFIG_DIR.parent / "runtime" / "bundled"
+MODEL_PATH_KEYS = ("model.policy_path", "rm.init_path", "label.completer")
+
+
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
+
+
+def _resolve_bundled(cfg: DictConfig, where: str) -> None:
+    """`bundled:tiny_warm_start` -> the shipped folder's absolute path, which must exist."""
+    for key in MODEL_PATH_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, str) and value.startswith("bundled:"):
+            folder = BUNDLED / value.removeprefix("bundled:")
+            if not (folder / "config.json").exists():
+                raise ConfigError(f"{where}: {key} = {value!r}: no model in {folder}"
+                                  .replace("command-line overrides: ", ""))
+            OmegaConf.update(cfg, key, str(folder))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -42,7 +59,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             where = str(path)
             cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
         where = "command-line overrides"
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        # `key=` sets an empty string (YAML would read it as null), e.g. model.policy_path=
+        dotlist = [o + "''" if o.endswith("=") else o for o in overrides]
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         raise ConfigError(f"{where}: bad config key {key!r}: {err}".replace("\n", " ")) from err
@@ -61,6 +80,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"{where}: data.min_ops / max_ops / sft_max_ops = {data.min_ops} / "
                           f"{data.max_ops} / {data.sft_max_ops}; expected 1 <= min_ops <= max_ops "
                           "and sft_max_ops 0 (= max_ops) or within [min_ops, max_ops]")
+    _resolve_bundled(cfg, where)
+    if not 0.0 <= data.sft_slip_share < 1.0:
+        raise ConfigError(f"{where}: data.sft_slip_share = {data.sft_slip_share}; expected a "
+                          "share in [0, 1)")
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

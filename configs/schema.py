@@ -79,6 +79,11 @@ class DataConfig:
     """Synthetic: most operations in the SFT worked solutions; 0 = `max_ops`. Set below `max_ops`,
     the warm start never sees a worked solution as long as the longest RL and held-out questions:
     more SFT on its set cannot teach those, RL on gold answers can."""
+    sft_slip_share: float = 0.0
+    """Synthetic: share of the SFT worked solutions written by a student who forgets to carry and
+    to borrow (runtime/synthetic.py `carry_slip_solution`): mined worked solutions are not clean.
+    A warm start trained on them slips at a carry about this often under sampling and rarely
+    when greedy, which leaves RL the room the paper's RL finds (Maj@K, not Pass@K)."""
 
 
 @dataclass
@@ -101,7 +106,8 @@ class TinyModelConfig:
 @dataclass
 class ModelConfig:
     policy_path: str = ""
-    """Policy to start from: a local folder or hub id; empty = build the tiny model in the run folder."""
+    """Policy to start from: a local folder, a hub id, or `bundled:<name>` (a model shipped in
+    runtime/bundled, e.g. the tiny warm start); empty = build the tiny model in the run folder."""
     dtype: str = "float32"
     """Weights dtype: float32 or bfloat16."""
     trust_remote_code: bool = False
@@ -335,6 +341,9 @@ class IterateConfig:
     reward: str = "rm"
     """rm: GRPO rewarded by the reward models (ORM for outcome, PRM for process supervision);
     rule: by the final-answer check (a control)."""
+    refresh: bool = True
+    """Refresh the reward models each iteration on the current policy's samples (Algorithm 1);
+    false = single-stage GRPO: every iteration is rewarded by the first reward models."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ existing run folder continues from the last finished unit (see `runs/<name>/mani
         if k > 1: sample policy_{k-1}, label, refresh ORM/PRM on the new data + replay (10%)
         reference <- policy_{k-1}                   # the reference reset
         GRPO for grpo.steps with the current RMs   -> policy_k
-        evaluate policy_k (greedy, maj@K, pass@K) and the RMs (step metrics, best-of-N)
+        evaluate policy_k (greedy, mean@k, maj@k, pass@k with 95% intervals) and the RMs
 
 Departure from the paper's listing, same computation: the refresh after iteration k is run at the
 start of iteration k+1, so the last iteration does not train reward models nothing will use.
@@ -23,7 +23,7 @@ from typing import Callable
 
 from iteration.manifest import Manifest
 from iteration.replay import refresh_set, save_iteration
-from iteration.summary import plot_accuracy, table, write_summary
+from iteration.summary import change_from, plot_accuracy, table, write_summary
 from policy.evaluate import evaluate_policy
 from policy.grpo import train_grpo
 from policy.rewards import RuleReward
@@ -136,7 +136,8 @@ class IterationRun:
                                   k=cfg.eval.k, temperature=cfg.eval.temperature,
                                   max_new_tokens=cfg.eval.max_new_tokens,
                                   batch_size=cfg.eval.batch_size,
-                                  timeout_s=cfg.eval.grade_timeout_s, progress=is_main())
+                                  timeout_s=cfg.eval.grade_timeout_s, progress=is_main(),
+                                  outcomes_path=self.run / "eval" / f"iteration-{k}.json")
         entry = {"iteration": k, "policy": self._rel(policy),
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()}}
         scorers = {kind: (self._scorer(kind, rm_iteration), kind) for kind in KINDS}
@@ -155,24 +156,41 @@ class IterationRun:
                                         seed=cfg.run.seed)
         if k > 0:
             entry["grpo"] = self._grpo_means(k)
+            entry["change"] = change_from(self.run / "eval" / "iteration-0.json",
+                                          self.run / "eval" / f"iteration-{k}.json")
         return entry
 
     # -- the loop ----------------------------------------------------------------------------
-    def run_all(self) -> list[dict]:
-        m, iterations = self.manifest, []
-        policy = self._abs(m.run("sft", self.warm_start)["policy"])
-        m.run("label/0", lambda: self.label(0, policy))
-        for kind in KINDS:
-            m.run(f"rm-{kind}/0", lambda kind=kind: self.reward_model(kind, 0))
-        iterations.append(m.run("eval/0", lambda: self.evaluate(0, policy, 0)))
-        self._write(iterations)
+    def plan(self) -> list[str]:
+        """Every unit of the run, in the order `run_all` runs them."""
+        units = ["sft", "label/0", *(f"rm-{kind}/0" for kind in KINDS), "eval/0"]
         for k in range(1, self.cfg.iterate.iterations + 1):
-            if k > 1:
-                m.run(f"label/{k - 1}", lambda: self.label(k - 1, policy))
+            if k > 1 and self.cfg.iterate.refresh:
+                units += [f"label/{k - 1}", *(f"rm-{kind}/{k - 1}" for kind in KINDS)]
+            units += [f"grpo/{k}", f"eval/{k}"]
+        return units
+
+    def run_all(self) -> list[dict]:
+        plan, iterations = self.plan(), []
+
+        def unit(name: str, work: Callable[[], dict]) -> dict:
+            return self.manifest.run(name, work, plan)
+
+        policy = self._abs(unit("sft", self.warm_start)["policy"])
+        unit("label/0", lambda: self.label(0, policy))
+        for kind in KINDS:
+            unit(f"rm-{kind}/0", lambda kind=kind: self.reward_model(kind, 0))
+        iterations.append(unit("eval/0", lambda: self.evaluate(0, policy, 0)))
+        self._write(iterations)
+        refresh = self.cfg.iterate.refresh
+        for k in range(1, self.cfg.iterate.iterations + 1):
+            if k > 1 and refresh:
+                unit(f"label/{k - 1}", lambda: self.label(k - 1, policy))
                 for kind in KINDS:
-                    m.run(f"rm-{kind}/{k - 1}", lambda kind=kind: self.reward_model(kind, k - 1))
-            policy = self._abs(m.run(f"grpo/{k}", lambda: self.grpo(k, policy, k - 1))["policy"])
-            iterations.append(m.run(f"eval/{k}", lambda: self.evaluate(k, policy, k - 1)))
+                    unit(f"rm-{kind}/{k - 1}", lambda kind=kind: self.reward_model(kind, k - 1))
+            rms = k - 1 if refresh else 0  # single-stage GRPO keeps the first reward models
+            policy = self._abs(unit(f"grpo/{k}", lambda: self.grpo(k, policy, rms))["policy"])
+            iterations.append(unit(f"eval/{k}", lambda: self.evaluate(k, policy, rms)))
             self._write(iterations)
         return iterations
 

@@ -44,10 +44,28 @@ class Manifest:
         if self.write:
             atomic_write_json(self.path, {"units": self.units})
 
-    def run(self, name: str, work: Callable[[], dict]) -> dict:
-        """`work()` once: a finished unit returns its recorded outputs without running again."""
+    def eta(self, plan: list[str]) -> float | None:
+        """Seconds the unfinished units of `plan` should take: each as long as the finished units
+        of its kind took on average (`grpo/1` is of kind `grpo`), else as the finished ones all."""
+        took: dict[str, list[float]] = {}
+        for name, unit in self.units.items():
+            if unit.get("state") == "done" and "finished" in unit:
+                took.setdefault(name.split("/")[0], []).append(unit["finished"] - unit["started"])
+        if not took:
+            return None
+        every = [t for ts in took.values() for t in ts]
+        return sum(sum(took.get(n.split("/")[0], every)) / len(took.get(n.split("/")[0], every))
+                   for n in plan if not self.done(n))
+
+    def run(self, name: str, work: Callable[[], dict], plan: list[str] | None = None) -> dict:
+        """`work()` once: a finished unit returns its recorded outputs without running again.
+        With `plan` (every unit of the run, in order), prints where the run stands and an ETA."""
         if self.done(name):
             return self.outputs(name)
+        if plan and self.write:
+            eta = self.eta(plan)
+            left = f", ETA {eta / 60:.0f} min" if eta is not None else ""
+            print(f"[iterate] unit {plan.index(name) + 1}/{len(plan)}: {name}{left}", flush=True)
         self.units[name] = {"state": "running", "started": time.time(), "outputs": {}}
         self._save()
         seed_unit(self.seed, name)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from policy.evaluate import METRICS
 from runtime.rundir import atomic_write_json
+from runtime.stats import paired_difference
 
-CURVES = (("eval.greedy_accuracy", "greedy (pass@1)"), ("eval.maj_accuracy", "maj@K"),
-          ("eval.pass_at_k", "pass@K"))
+CURVES = (("eval.greedy_accuracy", "greedy"), ("eval.mean_at_k", "mean@k"),
+          ("eval.maj_accuracy", "maj@k"), ("eval.pass_at_k", "pass@k"))
 
 
 def lookup(entry: dict, dotted: str):
@@ -19,12 +22,28 @@ def lookup(entry: dict, dotted: str):
     return value if not rest else None
 
 
+def change_from(before_path: Path, after_path: Path) -> dict:
+    """Each metric's change between two evaluations of the same questions, with its paired 95%
+    interval, and `gap_closed`: the share of the first policy's gap between mean@k and pass@k
+    that the second closed."""
+    before, after = (json.loads(Path(p).read_text()) for p in (before_path, after_path))
+    if before["questions"] != after["questions"]:
+        raise ValueError(f"{before_path} and {after_path} hold different questions")
+    out = {name: paired_difference(before[name], after[name])
+           for name in METRICS if name in before and name in after}
+    if "mean_at_k" in out and "pass_at_k" in before:
+        mean0, pass0 = (sum(before[n]) / len(before[n]) for n in ("mean_at_k", "pass_at_k"))
+        out["gap_closed"] = out["mean_at_k"]["diff"] / (pass0 - mean0) if pass0 > mean0 else None
+    return out
+
+
 def write_summary(path: Path, iterations: list[dict]) -> None:
     atomic_write_json(path, {"iterations": iterations})
 
 
 def plot_accuracy(path: Path, iterations: list[dict]) -> Path:
-    """Accuracy per iteration for greedy / maj@K / pass@K (iteration 0 = warm start)."""
+    """Accuracy per iteration for greedy / mean@k / maj@k / pass@k with their 95% intervals
+    (iteration 0 = warm start)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,10 +51,19 @@ def plot_accuracy(path: Path, iterations: list[dict]) -> Path:
 
     xs = [it["iteration"] for it in iterations]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in CURVES:
-        ax.plot(xs, [lookup(it, key) for it in iterations], marker="o", label=label)
+    for offset, (key, label) in zip((-0.09, -0.03, 0.03, 0.09), CURVES):
+        points = [(x, lookup(it, key), lookup(it, key + "_lo"), lookup(it, key + "_hi"))
+                  for x, it in zip(xs, iterations) if lookup(it, key) is not None]
+        if not points:
+            continue
+        px, ys = [p[0] + offset for p in points], [p[1] for p in points]
+        if all(p[2] is not None for p in points):
+            err = [[y - p[2] for y, p in zip(ys, points)], [p[3] - y for y, p in zip(ys, points)]]
+            ax.errorbar(px, ys, yerr=err, marker="o", capsize=3, label=label)
+        else:
+            ax.plot(px, ys, marker="o", label=label)
     ax.set_xlabel("iteration (0 = warm start)")
-    ax.set_ylabel("held-out accuracy")
+    ax.set_ylabel("held-out accuracy (95% interval)")
     ax.set_xticks(xs)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -48,10 +76,43 @@ def plot_accuracy(path: Path, iterations: list[dict]) -> Path:
     return path
 
 
+def with_interval(entry: dict, key: str) -> str:
+    """`0.912 [0.89, 0.93]`, or the bare value when no interval was recorded."""
+    value, lo, hi = (lookup(entry, key + suffix) for suffix in ("", "_lo", "_hi"))
+    if value is None:
+        return "-"
+    return f"{value:.3f}" + (f" [{lo:.2f},{hi:.2f}]" if lo is not None else "")
+
+
 def table(iterations: list[dict]) -> str:
-    """A terminal table of the per-iteration metrics."""
-    columns = [("iteration", "iter", "{:d}"), ("eval.greedy_accuracy", "greedy", "{:.3f}"),
-               ("eval.maj_accuracy", "maj@K", "{:.3f}"), ("eval.pass_at_k", "pass@K", "{:.3f}"),
+    """A terminal table of the per-iteration metrics: accuracies with their 95% intervals, then
+    the reward models and GRPO."""
+    keys = [key for key, _ in CURVES]
+    lines = ["  ".join([f"{'iter':>4}"] + [f"{title:>20}" for _, title in CURVES]
+                       + [f"{'questions':>9}"])]
+    for it in iterations:
+        lines.append("  ".join([f"{it['iteration']:>4d}"]
+                               + [f"{with_interval(it, key):>20}" for key in keys]
+                               + [f"{lookup(it, 'eval.questions') or '-':>9}"]))
+        change = it.get("change")
+        if change:
+            cells = [_signed(change.get(key.removeprefix("eval."))) for key in keys]
+            lines.append("  ".join([f"{'+/-':>4}"] + [f"{c:>20}" for c in cells]))
+    closed = iterations[-1].get("change", {}).get("gap_closed") if iterations else None
+    if closed is not None:
+        lines.append(f"RL closed {closed:.0%} of the warm start's gap between mean@k and pass@k "
+                     "(+/-: change from iteration 0, paired 95% interval over the same questions)")
+    return "\n".join(lines) + "\n\n" + _table_rest(iterations)
+
+
+def _signed(d: dict | None) -> str:
+    if not d:
+        return "-"
+    return f"{d['diff']:+.3f} [{d['lo']:+.2f},{d['hi']:+.2f}]"
+
+
+def _table_rest(iterations: list[dict]) -> str:
+    columns = [("iteration", "iter", "{:d}"),
                ("rm.prm/step_accuracy", "PRM step acc", "{:.3f}"),
                ("bon.prm_pick", "BoN PRM", "{:.3f}"), ("bon.orm_pick", "BoN ORM", "{:.3f}"),
                ("bon.prm_group_auroc", "PRM in-group", "{:.3f}"),

@@ -1,4 +1,4 @@
-"""Policy evaluation on held-out questions: greedy pass@1, maj@K and pass@K.
+"""Policy evaluation on held-out questions: greedy, mean@k, maj@k and pass@k with 95% intervals.
 
 Launch alone: `igrpo eval --config configs/tiny.yaml eval.checkpoint=runs/tiny/grpo/final`.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -15,6 +16,8 @@ from policy.rollout import generate_groups
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer
 from runtime.prompts import PromptFormat
+from runtime.rundir import atomic_write_json
+from runtime.stats import bootstrap_interval
 
 
 def _vote_key(answer: str | None) -> str | None:
@@ -42,42 +45,99 @@ def _is_right(answer: str | None, gold: str, timeout_s: int) -> bool:
     return answer is not None and answers_match(answer, gold, timeout_s)
 
 
+METRICS = ("greedy_accuracy", "mean_at_k", "maj_accuracy", "pass_at_k")
+"""Per question: greedy right; mean@k (share of the k samples right, pass@1 averaged over k
+samples as DeepSeek-R1 reports it); maj@k (the majority answer right); pass@k (any sample right)."""
+
+
+def per_question(greedy: list[bool], samples: list[list[bool]] | None,
+                 majority: list[bool] | None) -> dict[str, list[float]]:
+    """The per-question values of METRICS (greedy only when nothing was sampled)."""
+    out = {"greedy_accuracy": [float(g) for g in greedy]}
+    if samples is not None:
+        out["mean_at_k"] = [sum(r) / len(r) for r in samples]
+        out["maj_accuracy"] = [float(m) for m in majority]
+        out["pass_at_k"] = [float(any(r)) for r in samples]
+    return out
+
+
+def summarise(values: dict[str, list[float]], seed: int = 0) -> dict[str, float]:
+    """`eval/<metric>` means with their 95% bootstrap intervals (`_lo`, `_hi`) over questions."""
+    metrics = {}
+    for name, xs in values.items():
+        lo, hi = bootstrap_interval(xs, seed=seed)
+        metrics.update({f"eval/{name}": sum(xs) / len(xs), f"eval/{name}_lo": lo,
+                        f"eval/{name}_hi": hi})
+    return metrics
+
+
 @torch.no_grad()
 def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptFormat, *, k: int,
                     temperature: float, max_new_tokens: int, batch_size: int, timeout_s: int = 2,
-                    sampled: bool = True, progress: bool = False) -> dict[str, float]:
-    """Greedy accuracy (pass@1), and with `sampled`: maj@K, pass@K, mean sampled accuracy."""
-    greedy_right, lengths = 0, []
-    maj_right = pass_right = sample_right = 0
+                    sampled: bool = True, progress: bool = False,
+                    outcomes_path: Path | None = None) -> dict[str, float]:
+    """Greedy accuracy, and with `sampled`: mean@k, maj@k and pass@k at `temperature`, each with
+    its 95% interval over questions. `outcomes_path` receives every question's values (for paired
+    comparisons of two policies on the same questions, and each sample's correctness and vote key
+    for maj@K and pass@K at every K up to k)."""
+    greedy_right, lengths = [], []
+    samples, majority, votes = ([], [], []) if sampled else (None, None, None)
     per_batch = max(1, batch_size // max(k, 1))
-    bar = tqdm(total=len(records), desc="eval", disable=not progress, leave=False)
+    total = len(records) * (1 + (k if sampled else 0))
+    bar = tqdm(total=total, desc="eval", unit="gen", disable=not progress, leave=False)
     for start in range(0, len(records), batch_size):
         chunk = records[start:start + batch_size]
         prompts = fmt.prompts(tokenizer, chunk)
         greedy = generate_groups(model, tokenizer, prompts, 1, max_new_tokens=max_new_tokens,
                                  greedy=True)
         lengths += greedy.lengths.tolist()
-        greedy_right += sum(_is_right(extract_final_answer(t), r.answer, timeout_s)
-                            for t, r in zip(greedy.texts, chunk))
+        greedy_right += [_is_right(extract_final_answer(t), r.answer, timeout_s)
+                         for t, r in zip(greedy.texts, chunk)]
         bar.update(len(chunk))
-    bar.close()
-    metrics = {"eval/greedy_accuracy": greedy_right / len(records),
-               "eval/greedy_length": sum(lengths) / len(lengths),
-               "eval/questions": len(records)}
-    if not sampled:
-        return metrics
-    for start in range(0, len(records), per_batch):
+    for start in range(0, len(records), per_batch) if sampled else ():
         chunk = records[start:start + per_batch]
         prompts = fmt.prompts(tokenizer, chunk)
         rollout = generate_groups(model, tokenizer, prompts, k, max_new_tokens=max_new_tokens,
                                   temperature=temperature)
         for q, rec in enumerate(chunk):
             texts = rollout.texts[q * k:(q + 1) * k]
-            right = [_is_right(extract_final_answer(t), rec.answer, timeout_s) for t in texts]
-            sample_right += sum(right)
-            pass_right += any(right)
-            maj_right += _is_right(majority_answer(texts), rec.answer, timeout_s)
-    n = len(records)
-    metrics.update({"eval/maj_accuracy": maj_right / n, "eval/pass_at_k": pass_right / n,
-                    "eval/sample_accuracy": sample_right / (n * k)})
+            answers = [extract_final_answer(t) for t in texts]
+            samples.append([_is_right(a, rec.answer, timeout_s) for a in answers])
+            votes.append([_vote_key(a) for a in answers])
+            majority.append(_is_right(majority_answer(texts), rec.answer, timeout_s))
+        bar.update(len(chunk) * k)
+    bar.close()
+    values = per_question(greedy_right, samples, majority)
+    metrics = summarise(values)
+    metrics.update({"eval/greedy_length": sum(lengths) / len(lengths),
+                    "eval/questions": len(records)})
+    if sampled:
+        metrics["eval/k"] = k
+    if outcomes_path is not None:
+        atomic_write_json(Path(outcomes_path), {
+            "questions": [r.source_id for r in records], "k": k if sampled else 0,
+            "temperature": temperature, **values,
+            **({"sample_right": samples, "sample_votes": votes} if sampled else {})})
     return metrics
+
+
+def at_k_curves(outcomes: dict, ks: list[int]) -> dict[str, list[float]]:
+    """Pass@K (the unbiased estimator over the k samples) and maj@K (the majority of the first K
+    samples, which are as random as any K) for each K in `ks` up to k, from an outcomes file."""
+    from math import comb
+
+    rights, votes = outcomes["sample_right"], outcomes["sample_votes"]
+    ks = [K for K in ks if K <= min(len(r) for r in rights)]
+    out: dict[str, list[float]] = {"k": ks, "pass": [], "maj": []}
+    for K in ks:
+        pass_k = maj_k = 0.0
+        for right, vote in zip(rights, votes):
+            n, c = len(right), sum(right)
+            pass_k += 1.0 - comb(n - c, K) / comb(n, K)
+            counts = Counter(v for v in vote[:K] if v is not None)
+            if counts:
+                best = counts.most_common(1)[0][0]
+                maj_k += next(r for r, v in zip(right, vote) if v == best)
+        out["pass"].append(pass_k / len(rights))
+        out["maj"].append(maj_k / len(rights))
+    return out

@@ -18,9 +18,22 @@ def as_orm(examples: list[StepExample], separator: str = "\n") -> list[StepExamp
 
 
 def worked_examples(records: list[MathRecord]) -> list[StepExample]:
-    """Worked solutions (e.g. the SFT set's) as PRM examples: every step right, a true label."""
-    return [StepExample(r.question, tuple(r.solution_steps), (1.0,) * len(r.solution_steps),
-                        r.source_id) for r in records if r.solution_steps]
+    """Worked solutions (e.g. the SFT set's) as PRM examples with true labels. A synthetic one is
+    labelled step by step against the question (the SFT set may hold slipped solutions); any
+    other is used only when its last step states the gold answer, every step then labelled right."""
+    out = []
+    for r in records:
+        steps = tuple(r.solution_steps)
+        if not steps:
+            continue
+        if r.source_id.startswith("synthetic:"):
+            labels = tuple(float(t) for t in synthetic.step_correctness(r.question, steps))
+        elif steps[-1].strip().endswith(r.answer.strip()):
+            labels = (1.0,) * len(steps)
+        else:
+            continue
+        out.append(StepExample(r.question, steps, labels, r.source_id))
+    return out
 
 
 def synthetic_step_examples(records: list[MathRecord], seed: int, wrong_fraction: float = 0.5,

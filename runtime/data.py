@@ -8,6 +8,7 @@ skipped and counted when the caller asks for that.
 from __future__ import annotations
 
 import json
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,10 +219,17 @@ def load_records(path: str, schema: str, *, split: str = "test", hub_config: str
     return records
 
 
-def synthetic_records(seed: int, count: int, min_ops: int, max_ops: int, offset: int = 0) -> list[MathRecord]:
+def synthetic_records(seed: int, count: int, min_ops: int, max_ops: int, offset: int = 0,
+                      slip_share: float = 0.0) -> list[MathRecord]:
+    """`count` synthetic problems; with `slip_share`, that share of them (a seeded draw) carry the
+    worked solution of a student who forgets to carry and borrow, under the gold answer."""
     problems = synthetic.make_problems(seed, count + offset, min_ops, max_ops)[offset:]
-    return [MathRecord(p.question, str(p.answer), p.steps, f"synthetic:{seed}:{offset + i}")
-            for i, p in enumerate(problems)]
+    slips = random.Random(seed * 7919 + 1)
+    records = []
+    for i, p in enumerate(problems):
+        steps = synthetic.carry_slip_solution(p) if slips.random() < slip_share else p.steps
+        records.append(MathRecord(p.question, str(p.answer), steps, f"synthetic:{seed}:{offset + i}"))
+    return records
 
 
 @dataclass(frozen=True)
@@ -241,7 +249,7 @@ def load_splits(data, seed: int) -> Splits:
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
         sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops,
-                                data.sft_max_ops or data.max_ops)
+                                data.sft_max_ops or data.max_ops, slip_share=data.sft_slip_share)
         rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops)
         seen = {r.question for r in sft} | {r.question for r in rl}
         wanted = data.eval_questions + data.val_questions

@@ -111,6 +111,36 @@ def step_correctness(question: str, steps: list[str] | tuple[str, ...]) -> list[
     return out
 
 
+def carries(value: int, op: str, n: int) -> bool:
+    """Does this step carry (an addition whose units overflow) or borrow (a subtraction whose
+    units underflow)?"""
+    return (op == "+" and value % 10 + n >= 10) or (op == "-" and value % 10 < n)
+
+
+def _slipped(value: int, op: str, n: int) -> int:
+    """`value op n` with the tens digit left as it was: the carry or borrow forgotten."""
+    if op == "*" or not carries(value, op, n):
+        return _apply(value, op, n)
+    units = (value % 10 + n) % 10 if op == "+" else (value % 10 - n) % 10
+    return value // 10 * 10 + units
+
+
+def carry_slip_solution(problem: Problem) -> tuple[str, ...]:
+    """The worked solution of a student who forgets to carry and to borrow: every step that
+    carries or borrows keeps the tens digit (`Add 5: 27+5=22`, `Subtract 5: 32-5=37`), and the
+    next steps compute correctly from the wrong value. A slip moves the value by a multiple of
+    ten, so later steps carry exactly where the right solution's do: the slips land on the same
+    steps whatever came before. Solutions with no carry or borrow come back unchanged."""
+    value = _true_chain(problem.question)[0][0]
+    steps = []
+    for _, op, n, _ in _true_chain(problem.question):
+        result = _slipped(value, op, n)
+        steps.append(render_step(value, op, n, result))
+        value = result
+    steps.append(f"{ANSWER_PREFIX}{value}")
+    return tuple(steps)
+
+
 def corrupt_solution(problem: Problem, rng: random.Random) -> tuple[tuple[str, ...], int]:
     """A wrong solution whose first wrong step is known: (steps, first_wrong_index).
 

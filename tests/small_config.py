@@ -1,6 +1,7 @@
 """Overrides that shrink configs/tiny.yaml to seconds: a 1-layer, 32-wide model, few questions."""
 
 SMALL = [
+    "model.policy_path=", "sft.enabled=true",  # build the small model, train its SFT stage
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
     "model.tiny.intermediate_size=64", "data.sft_questions=64", "data.rl_questions=256",
     "data.eval_questions=8", "data.val_questions=8", "sft.batch_size=16", "sft.epochs=0.5",

@@ -115,3 +115,46 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert _iterate(tmp_path / "b", "grpo.beta=0.1") == 2
     assert "grpo.beta" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_replication_study_shares_iteration_zero_and_reports_every_arm(tmp_path):
+    import subprocess
+    import sys
+
+    doc = tmp_path / "replication.md"
+    arms = ["grpo-process", "grpo-process-iterative", "grpo-process-no-lik"]
+    subprocess.run([sys.executable, "scripts/replicate.py", "--root", str(tmp_path / "study"),
+                    "--seeds", "0", "--doc", str(doc), "--arms", ",".join(arms), *SMALL,
+                    "rm.likelihood_feature=true"], check=True)
+    study = tmp_path / "study"
+    units = {arm: json.loads((study / f"seed0-{arm}" / "manifest.json").read_text())["units"]
+             for arm in arms}
+    # Iteration 0 ran once, in the prefix, and each arm resumed from it (same start time);
+    # the arm without the likelihood feature retrained its reward models.
+    prefix = json.loads((study / "seed0-prefix" / "manifest.json").read_text())["units"]
+    assert units["grpo-process"]["label/0"] == prefix["label/0"]
+    assert units["grpo-process"]["rm-prm/0"] == prefix["rm-prm/0"]
+    assert units["grpo-process-no-lik"]["rm-prm/0"]["started"] > prefix["rm-prm/0"]["finished"]
+    # Frozen reward models: no refresh; Algorithm 1: refreshed before iteration 2.
+    assert "rm-prm/1" not in units["grpo-process"] and "label/1" not in units["grpo-process"]
+    assert units["grpo-process-iterative"]["rm-prm/1"]["state"] == "done"
+    text = doc.read_text()
+    for arm in arms:
+        assert f"| {arm} | 0 |" in text
+    assert "| warm start | 0 |" in text and "gap closed" in text and "Maj@K" in text
+    assert (tmp_path / "replication_figure7.png").exists()
+    assert "<!-- reading: kept by scripts/replicate.py -->" in text
+
+
+def test_manifest_eta_counts_each_unfinished_unit_as_its_kind_took(tmp_path):
+    from iteration.manifest import Manifest
+
+    m = Manifest(tmp_path / "manifest.json")
+    m.units = {"label/0": {"state": "done", "started": 0.0, "finished": 30.0},
+               "grpo/1": {"state": "done", "started": 30.0, "finished": 130.0},
+               "eval/1": {"state": "done", "started": 130.0, "finished": 150.0}}
+    plan = ["label/0", "grpo/1", "eval/1", "label/1", "rm-prm/1", "grpo/2", "eval/2"]
+    # label 30 + rm (no rm yet: the mean of all, 50) + grpo 100 + eval 20.
+    assert m.eta(plan) == 200.0
+    assert Manifest(tmp_path / "other.json").eta(plan) is None

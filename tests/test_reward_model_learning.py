@@ -77,7 +77,8 @@ def test_train_rm_cli_from_math_shepherd_file(tmp_path):
     examples = synthetic_step_examples(load_splits(cfg.data, 0).rl, seed=3)
     data = tmp_path / "prm.jsonl"
     write_math_shepherd_jsonl(data, examples)
-    small = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+    small = ["model.policy_path=", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+             "model.tiny.num_heads=2",
              "model.tiny.intermediate_size=64", "rm.extra_layers_from=[0]", "rm.epochs=1",
              "rm.batch_size=16", "deepspeed.micro_batch_size=16", "run.wandb_mode=disabled",
              f"rm.data_path={data}", "rm.kind=prm", "rm.eval_every=5"]

@@ -1,0 +1,260 @@
+"""The replication study: DeepSeekMath's RL comparisons on the tiny task, every arm from the shipped
+warm start at the same compute per arm, for several seeds; writes docs/replication.md.
+
+    python scripts/replicate.py                         # every arm, seeds 0 and 1
+    python scripts/replicate.py --seeds 0 --arms grpo-process,grpo-process-iterative
+    python scripts/replicate.py --report-only           # rebuild the document from finished runs
+
+Arms (overrides of configs/tiny.yaml; all run `igrpo iterate` for `iterate.iterations` iterations):
+  online-rft               online rejection-sampling fine-tuning: advantage 1 on right samples
+  grpo-outcome             GRPO, outcome supervision (the ORM's score), reward models frozen
+  grpo-process             GRPO, process supervision (the PRM's P(+) at each tag), frozen
+  grpo-process-no-lik      the same without the likelihood feature (rm.likelihood_feature=false)
+  grpo-process-iterative   the same as grpo-process with the reward models refreshed each
+                           iteration (Algorithm 1; 10% replay)
+  shuffled-control         grpo-process with each step's rewards shuffled across the batch
+
+Per seed, the units every arm shares (labels and reward models of iteration 0, the warm start's
+evaluation) run once in a prefix run and are copied into each arm's folder, whose manifest then
+resumes at GRPO. Runs resume: re-running the command continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import igrpo  # noqa: E402
+from iteration.summary import change_from  # noqa: E402
+from policy.evaluate import at_k_curves  # noqa: E402
+
+CONFIG = "configs/tiny.yaml"
+ARMS = {
+    "online-rft": ["grpo.supervision=rft", "iterate.reward=rule", "iterate.refresh=false"],
+    "grpo-outcome": ["grpo.supervision=outcome", "iterate.refresh=false"],
+    "grpo-process": ["grpo.supervision=process", "iterate.refresh=false"],
+    "grpo-process-no-lik": ["grpo.supervision=process", "iterate.refresh=false",
+                            "rm.likelihood_feature=false"],
+    "grpo-process-iterative": ["grpo.supervision=process", "iterate.refresh=true"],
+    "shuffled-control": ["grpo.supervision=process", "iterate.refresh=false",
+                         "grpo.shuffle_rewards=true"],
+}
+# Units that differ with an arm's reward-model settings: rerun in its copy of the prefix.
+RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
+METRICS = (("mean_at_k", "mean@k"), ("greedy_accuracy", "greedy"), ("maj_accuracy", "maj@k"),
+           ("pass_at_k", "pass@k"))
+KS = [1, 2, 4, 8]
+
+
+def iterate(root: Path, name: str, seed: int, *overrides: str) -> None:
+    code = igrpo.main(["iterate", "--config", CONFIG, f"run.root={root}", f"run.name={name}",
+                       f"run.seed={seed}", "run.wandb_mode=disabled", *overrides])
+    if code != 0:
+        raise SystemExit(f"{name}: igrpo iterate exited {code}")
+
+
+def prefix(root: Path, seed: int, extra: list[str]) -> Path:
+    """The shared iteration-0 units of one seed."""
+    iterate(root, f"seed{seed}-prefix", seed, *extra, "iterate.iterations=0")
+    return root / f"seed{seed}-prefix"
+
+
+def start_arm(prefix_run: Path, arm_run: Path, arm: str) -> None:
+    """A new arm folder holds the prefix's finished units (its manifest resumes at GRPO)."""
+    if arm_run.exists():
+        return
+    tmp = arm_run.with_name(arm_run.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(prefix_run, tmp, ignore=shutil.ignore_patterns("config.yaml", "wandb"))
+    if "rm.likelihood_feature=false" in ARMS[arm]:
+        manifest = json.loads((tmp / "manifest.json").read_text())
+        for unit in RM_UNITS:
+            manifest["units"].pop(unit, None)
+        for kind in ("orm", "prm"):
+            shutil.rmtree(tmp / f"rm-{kind}" / "iteration-0")
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    for stale in ("summary.json", "accuracy.png"):
+        (tmp / stale).unlink(missing_ok=True)
+    tmp.rename(arm_run)
+
+
+def arm_result(run: Path) -> dict:
+    """Final metrics, change from the warm start, and the reward models of one finished arm."""
+    iterations = json.loads((run / "summary.json").read_text())["iterations"]
+    first, last = iterations[0], iterations[-1]
+    evals = sorted((run / "eval").glob("iteration-*.json"))
+    final_eval = run / "eval" / f"iteration-{last['iteration']}.json"
+    return {"first": first, "last": last,
+            "change": change_from(run / "eval" / "iteration-0.json", final_eval),
+            "curves": {"before": at_k_curves(json.loads(evals[0].read_text()), KS),
+                       "after": at_k_curves(json.loads(final_eval.read_text()), KS)}}
+
+
+def _cell(entry: dict, key: str) -> str:
+    ev = entry["eval"]
+    return f"{ev[key]:.3f} [{ev[key + '_lo']:.3f}, {ev[key + '_hi']:.3f}]"
+
+
+def _change(d: dict) -> str:
+    return f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+
+
+def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
+           command: str, extra: list[str]) -> str:
+    results = {(arm, s): arm_result(root / f"seed{s}-{arm}") for arm in arms for s in seeds
+               if (root / f"seed{s}-{arm}" / "summary.json").exists()}
+    lines = ["# Replication study: DeepSeekMath's RL comparisons on the tiny task", "",
+             "Generated by `scripts/replicate.py`; do not edit above the reading section.", "",
+             f"- Command: `{command}`",
+             f"- Wall time: {seconds / 60:.1f} min on this machine (2 CPU cores)" if seconds
+             else "- Wall time: see the previous full run",
+             f"- Config: `{CONFIG}` with {' '.join(f'`{e}`' for e in extra) or 'no overrides'}; "
+             "every arm starts from the shipped warm start and runs the same GRPO steps, group "
+             "size and held-out evaluation.", ""]
+    lines += ["## Held-out accuracy after RL", "",
+              "Each cell: mean and 95% bootstrap interval over the held-out questions. The warm "
+              "start row is iteration 0 (the same for every arm of a seed).", "",
+              "| arm | seed | " + " | ".join(t for _, t in METRICS) + " |",
+              "|---|---|" + "---|" * len(METRICS)]
+    for s in seeds:
+        any_arm = next((results[(a, s)] for a in arms if (a, s) in results), None)
+        if any_arm:
+            lines.append(f"| warm start | {s} | " + " | ".join(
+                _cell(any_arm["first"], k) for k, _ in METRICS) + " |")
+    for arm in arms:
+        for s in seeds:
+            if (arm, s) in results:
+                lines.append(f"| {arm} | {s} | " + " | ".join(
+                    _cell(results[(arm, s)]["last"], k) for k, _ in METRICS) + " |")
+    lines += ["", "## Change from the warm start", "",
+              "Paired over the same questions: the mean change and its 95% bootstrap interval; "
+              "`gap closed` is the share of the warm start's gap between mean@k and pass@k that "
+              "RL closed.", "",
+              "| arm | seed | " + " | ".join(t for _, t in METRICS) + " | gap closed |",
+              "|---|---|" + "---|" * (len(METRICS) + 1)]
+    for arm in arms:
+        for s in seeds:
+            if (arm, s) in results:
+                ch = results[(arm, s)]["change"]
+                closed = ch.get("gap_closed")
+                closed = "-" if closed is None else f"{closed:.0%}"
+                lines.append(f"| {arm} | {s} | " + " | ".join(_change(ch[k]) for k, _ in METRICS)
+                             + f" | {closed} |")
+    lines += ["", "## Reward models and best-of-N after RL", "",
+              "Step accuracy and AUROC of the reward models on held-out solutions with known "
+              "first wrong steps; best-of-16 picks among the final policy's samples.", "",
+              "| arm | seed | PRM step acc | ORM step acc | BoN PRM | BoN ORM | BoN majority "
+              "| BoN random | reward | KL |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        for s in seeds:
+            if (arm, s) in results:
+                last = results[(arm, s)]["last"]
+                rm, bon, g = last.get("rm", {}), last.get("bon", {}), last.get("grpo", {})
+                cells = [rm.get("prm/step_accuracy"), rm.get("orm/step_accuracy"),
+                         bon.get("prm_pick"), bon.get("orm_pick"), bon.get("majority"),
+                         bon.get("random"), g.get("reward/mean"), g.get("train/kl")]
+                lines.append(f"| {arm} | {s} | " + " | ".join(
+                    "-" if c is None else f"{c:.1e}" if 0 < abs(c) < 1e-3 else f"{c:.3f}"
+                    for c in cells) + " |")
+    ks = next(iter(results.values()))["curves"]["before"]["k"] if results else KS
+    lines += ["", "## Maj@K and Pass@K against K (the paper's Figure 7)", "",
+              "From the k samples per held-out question: pass@K by the unbiased estimator, "
+              "maj@K as the majority of the first K samples. Mean over seeds.", "",
+              "| policy | " + " | ".join(f"pass@{k}" for k in ks) + " | "
+              + " | ".join(f"maj@{k}" for k in ks) + " |",
+              "|---|" + "---|" * (2 * len(ks))]
+    rows = {"warm start": [r["curves"]["before"] for (a, _), r in results.items()
+                           if a == arms[0]]}
+    for arm in arms:
+        rows[arm] = [results[(arm, s)]["curves"]["after"] for s in seeds if (arm, s) in results]
+    for name, curves in rows.items():
+        if curves:
+            mean = {key: [sum(c[key][i] for c in curves) / len(curves) for i in range(len(ks))]
+                    for key in ("pass", "maj")}
+            lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in mean["pass"]) + " | "
+                         + " | ".join(f"{v:.3f}" for v in mean["maj"]) + " |")
+    _plot(rows, ks, root / "figure7.png")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: dict, ks: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+    for name, curves in rows.items():
+        if not curves:
+            continue
+        for ax, key in zip(axes, ("maj", "pass")):
+            ys = [sum(c[key][i] for c in curves) / len(curves) for i in range(len(ks))]
+            ax.plot(ks, ys, marker="o", label=name)
+    for ax, title in zip(axes, ("Maj@K", "Pass@K")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("K")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out accuracy")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_doc(doc: Path, text: str, figure: Path) -> Path:
+    """`doc` (docs/replication.md): the generated part, then the hand-written reading kept."""
+    marker = "<!-- reading: kept by scripts/replicate.py -->"
+    reading = doc.read_text().split(marker, 1)[1] if doc.exists() and marker in doc.read_text() \
+        else "\n## Reading\n\n(what the numbers say)\n"
+    doc.parent.mkdir(exist_ok=True)
+    if figure.exists():
+        shutil.copy2(figure, doc.parent / "replication_figure7.png")
+        text += "\n![Maj@K and Pass@K against K](replication_figure7.png)\n"
+    doc.write_text(text + "\n" + marker + reading)
+    return doc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=ROOT / "runs" / "study")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated run seeds")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms of {', '.join(ARMS)}")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "replication.md")
+    parser.add_argument("overrides", nargs="*",
+                        help="key=value overrides for every arm (the compute budget)")
+    args = parser.parse_intermixed_args()
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.arms = args.arms.split(",")
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown {', '.join(unknown)}; known: {', '.join(ARMS)}")
+    command = " ".join(["python scripts/replicate.py", *sys.argv[1:]])
+    start = time.perf_counter()
+    if not args.report_only:
+        for seed in args.seeds:
+            shared = prefix(args.root, seed, args.overrides)
+            for arm in args.arms:
+                run = args.root / f"seed{seed}-{arm}"
+                start_arm(shared, run, arm)
+                print(f"[study] seed {seed}: {arm}", flush=True)
+                iterate(args.root, run.name, seed, *args.overrides, *ARMS[arm])
+    seconds = None if args.report_only else time.perf_counter() - start
+    doc = write_doc(args.doc, report(args.root, args.seeds, args.arms, seconds, command, args.overrides),
+                    args.root / "figure7.png")
+    print(f"wrote {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
