@@ -20,8 +20,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# Extra overrides for the demo, e.g. `make demo DEMO_ARGS="run.seed=1 run.name=tiny-seed1"`.
+DEMO_ARGS ?=
+
 demo: setup
-	$(VENV)/bin/igrpo demo --config configs/tiny.yaml
+	$(VENV)/bin/igrpo demo --config configs/tiny.yaml $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest -q --durations=12

@@ -38,15 +38,14 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
 
 
-def _resolve_bundled(cfg: DictConfig, where: str) -> None:
+def _resolve_bundled(cfg: DictConfig) -> None:
     """`bundled:tiny_warm_start` -> the shipped folder's absolute path, which must exist."""
     for key in MODEL_PATH_KEYS:
         value = OmegaConf.select(cfg, key)
         if isinstance(value, str) and value.startswith("bundled:"):
             folder = BUNDLED / value.removeprefix("bundled:")
             if not (folder / "config.json").exists():
-                raise ConfigError(f"{where}: {key} = {value!r}: no model in {folder}"
-                                  .replace("command-line overrides: ", ""))
+                raise ConfigError(f"{key} = {value!r}: no model in {folder}")
             OmegaConf.update(cfg, key, str(folder))
 
 
@@ -80,7 +79,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"{where}: data.min_ops / max_ops / sft_max_ops = {data.min_ops} / "
                           f"{data.max_ops} / {data.sft_max_ops}; expected 1 <= min_ops <= max_ops "
                           "and sft_max_ops 0 (= max_ops) or within [min_ops, max_ops]")
-    _resolve_bundled(cfg, where)
+    _resolve_bundled(cfg)
     if not 0.0 <= data.sft_slip_share < 1.0:
         raise ConfigError(f"{where}: data.sft_slip_share = {data.sft_slip_share}; expected a "
                           "share in [0, 1)")

@@ -46,14 +46,15 @@ class Manifest:
 
     def eta(self, plan: list[str]) -> float | None:
         """Seconds the unfinished units of `plan` should take: each as long as the finished units
-        of its kind took on average (`grpo/1` is of kind `grpo`), else as the finished ones all."""
+        of its kind took on average (`grpo/1` is of kind `grpo`), else as the finished ones that
+        did work (a second or more) took; None before any has."""
         took: dict[str, list[float]] = {}
         for name, unit in self.units.items():
             if unit.get("state") == "done" and "finished" in unit:
                 took.setdefault(name.split("/")[0], []).append(unit["finished"] - unit["started"])
-        if not took:
+        every = [t for ts in took.values() for t in ts if t >= 1.0]  # not a skipped SFT
+        if not every:
             return None
-        every = [t for ts in took.values() for t in ts]
         return sum(sum(took.get(n.split("/")[0], every)) / len(took.get(n.split("/")[0], every))
                    for n in plan if not self.done(n))
 

@@ -158,3 +158,5 @@ def test_manifest_eta_counts_each_unfinished_unit_as_its_kind_took(tmp_path):
     # label 30 + rm (no rm yet: the mean of all, 50) + grpo 100 + eval 20.
     assert m.eta(plan) == 200.0
     assert Manifest(tmp_path / "other.json").eta(plan) is None
+    m.units = {"sft": {"state": "done", "started": 0.0, "finished": 0.01}}  # nothing to do
+    assert m.eta(plan) is None
