@@ -122,11 +122,17 @@ def test_replication_study_shares_iteration_zero_and_reports_every_arm(tmp_path)
     import subprocess
     import sys
 
+    import os
+
+    from fault_injection import DIST_VARS
+
     doc = tmp_path / "replication.md"
     arms = ["grpo-process", "grpo-process-iterative", "grpo-process-no-lik"]
+    # A fresh process group: not the port this test process may already hold.
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     subprocess.run([sys.executable, "scripts/replicate.py", "--root", str(tmp_path / "study"),
                     "--seeds", "0", "--doc", str(doc), "--arms", ",".join(arms), *SMALL,
-                    "rm.likelihood_feature=true"], check=True)
+                    "rm.likelihood_feature=true"], check=True, env=env)
     study = tmp_path / "study"
     units = {arm: json.loads((study / f"seed0-{arm}" / "manifest.json").read_text())["units"]
              for arm in arms}

@@ -5,7 +5,8 @@ same sampling noise: a gain that the control does not show cannot be chance drif
 start. With zero advantages the only gradient is the KL term's, which is exactly 0 while the policy
 equals its reference, so the control cannot move at all; 20 steps show that at a third of the cost.
 The measure is mean@4 at the training temperature: the warm start slips at carries under sampling
-(its recipe.json), which is the room RL has.
+(its recipe.json), which is the room RL has. Measured: mean@4 0.626 -> 0.848, greedy 0.735 ->
+0.955; the control 0.626 -> 0.626.
 """
 
 import json
