@@ -117,7 +117,8 @@ def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
              else "- Wall time: see the previous full run",
              f"- Config: `{CONFIG}` with {' '.join(f'`{e}`' for e in extra) or 'no overrides'}; "
              "every arm starts from the shipped warm start and runs the same GRPO steps, group "
-             "size and held-out evaluation.", ""]
+             "size and held-out evaluation.",
+             "- Arms: " + "; ".join(f"{a} (`{' '.join(ARMS[a])}`)" for a in arms), ""]
     lines += ["## Held-out accuracy after RL", "",
               "Each cell: mean and 95% bootstrap interval over the held-out questions. The warm "
               "start row is iteration 0 (the same for every arm of a seed).", "",
