@@ -31,14 +31,22 @@ def _vote_key(answer: str | None) -> str | None:
         return " ".join(text.split())
 
 
+def majority_key(keys: list[str | None]) -> str | None:
+    """The most common vote key (ties: the first seen); None if no key is set."""
+    counts = Counter(k for k in keys if k is not None)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def majority_of(answers: list[str | None]) -> str | None:
+    """The most common of extracted final answers, as first written."""
+    keys = [_vote_key(a) for a in answers]
+    best = majority_key(keys)
+    return None if best is None else next(a for k, a in zip(keys, answers) if k == best)
+
+
 def majority_answer(texts: list[str]) -> str | None:
     """The most common final answer among `texts` (ties: the first seen); None if none has one."""
-    keys = [(_vote_key(extract_final_answer(t)), extract_final_answer(t)) for t in texts]
-    counts = Counter(k for k, _ in keys if k is not None)
-    if not counts:
-        return None
-    best = counts.most_common(1)[0][0]
-    return next(a for k, a in keys if k == best)
+    return majority_of([extract_final_answer(t) for t in texts])
 
 
 def _is_right(answer: str | None, gold: str, timeout_s: int) -> bool:
@@ -104,7 +112,7 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptForm
             answers = [extract_final_answer(t) for t in texts]
             samples.append([_is_right(a, rec.answer, timeout_s) for a in answers])
             votes.append([_vote_key(a) for a in answers])
-            majority.append(_is_right(majority_answer(texts), rec.answer, timeout_s))
+            majority.append(_is_right(majority_of(answers), rec.answer, timeout_s))
         bar.update(len(chunk) * k)
     bar.close()
     values = per_question(greedy_right, samples, majority)
@@ -134,9 +142,8 @@ def at_k_curves(outcomes: dict, ks: list[int]) -> dict[str, list[float]]:
         for right, vote in zip(rights, votes):
             n, c = len(right), sum(right)
             pass_k += 1.0 - comb(n - c, K) / comb(n, K)
-            counts = Counter(v for v in vote[:K] if v is not None)
-            if counts:
-                best = counts.most_common(1)[0][0]
+            best = majority_key(vote[:K])
+            if best is not None:
                 maj_k += next(r for r, v in zip(right, vote) if v == best)
         out["pass"].append(pass_k / len(rights))
         out["maj"].append(maj_k / len(rights))
