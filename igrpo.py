@@ -63,6 +63,9 @@ RESUMABLE = {"sft": lambda cfg: "sft", "grpo": lambda cfg: "grpo", "label": lamb
              "train-rm": lambda cfg: f"rm-{cfg.rm.kind}", "iterate": lambda cfg: "iterate",
              "demo": lambda cfg: "iterate"}
 
+# Keys that change how a run executes, not what it computes: a run may resume with them changed.
+RESUME_FREE = ("run.threads", "run.wandb_mode", "run.wandb_project", "run.wandb_log_checkpoints")
+
 
 class Session:
     """What every stage needs: the config, its run folder and its YAML, the metrics logger."""
@@ -91,7 +94,8 @@ class Session:
         """A stage folder made with a different config refuses to resume, naming the keys."""
         previous = self.run.read_config(f"{stage}/config.yaml")
         if previous is not None:
-            changed = diff_configs(previous, to_dict(self.cfg))
+            changed = [k for k in diff_configs(previous, to_dict(self.cfg))
+                       if k not in RESUME_FREE]
             if changed:
                 raise ConfigError(
                     f"{self.run.path / stage} was made with a different config; differing keys: "

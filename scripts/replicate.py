@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +88,47 @@ def start_arm(prefix_run: Path, arm_run: Path, arm: str) -> None:
     tmp.rename(arm_run)
 
 
+def run_arm(root: Path, seed: int, arm: str, overrides: list[str]) -> None:
+    run = root / f"seed{seed}-{arm}"
+    start_arm(root / f"seed{seed}-prefix", run, arm)
+    print(f"[study] seed {seed}: {arm}", flush=True)
+    iterate(root, run.name, seed, *overrides, *ARMS[arm])
+
+
+def run_study(root: Path, seeds: list[int], arms: list[str], overrides: list[str],
+              jobs: int) -> None:
+    """Every seed's prefix, then its arms; with `jobs` > 1, that many runs at a time, the cores
+    shared out (run.threads), an arm starting as soon as its seed's prefix is done."""
+    if jobs <= 1:
+        for seed in seeds:
+            prefix(root, seed, overrides)
+            for arm in arms:
+                run_arm(root, seed, arm, overrides)
+        return
+    overrides = [*overrides, f"run.threads={max(1, (os.cpu_count() or 1) // jobs)}"]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        prefixes = {pool.submit(prefix, root, seed, overrides): seed for seed in seeds}
+        runs = []
+        for done in as_completed(prefixes):
+            done.result()
+            runs += [pool.submit(run_arm, root, prefixes[done], arm, overrides) for arm in arms]
+        for done in as_completed(runs):
+            done.result()
+
+
+def compute_minutes(run: Path) -> float:
+    """Minutes the units of one run folder took (a copied prefix's units included)."""
+    units = json.loads((run / "manifest.json").read_text())["units"].values()
+    return sum(u["finished"] - u["started"] for u in units if u.get("state") == "done") / 60
+
+
 def arm_result(run: Path) -> dict:
     """Final metrics, change from the warm start, and the reward models of one finished arm."""
     iterations = json.loads((run / "summary.json").read_text())["iterations"]
     first, last = iterations[0], iterations[-1]
     evals = sorted((run / "eval").glob("iteration-*.json"))
     final_eval = run / "eval" / f"iteration-{last['iteration']}.json"
-    return {"first": first, "last": last,
+    return {"first": first, "last": last, "minutes": compute_minutes(run),
             "change": change_from(run / "eval" / "iteration-0.json", final_eval),
             "curves": {"before": at_k_curves(json.loads(evals[0].read_text()), KS),
                        "after": at_k_curves(json.loads(final_eval.read_text()), KS)}}
@@ -137,9 +174,10 @@ def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
     lines += ["", "## Change from the warm start", "",
               "Paired over the same questions: the mean change and its 95% bootstrap interval; "
               "`gap closed` is the share of the warm start's gap between mean@k and pass@k that "
-              "RL closed.", "",
-              "| arm | seed | " + " | ".join(t for _, t in METRICS) + " | gap closed |",
-              "|---|---|" + "---|" * (len(METRICS) + 1)]
+              "RL closed; `minutes` is the compute of the arm's run, its share of the seed's "
+              "iteration 0 included.", "",
+              "| arm | seed | " + " | ".join(t for _, t in METRICS) + " | gap closed | minutes |",
+              "|---|---|" + "---|" * (len(METRICS) + 2)]
     for arm in arms:
         for s in seeds:
             if (arm, s) in results:
@@ -147,7 +185,7 @@ def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
                 closed = ch.get("gap_closed")
                 closed = "-" if closed is None else f"{closed:.0%}"
                 lines.append(f"| {arm} | {s} | " + " | ".join(_change(ch[k]) for k, _ in METRICS)
-                             + f" | {closed} |")
+                             + f" | {closed} | {results[(arm, s)]['minutes']:.1f} |")
     lines += ["", "## Reward models and best-of-N after RL", "",
               "Step accuracy and AUROC of the reward models on held-out solutions with known "
               "first wrong steps; best-of-16 picks among the final policy's samples.", "",
@@ -230,6 +268,8 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1", help="comma-separated run seeds")
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"comma-separated arms of {', '.join(ARMS)}")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, the CPU cores shared among them")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "replication.md")
     parser.add_argument("overrides", nargs="*",
@@ -243,13 +283,7 @@ def main() -> int:
     command = " ".join(["python scripts/replicate.py", *sys.argv[1:]])
     start = time.perf_counter()
     if not args.report_only:
-        for seed in args.seeds:
-            shared = prefix(args.root, seed, args.overrides)
-            for arm in args.arms:
-                run = args.root / f"seed{seed}-{arm}"
-                start_arm(shared, run, arm)
-                print(f"[study] seed {seed}: {arm}", flush=True)
-                iterate(args.root, run.name, seed, *args.overrides, *ARMS[arm])
+        run_study(args.root, args.seeds, args.arms, args.overrides, args.jobs)
     seconds = None if args.report_only else time.perf_counter() - start
     doc = write_doc(args.doc, report(args.root, args.seeds, args.arms, seconds, command, args.overrides),
                     args.root / "figure7.png")

@@ -131,7 +131,7 @@ def test_replication_study_shares_iteration_zero_and_reports_every_arm(tmp_path)
     # A fresh process group: not the port this test process may already hold.
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     subprocess.run([sys.executable, "scripts/replicate.py", "--root", str(tmp_path / "study"),
-                    "--seeds", "0", "--doc", str(doc), "--arms", ",".join(arms), *SMALL,
+                    "--seeds", "0", "--doc", str(doc), "--arms", ",".join(arms), "--jobs", "2", *SMALL,
                     "rm.likelihood_feature=true"], check=True, env=env)
     study = tmp_path / "study"
     units = {arm: json.loads((study / f"seed0-{arm}" / "manifest.json").read_text())["units"]
@@ -149,6 +149,9 @@ def test_replication_study_shares_iteration_zero_and_reports_every_arm(tmp_path)
     for arm in arms:
         assert f"| {arm} | 0 |" in text
     assert "| warm start | 0 |" in text and "gap closed" in text and "Maj@K" in text
+    # Two runs at a time (--jobs 2), each on its share of the cores.
+    config = (study / "seed0-grpo-process" / "iterate" / "config.yaml").read_text()
+    assert f"threads: {max(1, (os.cpu_count() or 1) // 2)}" in config
     assert (tmp_path / "replication_figure7.png").exists()
     assert "<!-- reading: kept by scripts/replicate.py -->" in text
 
