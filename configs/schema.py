@@ -198,7 +198,7 @@ class GRPOConfig:
     advantage 0. 0 = the paper's formula. Normalising divides by the std, so a reward model
     that barely separates a group's samples (std 0.01) hands out full-size advantages from
     its noise (the tiny demo's 10-second PRM took the policy from 79.5% to 23.5%; a floor of
-    0.05 did not save it, see the README)."""
+    0.05 did not save it, see docs/task_design.md)."""
     scale_by_std: bool = True
     """Divide advantages by the group std (Dr. GRPO turns this off)."""
     dynamic_sampling: bool = False

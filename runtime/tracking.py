@@ -1,6 +1,6 @@
 """Metrics to a JSONL file in the run folder and to wandb (offline unless the user set it up).
 
-Metric names live in fixed namespaces, documented in the README's metric reference:
+Metric names live in fixed namespaces, documented in docs/metrics.md:
 `rollout/`, `reward/`, `train/`, `time/`, `eval/` (and later `rm/`, `prm/`).
 """
 

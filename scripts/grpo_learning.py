@@ -26,7 +26,7 @@ import igrpo  # noqa: E402
 from runtime.tracking import read_metrics  # noqa: E402
 
 
-# The README's table was measured from warm starts at lr 1e-3 (the tiny default is 5e-4 since).
+# docs/grpo.md's table was measured from warm starts at lr 1e-3 (the tiny default is 5e-4 since).
 SFT = ["sft.epochs=1", "sft.patience=0", "sft.eval_every=100", "data.sft_questions=25600",
        "sft.lr=1e-3"]
 GRPO = ["grpo.supervision=outcome", "grpo.questions_per_step=8", "grpo.group_size=8",

@@ -6,7 +6,7 @@
 
 Writes Math-Shepherd JSONL: a PRM trained on the policy's own samples without the completer's
 cost. On the synthetic task a step's true correctness is known (`runtime.synthetic`), and
-Math-Shepherd hard estimates agree with it on 95.7% of steps (README "Measurements"), so this
+Math-Shepherd hard estimates agree with it on 95.7% of steps (docs/reward_models.md), so this
 stands in for labelling by completion. Questions come from the RL pool (from index 20,000), never
 from the held-out split.
 """
