@@ -66,6 +66,16 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     for k in (1, 2):
         assert (run / "grpo" / f"iteration-{k}" / "final" / "model.safetensors").exists()
     assert (run / "replay" / "prm" / "iteration-1.jsonl").exists()
+    # The stage commands find what iterate wrote: eval takes the last iteration's policy (the
+    # same greedy accuracy as the loop measured), eval-rm the newest reward models.
+    stage_args = ["--config", "configs/tiny.yaml", f"run.root={tmp_path / 'a'}", *SMALL]
+    assert igrpo.main(["eval", *stage_args]) == 0
+    report = json.loads((run / "eval" / "grpo-iteration-2.json").read_text())
+    assert report["checkpoint"] == str(run / "grpo" / "iteration-2" / "final")
+    assert report["eval/greedy_accuracy"] == its[2]["eval"]["greedy_accuracy"]
+    assert igrpo.main(["eval-rm", *stage_args]) == 0
+    rm_report = json.loads((run / "eval" / "reward_models.json").read_text())
+    assert "prm/step_accuracy" in rm_report and "orm/step_accuracy" in rm_report
     # The refresh set of iteration 1 holds the configured historical fraction.
     refresh = manifest["rm-prm/1"]["outputs"]
     new_rows = refresh["rows"] - refresh["historical_rows"]
