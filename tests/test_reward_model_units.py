@@ -209,7 +209,8 @@ def test_deepened_backbone_starts_as_the_same_function(tok, tmp_path):
 
 def test_minimal_pairs_and_question_grouped_batches():
     from reward_model.examples import synthetic_step_examples
-    from reward_model.train import epoch_order, split_validation
+    from reward_model.train import question_groups, split_validation
+    from runtime.training import seeded_order
     from runtime.data import synthetic_records
 
     records = synthetic_records(seed=5, count=40, min_ops=2, max_ops=4)
@@ -218,10 +219,10 @@ def test_minimal_pairs_and_question_grouped_batches():
     for right, wrong in zip(pairs[::2], pairs[1::2]):
         assert right.question == wrong.question and set(right.labels) == {1.0}
         assert 0.0 in wrong.labels and wrong.labels[-1] == 0.0  # a slip makes the answer wrong
-    order = epoch_order(pairs, seed=3, grouped=True)
+    order = seeded_order(len(pairs), 3, question_groups(pairs))
     assert sorted(order) == list(range(80))
     assert all(pairs[order[i]].question == pairs[order[i + 1]].question for i in range(0, 80, 2))
-    assert order != epoch_order(pairs, seed=4, grouped=True)
+    assert order != seeded_order(len(pairs), 4, question_groups(pairs))
     train, val = split_validation(pairs, 0.1, seed=0)
     assert len(val) == 8 and len(train) == 72
     assert not {ex.question for ex in train} & {ex.question for ex in val}
