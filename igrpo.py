@@ -25,7 +25,6 @@ from pathlib import Path
 
 from configs import ConfigError, load_config, to_dict, to_yaml
 from configs.loader import diff_configs
-from runtime.prompts import prompt_format
 
 
 
@@ -213,27 +212,18 @@ def check_step_tag(session: Session) -> None:
             raise ConfigError(str(err)) from err
 
 
-def warm_start(session: Session) -> Path:
-    """The policy GRPO starts from: `model.policy_path` if set, else this run's SFT export."""
+def warm_start(session: Session, required: bool = True) -> Path:
+    """The policy GRPO starts from: `model.policy_path` if set, else this run's SFT export (with
+    `required=False`, the base model where there is none)."""
     if session.cfg.model.policy_path or not session.cfg.sft.enabled:
         return base_policy(session)
     best = session.run.child("sft", "best")
+    if not (best / "config.json").exists() and not required:
+        return base_policy(session)
     if not (best / "config.json").exists():
         raise SystemExit(f"no warm start at {best}: run `igrpo sft` with the same config first, "
                          "or set model.policy_path")
     return best
-
-
-def make_reward(cfg, tokenizer):
-    """The reward callable chosen by `grpo.reward`."""
-    from policy.rewards import RuleReward
-    from process_supervision.oracle import StepOracleReward
-
-    rewards = {
-        "rule": lambda: RuleReward(cfg.eval.grade_timeout_s),
-        "step_oracle": lambda: StepOracleReward(tokenizer, cfg.eval.grade_timeout_s),
-    }
-    return rewards[cfg.grpo.reward]()
 
 
 def run_sft(session: Session) -> Path:
@@ -253,6 +243,7 @@ def run_sft(session: Session) -> Path:
 
 
 def run_grpo(session: Session) -> Path:
+    from iteration import stages
     from policy.grpo import train_grpo
     from runtime.data import load_splits
     from runtime.models import load_tokenizer
@@ -263,7 +254,7 @@ def run_grpo(session: Session) -> Path:
                           "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
     splits = load_splits(cfg.data, cfg.run.seed)
     start = warm_start(session)
-    reward = make_reward(cfg, load_tokenizer(start, cfg.model))
+    reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.grpo.reward)
     logger = session.logger("grpo")
     try:
         return train_grpo(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
@@ -280,10 +271,9 @@ def newest_export(run: Path, patterns: tuple[str, ...]) -> Path | None:
 
 
 def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
-    from policy.evaluate import evaluate_policy
+    from iteration import stages
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg = session.cfg
     if checkpoint is None:
@@ -291,14 +281,8 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
             session.run.path, ("grpo/final", "grpo/iteration-*/final", "sft/best"))
     if checkpoint is None:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
-    splits = load_splits(cfg.data, cfg.run.seed)
-    model = load_causal_lm(checkpoint, cfg.model).eval()
-    tokenizer = load_tokenizer(checkpoint, cfg.model)
-    metrics = evaluate_policy(model, tokenizer, splits.eval, prompt_format(cfg.data), k=cfg.eval.k,
-                              temperature=cfg.eval.temperature,
-                              max_new_tokens=cfg.eval.max_new_tokens,
-                              batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s,
-                              progress=True)
+    model, tokenizer = stages.load_policy(cfg, checkpoint)
+    metrics = stages.evaluate(cfg, model, tokenizer, load_splits(cfg.data, cfg.run.seed).eval)
     metrics["checkpoint"] = str(checkpoint)
     folder = Path(checkpoint).parent
     name = f"{folder.parent.name}-{folder.name}" if folder.name.startswith("iteration-") \
@@ -309,31 +293,21 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
 
 
 def run_label(session: Session) -> Path:
-    """Sample the policy on training questions and label every step Math-Shepherd style."""
+    """Sample the warm start on the RL questions that iteration 0 of `iterate` labels, label every
+    step Math-Shepherd style, and write a dataset `igrpo train-rm` reads."""
+    from iteration import stages
     from process_supervision.formats import write_math_shepherd_jsonl
-    from process_supervision.label import Labeller, label_in_shards, label_statistics
-    from process_supervision.sampling import sample_solutions
+    from process_supervision.label import label_statistics
     from runtime.data import load_splits
-    from runtime.rundir import atomic_write_json
-    from runtime.models import load_causal_lm, load_tokenizer
-
-    cfg, lab = session.cfg, session.cfg.label
-    splits = load_splits(cfg.data, cfg.run.seed)
-    completer_path = Path(lab.completer) if lab.completer else warm_start(session)
-    completer = load_causal_lm(completer_path, cfg.model).eval()
-    tokenizer = load_tokenizer(completer_path, cfg.model)
-    out = session.run.child("labels")
-    solutions = sample_solutions(completer, tokenizer, splits.rl[:lab.questions],
-                                 prompt_format(cfg.data), lab.samples_per_question,
-                                 lab.max_new_tokens, lab.temperature, out / "solutions.jsonl")
-    labeller = Labeller(completer, tokenizer, prompt_format(cfg.data), lab.num_completions,
-                        lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
-                        lab.prefixes_per_batch)
-    labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                               seed=cfg.run.seed)
-    dataset = out / "math_shepherd.jsonl"
     from runtime.engine import is_main
+    from runtime.rundir import atomic_write_json
 
+    cfg = session.cfg
+    out = session.run.child("labels")
+    questions = stages.label_questions(load_splits(cfg.data, cfg.run.seed).rl,
+                                       cfg.label.questions, 0)
+    labelled = stages.label(cfg, warm_start(session), questions, out)
+    dataset = out / "math_shepherd.jsonl"
     if is_main():
         write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled],
                                   cfg.rm.step_tag, soft_labels=[x.soft for x in labelled])
@@ -343,13 +317,11 @@ def run_label(session: Session) -> Path:
     return dataset
 
 
-def rm_init(session: Session) -> Path:
-    """The backbone a reward model starts from: `rm.init_path`, else the run's warm start."""
-    cfg = session.cfg
-    if cfg.rm.init_path:
-        return Path(cfg.rm.init_path) if Path(cfg.rm.init_path).exists() else cfg.rm.init_path
-    best = session.run.child("sft", "best")
-    return best if (best / "config.json").exists() else base_policy(session)
+def rm_init(session: Session) -> str | Path:
+    """The backbone a reward model starts from: `rm.init_path`, else the run's warm start (the
+    tiny base model where no SFT ran)."""
+    from iteration import stages
+    return stages.rm_backbone(session.cfg, warm_start(session, required=False))
 
 
 def run_train_rm(session: Session) -> Path:
@@ -369,36 +341,23 @@ def run_train_rm(session: Session) -> Path:
 
 
 def run_eval_rm(session: Session) -> dict:
-    """Report every reward model of the run (rm-orm, rm-prm): labelled metrics and best-of-N."""
-    from reward_model.examples import as_orm, synthetic_step_examples
-    from reward_model.report import best_of_n_report, labelled_report
-    from reward_model.score import TagScorer
+    """Report the run's newest reward models (rm-orm, rm-prm, `iterate`'s included): step metrics
+    and best-of-N among the warm start's samples."""
+    from iteration import stages
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg = session.cfg
-    splits = load_splits(cfg.data, cfg.run.seed)
-    scorers = {}
-    for kind in ("orm", "prm"):
-        path = newest_export(session.run.path, (f"rm-{kind}/final", f"rm-{kind}/iteration-*/final"))
-        if path is not None:
-            scorers[kind] = (TagScorer.from_pretrained(path, cfg.rm.step_tag, cfg.rm.max_length,
-                                                       cfg.model), kind)
+    paths = {kind: newest_export(session.run.path, (f"rm-{kind}/final",
+                                                    f"rm-{kind}/iteration-*/final"))
+             for kind in stages.KINDS}
+    scorers = {kind: stages.load_scorer(cfg, path) for kind, path in paths.items() if path}
     if not scorers:
         raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first")
-    report: dict = {}
-    if cfg.data.source == "synthetic":
-        held_out = synthetic_step_examples(splits.eval[:cfg.rm.eval_solutions], cfg.run.seed + 1)
-        for kind, (scorer, _) in scorers.items():
-            examples = as_orm(held_out) if kind == "orm" else held_out
-            report.update({f"{kind}/{k}": v for k, v in labelled_report(scorer, examples).items()})
-    policy_path = warm_start(session)
-    report.update({f"bon/{k}": v for k, v in best_of_n_report(
-        load_causal_lm(policy_path, cfg.model).eval(), load_tokenizer(policy_path, cfg.model),
-        splits.eval[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers, cfg.rm.aggregate,
-        cfg.rm.bon_samples, cfg.eval.temperature, cfg.eval.max_new_tokens,
-        cfg.eval.grade_timeout_s, seed=cfg.run.seed).items()})
+    model, tokenizer = stages.load_policy(cfg, warm_start(session))
+    report = stages.reward_model_report(cfg, scorers, model, tokenizer,
+                                        load_splits(cfg.data, cfg.run.seed).eval)
+    report = {**report["rm"], **{f"bon/{key}": v for key, v in report["bon"].items()}}
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)
     print(json.dumps(report, indent=2))
     return report
