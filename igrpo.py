@@ -115,8 +115,8 @@ def unread_overrides(stage: str, overrides: list[str]) -> list[str]:
 
 
 def run_plan(cfg, args: argparse.Namespace) -> None:
-    """`igrpo plan`: per-GPU memory of the configured GRPO run (runtime/memory_plan.py)."""
-    from runtime.memory_plan import plan, render
+    """`igrpo plan`: per-GPU memory of the configured GRPO run (configs/memory.py)."""
+    from configs.memory import plan, render
 
     prompt_tokens = args.prompt_tokens or cfg.data.max_prompt_tokens
     rows, numbers = plan(cfg, args.gpus, args.nodes, prompt_tokens)

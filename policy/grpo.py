@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from configs.plan import plan_grpo_batch
+from configs.batching import plan_grpo_batch
 from policy.advantages import (normalised_step_rewards, outcome_advantages,
                                rejection_sampling_advantages, step_sums_to_tokens)
 from policy.evaluate import evaluate_policy

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from configs.plan import plan_batch
+from configs.batching import plan_batch
 from policy.evaluate import evaluate_policy
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord

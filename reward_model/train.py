@@ -14,13 +14,13 @@ import random
 import time
 from pathlib import Path
 
-from configs.plan import plan_batch
+from configs.batching import plan_batch
 from process_supervision.formats import StepExample
 from reward_model.backbone import added_layer_parameters, deepen
-from reward_model.calibration import calibration_of, refit_or_keep, set_calibration
+from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_calibration
 from reward_model.encoding import encode, ensure_tag_token, tag_tokens
 from reward_model.evaluate import step_metrics
-from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss
+from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer
 from runtime.engine import (broadcast_from_main, build_engine, current_lr, global_sum,
                             is_main, world)
@@ -179,7 +179,7 @@ class _Checks:
     def calibrate(self) -> dict:
         """With `rm.likelihood_feature`: fit the step logit's weights on training examples, or
         keep the ones the model carries where the fit is degenerate or scores validation worse
-        (`calibration.refit_or_keep`; main rank; every rank records the choice in its model
+        (`likelihood_feature.refit_or_keep`; main rank; every rank records the choice in its model
         config, which the export saves, and in the training state, which a resume restores)."""
         rm, module = self.cfg.rm, self.engine.module
         if not rm.likelihood_feature:

@@ -12,7 +12,7 @@ from process_supervision.formats import (StepExample, example_from_row, load_ste
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
 from reward_model.encoding import encode, orm_example, tag_tokens
 from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
-from reward_model.heads import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
+from reward_model.tag_scores import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
 from runtime.tiny_model import STEP_TAG, build_tokenizer
 

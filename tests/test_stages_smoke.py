@@ -13,7 +13,7 @@ from runtime.data import load_splits
 from runtime.tiny_model import build_tiny
 from runtime.models import load_causal_lm
 from runtime.tracking import MetricsLogger, read_metrics
-from runtime.wandb_offline import read_offline_run
+from wandb_offline import read_offline_run
 from small_config import SMALL as BASE
 
 SMALL = [*BASE, "grpo.eval_every=1"]
