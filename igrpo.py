@@ -1,14 +1,14 @@
-"""igrpo: the command line of iterative-grpo.
+"""igrpo: DeepSeekMath's reinforcement-learning recipe: reward models trained on the policy's own samples, GRPO, and the outer loop that refreshes them (Algorithm 1).
 
-    igrpo build-tiny --config configs/tiny.yaml        # tokenizer + tiny Llama into <run>/base
-    igrpo sft        --config configs/tiny.yaml        # SFT warm start -> <run>/sft/best
+    igrpo demo       --config configs/tiny.yaml        # the main job: Algorithm 1 (= iterate)
+    igrpo sft        --config configs/tiny.yaml model.policy_path= sft.enabled=true
     igrpo grpo       --config configs/tiny.yaml grpo.group_size=16   # GRPO -> <run>/grpo/final
     igrpo eval       --config configs/tiny.yaml [eval.checkpoint=PATH]
     igrpo label      --config configs/tiny.yaml label.num_completions=8   # Math-Shepherd labels
     igrpo train-rm   --config configs/tiny.yaml rm.kind=prm [rm.data_path=labels.jsonl]
     igrpo eval-rm    --config configs/tiny.yaml        # step metrics and best-of-N of the RMs
-    igrpo iterate    --config configs/tiny.yaml        # Algorithm 1: SFT, RMs, iterations of GRPO
-    igrpo demo       --config configs/tiny.yaml        # = iterate (the main job)
+    igrpo plan       --config configs/deepseekmath_7b.yaml --gpus 8   # memory per GPU
+    igrpo config show --config configs/tiny.yaml [key=value ...]      # the resolved config
 
 Every command takes `--config FILE` and `key=value` overrides of the schema in configs/schema.py;
 a typo or a wrong type fails before any work starts. Each stage also runs as `python -m policy
@@ -25,33 +25,98 @@ from pathlib import Path
 
 from configs import ConfigError, load_config, to_dict, to_yaml
 from configs.loader import diff_configs
-from runtime.prompts import prompt_format
 
+
+
+# What each command does and the config sections it reads (its `--help` lists them).
+ALL_SECTIONS = ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "label", "rm", "iterate")
+COMMAND_HELP = {
+    "build-tiny": ("build the tiny random model and its tokenizer into <run>/base",
+                   ("run", "model")),
+    "sft": ("supervised fine-tuning on worked solutions -> <run>/sft/best",
+            ("run", "data", "model", "deepspeed", "sft")),
+    "grpo": ("GRPO alone from the warm start, rewarded by grpo.reward -> <run>/grpo/final",
+             ("run", "data", "model", "deepspeed", "sft", "grpo", "eval")),
+    "eval": ("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of eval.checkpoint "
+             "(default: the run's newest policy)", ("run", "data", "model", "sft", "eval")),
+    "label": ("Math-Shepherd step labels of the policy's samples -> <run>/labels",
+              ("run", "data", "model", "sft", "label", "rm")),
+    "train-rm": ("train an outcome or process reward model (rm.kind) -> <run>/rm-<kind>/final",
+                 ("run", "data", "model", "deepspeed", "sft", "label", "rm")),
+    "eval-rm": ("step metrics and best-of-N of the run's newest reward models",
+                ("run", "data", "model", "sft", "eval", "rm")),
+    "iterate": ("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS),
+    "demo": ("the main job: = iterate (make demo runs it on configs/tiny.yaml)", ALL_SECTIONS),
+    "plan": ("memory per GPU of one GRPO iteration of the config; nothing is run",
+             ("data", "model", "deepspeed", "grpo", "eval", "label", "rm")),
+    "config": ("`igrpo config show`: print the resolved config", ALL_SECTIONS),
+}
+# Keys inside a section a command reads that it still ignores (another key decides for it).
+IGNORED = {"iterate": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path"),
+           "demo": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path")}
+
+
+def _strip_local_rank(argv: list[str]) -> list[str]:
+    """The deepspeed launcher passes --local_rank(=N) before the command; the rank is read from
+    the environment."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--local_rank", "--local-rank"):
+            skip = True
+        elif not arg.startswith(("--local_rank=", "--local-rank=")):
+            out.append(arg)
+    return out
+
+
+def _command_parser(name: str) -> argparse.ArgumentParser:
+    text, sections = COMMAND_HELP[name]
+    sub = argparse.ArgumentParser(
+        prog=f"igrpo {name}", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"{text}.\n\nConfig sections read: {', '.join(sections)} "
+                    "(configs/schema.py documents every key).")
+    if name == "config":
+        sub.add_argument("action", choices=("show",))
+    sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
+    sub.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
+    if name == "plan":
+        sub.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+        sub.add_argument("--nodes", type=int, default=1)
+        sub.add_argument("--gpu-gb", type=float, nargs="+", default=[80.0, 141.0],
+                         help="GPU memory sizes to check, in GB")
+        sub.add_argument("--prompt-tokens", type=int, default=None,
+                         help="prompt length assumed for the rollout and update "
+                              "(default: data.max_prompt_tokens)")
+    return sub
 
 
 def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="igrpo", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=stages)
-    parser.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
-    # The deepspeed launcher passes --local_rank; the rank is read from the environment.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                        help=argparse.SUPPRESS)
-    plan = parser.add_argument_group("plan (memory per GPU; nothing is run)")
-    plan.add_argument("--gpus", type=int, default=8, help="GPUs per node")
-    plan.add_argument("--nodes", type=int, default=1)
-    plan.add_argument("--gpu-gb", type=float, nargs="+", default=[80.0, 141.0],
-                      help="GPU memory sizes to check, in GB")
-    plan.add_argument("--prompt-tokens", type=int, default=None,
-                      help="prompt length assumed for the rollout and update "
-                           "(default: data.max_prompt_tokens)")
-    return parser.parse_intermixed_args(argv)
+    """`igrpo COMMAND [--config F] [key=value ...]`; `igrpo COMMAND --help` is the command's own."""
+    argv = _strip_local_rank(sys.argv[1:] if argv is None else list(argv))
+    top = argparse.ArgumentParser(
+        prog="igrpo", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1].replace(", GRPO", ",\nGRPO"),
+        epilog="commands:\n" + "\n".join(f"  {n:<10} {COMMAND_HELP[n][0]}" for n in stages)
+        + "\n\n`igrpo COMMAND --help` lists a command's options and the config sections it reads.")
+    top.add_argument("command", choices=stages, metavar="COMMAND")
+    if not argv or argv[0] not in stages:
+        top.parse_args(argv[:1] or ["--help"])  # prints the help or names the bad command
+    args = _command_parser(argv[0]).parse_intermixed_args(argv[1:])
+    args.stage = argv[0]
+    return args
+
+
+def unread_overrides(stage: str, overrides: list[str]) -> list[str]:
+    """Keys set on the command line that `stage` does not read."""
+    sections = COMMAND_HELP[stage][1]
+    keys = [o.split("=", 1)[0] for o in overrides]
+    return [k for k in keys if k.split(".")[0] not in sections or k in IGNORED.get(stage, ())]
 
 
 def run_plan(cfg, args: argparse.Namespace) -> None:
-    """`igrpo plan`: per-GPU memory of the configured GRPO run (runtime/memory_plan.py)."""
-    from runtime.memory_plan import plan, render
+    """`igrpo plan`: per-GPU memory of the configured GRPO run (configs/memory.py)."""
+    from configs.memory import plan, render
 
     prompt_tokens = args.prompt_tokens or cfg.data.max_prompt_tokens
     rows, numbers = plan(cfg, args.gpus, args.nodes, prompt_tokens)
@@ -147,27 +212,18 @@ def check_step_tag(session: Session) -> None:
             raise ConfigError(str(err)) from err
 
 
-def warm_start(session: Session) -> Path:
-    """The policy GRPO starts from: `model.policy_path` if set, else this run's SFT export."""
+def warm_start(session: Session, required: bool = True) -> Path:
+    """The policy GRPO starts from: `model.policy_path` if set, else this run's SFT export (with
+    `required=False`, the base model where there is none)."""
     if session.cfg.model.policy_path or not session.cfg.sft.enabled:
         return base_policy(session)
     best = session.run.child("sft", "best")
+    if not (best / "config.json").exists() and not required:
+        return base_policy(session)
     if not (best / "config.json").exists():
         raise SystemExit(f"no warm start at {best}: run `igrpo sft` with the same config first, "
                          "or set model.policy_path")
     return best
-
-
-def make_reward(cfg, tokenizer):
-    """The reward callable chosen by `grpo.reward`."""
-    from policy.rewards import RuleReward
-    from process_supervision.oracle import StepOracleReward
-
-    rewards = {
-        "rule": lambda: RuleReward(cfg.eval.grade_timeout_s),
-        "step_oracle": lambda: StepOracleReward(tokenizer, cfg.eval.grade_timeout_s),
-    }
-    return rewards[cfg.grpo.reward]()
 
 
 def run_sft(session: Session) -> Path:
@@ -187,6 +243,7 @@ def run_sft(session: Session) -> Path:
 
 
 def run_grpo(session: Session) -> Path:
+    from iteration import stages
     from policy.grpo import train_grpo
     from runtime.data import load_splits
     from runtime.models import load_tokenizer
@@ -197,7 +254,7 @@ def run_grpo(session: Session) -> Path:
                           "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
     splits = load_splits(cfg.data, cfg.run.seed)
     start = warm_start(session)
-    reward = make_reward(cfg, load_tokenizer(start, cfg.model))
+    reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.grpo.reward)
     logger = session.logger("grpo")
     try:
         return train_grpo(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
@@ -206,59 +263,51 @@ def run_grpo(session: Session) -> Path:
         logger.close()
 
 
+def newest_export(run: Path, patterns: tuple[str, ...]) -> Path | None:
+    """The most recently written model among a run's exports matching `patterns` (a stage
+    command's own, e.g. grpo/final, or those `iterate` wrote, grpo/iteration-k/final)."""
+    found = [p for pattern in patterns for p in run.glob(pattern) if (p / "config.json").exists()]
+    return max(found, key=lambda p: (p / "config.json").stat().st_mtime, default=None)
+
+
 def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
-    from policy.evaluate import evaluate_policy
+    from iteration import stages
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg = session.cfg
     if checkpoint is None:
-        checkpoint = Path(cfg.eval.checkpoint) if cfg.eval.checkpoint else next(
-            (p for p in (session.run.child("grpo", "final"), session.run.child("sft", "best"))
-             if (p / "config.json").exists()), None)
+        checkpoint = Path(cfg.eval.checkpoint) if cfg.eval.checkpoint else newest_export(
+            session.run.path, ("grpo/final", "grpo/iteration-*/final", "sft/best"))
     if checkpoint is None:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
-    splits = load_splits(cfg.data, cfg.run.seed)
-    model = load_causal_lm(checkpoint, cfg.model).eval()
-    tokenizer = load_tokenizer(checkpoint, cfg.model)
-    metrics = evaluate_policy(model, tokenizer, splits.eval, prompt_format(cfg.data), k=cfg.eval.k,
-                              temperature=cfg.eval.temperature,
-                              max_new_tokens=cfg.eval.max_new_tokens,
-                              batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s,
-                              progress=True)
+    model, tokenizer = stages.load_policy(cfg, checkpoint)
+    metrics = stages.evaluate(cfg, model, tokenizer, load_splits(cfg.data, cfg.run.seed).eval)
     metrics["checkpoint"] = str(checkpoint)
-    atomic_write_json(session.run.child("eval", f"{Path(checkpoint).parent.name}.json"), metrics)
+    folder = Path(checkpoint).parent
+    name = f"{folder.parent.name}-{folder.name}" if folder.name.startswith("iteration-") \
+        else folder.name  # grpo/iteration-2/final -> grpo-iteration-2 (eval/iteration-k is the loop's)
+    atomic_write_json(session.run.child("eval", f"{name}.json"), metrics)
     print(json.dumps(metrics, indent=2))
     return metrics
 
 
 def run_label(session: Session) -> Path:
-    """Sample the policy on training questions and label every step Math-Shepherd style."""
+    """Sample the warm start on the RL questions that iteration 0 of `iterate` labels, label every
+    step Math-Shepherd style, and write a dataset `igrpo train-rm` reads."""
+    from iteration import stages
     from process_supervision.formats import write_math_shepherd_jsonl
-    from process_supervision.label import Labeller, label_in_shards, label_statistics
-    from process_supervision.sampling import sample_solutions
+    from process_supervision.label import label_statistics
     from runtime.data import load_splits
-    from runtime.rundir import atomic_write_json
-    from runtime.models import load_causal_lm, load_tokenizer
-
-    cfg, lab = session.cfg, session.cfg.label
-    splits = load_splits(cfg.data, cfg.run.seed)
-    completer_path = Path(lab.completer) if lab.completer else warm_start(session)
-    completer = load_causal_lm(completer_path, cfg.model).eval()
-    tokenizer = load_tokenizer(completer_path, cfg.model)
-    out = session.run.child("labels")
-    solutions = sample_solutions(completer, tokenizer, splits.rl[:lab.questions],
-                                 prompt_format(cfg.data), lab.samples_per_question,
-                                 lab.max_new_tokens, lab.temperature, out / "solutions.jsonl")
-    labeller = Labeller(completer, tokenizer, prompt_format(cfg.data), lab.num_completions,
-                        lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
-                        lab.prefixes_per_batch)
-    labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                               seed=cfg.run.seed)
-    dataset = out / "math_shepherd.jsonl"
     from runtime.engine import is_main
+    from runtime.rundir import atomic_write_json
 
+    cfg = session.cfg
+    out = session.run.child("labels")
+    questions = stages.label_questions(load_splits(cfg.data, cfg.run.seed).rl,
+                                       cfg.label.questions, 0)
+    labelled = stages.label(cfg, warm_start(session), questions, out)
+    dataset = out / "math_shepherd.jsonl"
     if is_main():
         write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled],
                                   cfg.rm.step_tag, soft_labels=[x.soft for x in labelled])
@@ -268,13 +317,11 @@ def run_label(session: Session) -> Path:
     return dataset
 
 
-def rm_init(session: Session) -> Path:
-    """The backbone a reward model starts from: `rm.init_path`, else the run's warm start."""
-    cfg = session.cfg
-    if cfg.rm.init_path:
-        return Path(cfg.rm.init_path) if Path(cfg.rm.init_path).exists() else cfg.rm.init_path
-    best = session.run.child("sft", "best")
-    return best if (best / "config.json").exists() else base_policy(session)
+def rm_init(session: Session) -> str | Path:
+    """The backbone a reward model starts from: `rm.init_path`, else the run's warm start (the
+    tiny base model where no SFT ran)."""
+    from iteration import stages
+    return stages.rm_backbone(session.cfg, warm_start(session, required=False))
 
 
 def run_train_rm(session: Session) -> Path:
@@ -294,36 +341,23 @@ def run_train_rm(session: Session) -> Path:
 
 
 def run_eval_rm(session: Session) -> dict:
-    """Report every reward model of the run (rm-orm, rm-prm): labelled metrics and best-of-N."""
-    from reward_model.examples import as_orm, synthetic_step_examples
-    from reward_model.report import best_of_n_report, labelled_report
-    from reward_model.score import TagScorer
+    """Report the run's newest reward models (rm-orm, rm-prm, `iterate`'s included): step metrics
+    and best-of-N among the warm start's samples."""
+    from iteration import stages
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
-    from runtime.models import load_causal_lm, load_tokenizer
 
     cfg = session.cfg
-    splits = load_splits(cfg.data, cfg.run.seed)
-    scorers = {}
-    for kind in ("orm", "prm"):
-        path = session.run.child(f"rm-{kind}", "final")
-        if (path / "config.json").exists():
-            scorers[kind] = (TagScorer.from_pretrained(path, cfg.rm.step_tag, cfg.rm.max_length,
-                                                       cfg.model), kind)
+    paths = {kind: newest_export(session.run.path, (f"rm-{kind}/final",
+                                                    f"rm-{kind}/iteration-*/final"))
+             for kind in stages.KINDS}
+    scorers = {kind: stages.load_scorer(cfg, path) for kind, path in paths.items() if path}
     if not scorers:
         raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first")
-    report: dict = {}
-    if cfg.data.source == "synthetic":
-        held_out = synthetic_step_examples(splits.eval[:cfg.rm.eval_solutions], cfg.run.seed + 1)
-        for kind, (scorer, _) in scorers.items():
-            examples = as_orm(held_out) if kind == "orm" else held_out
-            report.update({f"{kind}/{k}": v for k, v in labelled_report(scorer, examples).items()})
-    policy_path = warm_start(session)
-    report.update({f"bon/{k}": v for k, v in best_of_n_report(
-        load_causal_lm(policy_path, cfg.model).eval(), load_tokenizer(policy_path, cfg.model),
-        splits.eval[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers, cfg.rm.aggregate,
-        cfg.rm.bon_samples, cfg.eval.temperature, cfg.eval.max_new_tokens,
-        cfg.eval.grade_timeout_s, seed=cfg.run.seed).items()})
+    model, tokenizer = stages.load_policy(cfg, warm_start(session))
+    report = stages.reward_model_report(cfg, scorers, model, tokenizer,
+                                        load_splits(cfg.data, cfg.run.seed).eval)
+    report = {**report["rm"], **{f"bon/{key}": v for key, v in report["bon"].items()}}
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)
     print(json.dumps(report, indent=2))
     return report
@@ -348,7 +382,7 @@ def run_iterate(session: Session) -> list[dict]:
 
 COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval": run_eval,
             "label": run_label, "train-rm": run_train_rm, "eval-rm": run_eval_rm,
-            "iterate": run_iterate, "demo": run_iterate, "plan": run_plan}
+            "iterate": run_iterate, "demo": run_iterate, "plan": run_plan, "config": None}
 
 
 # Stages that write or read step-tagged reward-model inputs: their tag is checked first.
@@ -361,6 +395,12 @@ def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -
 
     try:
         cfg = load_config(args.config, args.overrides)
+        for key in unread_overrides(args.stage, args.overrides):
+            print(f"igrpo: warning: {key} is set but `igrpo {args.stage}` does not read it",
+                  file=sys.stderr)
+        if args.stage == "config":
+            print(to_yaml(cfg), end="")
+            return 0
         if args.stage == "plan":
             run_plan(cfg, args)
             return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import yaml
@@ -49,6 +51,43 @@ def _resolve_bundled(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, key, str(folder))
 
 
+def schema_keys(node=Config, prefix: str = "") -> list[str]:
+    """Every leaf key of the schema, dotted (`grpo.group_size`)."""
+    out = []
+    for f in fields(node):
+        kind = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if is_dataclass(kind):
+            out += schema_keys(type(kind), f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def _flat(tree, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return [prefix.rstrip(".")]
+    return [k for key, value in tree.items() for k in _flat(value, f"{prefix}{key}.")]
+
+
+def check_keys(keys: list[str], where: str) -> None:
+    """Each key must be in the schema; an unknown one fails in one line, with a suggestion."""
+    known = schema_keys()
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else \
+                "; `igrpo config show` lists every key"
+            raise ConfigError(f"{where}: unknown config key {key!r}{hint}")
+
+
+def _override_keys(overrides) -> list[str]:
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"command-line overrides: {o!r} is not key=value "
+                              "(write grpo.group_size=16, with '=' and no spaces)")
+    return [o.split("=", 1)[0].lstrip("+") for o in overrides]
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Merge the schema, an optional YAML file and `key=value` overrides; fail naming the key."""
     cfg = OmegaConf.structured(Config)
@@ -56,14 +95,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     try:
         if path is not None:
             where = str(path)
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+            loaded = OmegaConf.load(path)
+            check_keys(_flat(OmegaConf.to_container(loaded)), where)
+            cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line overrides"
+        check_keys(_override_keys(overrides), where)
         # `key=` sets an empty string (YAML would read it as null), e.g. model.policy_path=
         dotlist = [o + "''" if o.endswith("=") else o for o in overrides]
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
-        raise ConfigError(f"{where}: bad config key {key!r}: {err}".replace("\n", " ")) from err
+        reason = (getattr(err, "msg", None) or str(err)).splitlines()[0]
+        raise ConfigError(f"{where}: config key {key!r}: {reason}") from err
     except FileNotFoundError as err:
         raise ConfigError(f"config file not found: {path}") from err
     except yaml.YAMLError as err:  # omegaconf's loader is a yaml SafeLoader: no python tags

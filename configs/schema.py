@@ -280,7 +280,7 @@ class RewardModelConfig:
     likelihood_feature: bool = False
     """Add the reward model's own token log-likelihoods to its step score: a step's logit is a
     fitted weighted sum of the tag's margin and the lowest log-likelihood of any solution token
-    so far (`reward_model/calibration.py`). Off = P(+) at the tag, the Math-Shepherd score."""
+    so far (`reward_model/likelihood_feature.py`). Off = P(+) at the tag, the Math-Shepherd score."""
     worked_solutions: int = 0
     """`igrpo iterate`: worked solutions of the SFT set added to the reward models' first
     training as all-right examples (their true labels), so that a small backbone learns the

@@ -21,26 +21,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from iteration import stages
 from iteration.manifest import Manifest
 from iteration.replay import refresh_set, save_iteration
-from iteration.summary import change_from, plot_accuracy, table, write_summary
-from policy.evaluate import evaluate_policy
+from iteration.stages import KINDS
+from iteration.summary import change_from, plot_accuracy, write_summary
 from policy.grpo import train_grpo
-from policy.rewards import RuleReward
 from policy.sft import train_sft
-from process_supervision.label import Labeller, label_in_shards, label_statistics
-from process_supervision.sampling import sample_solutions
-from reward_model.examples import as_orm, synthetic_step_examples, worked_examples
-from reward_model.report import best_of_n_report, labelled_report
-from reward_model.score import ORMReward, PRMReward, TagScorer
+from process_supervision.label import label_statistics
+from reward_model.examples import as_orm, worked_examples
 from reward_model.train import train_reward_model
 from runtime.data import Splits
 from runtime.engine import broadcast_from_main, is_main
-from runtime.prompts import prompt_format
-from runtime.models import load_causal_lm, load_tokenizer
+from runtime.models import load_tokenizer
 from runtime.tracking import MetricsLogger, read_metrics
-
-KINDS = ("orm", "prm")
 
 
 class IterationRun:
@@ -67,21 +61,10 @@ class IterationRun:
 
     def label(self, k: int, policy: str) -> dict:
         """Sample `policy` on this iteration's RM questions; label for the ORM and the PRM."""
-        cfg, lab = self.cfg, self.cfg.label
-        model = load_causal_lm(policy, cfg.model).eval()
-        tokenizer = load_tokenizer(policy, cfg.model)
-        questions = self._rm_questions(k)
-        out = self.run / "labels" / f"iteration-{k}"
-        fmt = prompt_format(cfg.data)
-        solutions = sample_solutions(model, tokenizer, questions, fmt,
-                                     lab.samples_per_question, lab.max_new_tokens,
-                                     lab.temperature, out / "solutions.jsonl")
-        labeller = Labeller(model, tokenizer, fmt, lab.num_completions,
-                            lab.max_new_tokens, lab.temperature, cfg.eval.grade_timeout_s,
-                            lab.prefixes_per_batch)
-        labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                                   progress=is_main(), seed=self.cfg.run.seed * 101 + k)
-        prm_examples = [x.example(soft=lab.soft) for x in labelled]
+        cfg = self.cfg
+        labelled = stages.label(cfg, policy, self._rm_questions(k),
+                                self.run / "labels" / f"iteration-{k}", k)
+        prm_examples = [x.example(soft=cfg.label.soft) for x in labelled]
         save_iteration(self.run / "replay" / "prm", k, prm_examples)
         save_iteration(self.run / "replay" / "orm", k,
                        as_orm([x.example(soft=False) for x in labelled], cfg.data.step_separator))
@@ -129,31 +112,13 @@ class IterationRun:
 
     def _evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         cfg = self.cfg
-        model = load_causal_lm(policy, cfg.model).eval()
-        tokenizer = load_tokenizer(policy, cfg.model)
-        fmt = prompt_format(cfg.data)
-        metrics = evaluate_policy(model, tokenizer, self.splits.eval, fmt,
-                                  k=cfg.eval.k, temperature=cfg.eval.temperature,
-                                  max_new_tokens=cfg.eval.max_new_tokens,
-                                  batch_size=cfg.eval.batch_size,
-                                  timeout_s=cfg.eval.grade_timeout_s, progress=is_main(),
+        model, tokenizer = stages.load_policy(cfg, policy)
+        metrics = stages.evaluate(cfg, model, tokenizer, self.splits.eval, progress=is_main(),
                                   outcomes_path=self.run / "eval" / f"iteration-{k}.json")
         entry = {"iteration": k, "policy": self._rel(policy),
-                 "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()}}
-        scorers = {kind: (self._scorer(kind, rm_iteration), kind) for kind in KINDS}
-        entry["rm"] = {}
-        if cfg.data.source == "synthetic":  # first wrong steps known by construction
-            held_out = synthetic_step_examples(self.splits.eval[:cfg.rm.eval_solutions],
-                                               cfg.run.seed + 1)
-            for kind, (scorer, _) in scorers.items():
-                examples = as_orm(held_out) if kind == "orm" else held_out
-                entry["rm"].update({f"{kind}/{key}": v for key, v in
-                                    labelled_report(scorer, examples).items()})
-        entry["bon"] = best_of_n_report(model, tokenizer, self.splits.eval[:cfg.rm.bon_questions],
-                                        fmt, scorers, cfg.rm.aggregate,
-                                        cfg.rm.bon_samples, cfg.eval.temperature,
-                                        cfg.eval.max_new_tokens, cfg.eval.grade_timeout_s,
-                                        seed=cfg.run.seed)
+                 "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
+                 **stages.reward_model_report(cfg, self._scorers(rm_iteration), model,
+                                              tokenizer, self.splits.eval)}
         if k > 0:
             entry["grpo"] = self._grpo_means(k)
             entry["change"] = change_from(self.run / "eval" / "iteration-0.json",
@@ -196,27 +161,21 @@ class IterationRun:
 
     # -- helpers -----------------------------------------------------------------------------
     def base_rm_init(self) -> str:
-        return self.cfg.rm.init_path or self._abs(self.manifest.outputs("sft")["policy"])
+        return stages.rm_backbone(self.cfg, self._abs(self.manifest.outputs("sft")["policy"]))
 
     def _rm_questions(self, k: int):
-        """Disjoint per-iteration slices from the end of the RL pool."""
-        n = self.cfg.label.questions
-        pool = self.splits.rl
-        return pool[len(pool) - (k + 1) * n:len(pool) - k * n]
+        return stages.label_questions(self.splits.rl, self.cfg.label.questions, k)
 
-    def _scorer(self, kind: str, rm_iteration: int) -> TagScorer:
-        path = self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"])
-        return TagScorer.from_pretrained(path, self.cfg.rm.step_tag, self.cfg.rm.max_length,
-                                         self.cfg.model)
+    def _scorers(self, rm_iteration: int, kinds=KINDS) -> dict:
+        return {kind: stages.load_scorer(
+            self.cfg, self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]))
+            for kind in kinds}
 
     def _reward(self, policy_tokenizer, rm_iteration: int):
-        cfg = self.cfg
-        if cfg.iterate.reward == "rule":
-            return RuleReward(cfg.eval.grade_timeout_s)
-        if cfg.grpo.supervision == "process":
-            return PRMReward(self._scorer("prm", rm_iteration), policy_tokenizer, cfg.rm.aggregate,
-                             cfg.eval.grade_timeout_s, cfg.data.step_separator)
-        return ORMReward(self._scorer("orm", rm_iteration), cfg.eval.grade_timeout_s)
+        choice = self.cfg.iterate.reward
+        kind = "prm" if self.cfg.grpo.supervision == "process" else "orm"
+        return stages.make_reward(self.cfg, policy_tokenizer, choice,
+                                  None if choice == "rule" else self._scorers(rm_iteration, [kind]))
 
     def _grpo_means(self, k: int) -> dict:
         """GRPO metrics averaged over iteration k's steps."""

@@ -13,15 +13,13 @@ over-sampling replacements, which keeps micro-batches fixed (those groups' advan
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from configs.plan import plan_grpo_batch
+from configs.batching import plan_grpo_batch
 from policy.advantages import (normalised_step_rewards, outcome_advantages,
                                rejection_sampling_advantages, step_sums_to_tokens)
 from policy.evaluate import evaluate_policy
@@ -30,23 +28,17 @@ from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES, keep_informative_groups, overlong_penalty
 from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, concat_rollouts, generate_groups
-from runtime.checkpoint import export, load_training_state, save_training_state
 from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            checked_backward, current_lr, engine_step, gathered_for_generation,
-                            global_sum, is_main, world)
-from runtime.prompts import prompt_format
-from runtime.rundir import atomic_write_json
+                            current_lr, gathered_for_generation, global_sum, is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+from runtime.training import Trainer, epoch_slice, stage_done
 
 
 def step_questions(records: list[MathRecord], step: int, per_step: int, seed: int) -> list[MathRecord]:
     """The questions of `step`: consecutive slices of a seeded permutation, reshuffled per epoch."""
-    per_epoch = len(records) // per_step
-    epoch, index = divmod(step, per_epoch)
-    order = list(range(len(records)))
-    random.Random(seed * 7_919 + epoch).shuffle(order)
-    return [records[i] for i in order[index * per_step:(index + 1) * per_step]]
+    return [records[i] for i in epoch_slice(len(records), step, per_step, seed * 7_919)[1]]
 
 
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, g, *,
@@ -120,41 +112,73 @@ def _forward_logprobs(model, rollout: Rollout, micro: int) -> torch.Tensor:
 def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
                rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
                config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
-               step_offset: int = 0, evaluate_ends: bool = True) -> Path:
+               evaluate_ends: bool = True) -> Path:
     """Run `cfg.grpo.steps` GRPO steps from `policy_path`; returns the final export's folder.
 
     The reference model is `reference_path` (default: the starting policy), frozen throughout.
-    `step_offset` shifts the logged step numbers (the outer loop logs several GRPO stages).
     `evaluate_ends=False` skips the held-out evaluation of the starting and the final policy
     (the outer loop evaluates both in its own units; `grpo.eval_every` still applies between).
+    Each step is rollout -> score -> advantages -> update -> log, one function each.
     """
     g = cfg.grpo
     out = run_path / out_name
-    final_dir, done_file = out / "final", out / "done.json"
-    if done_file.exists():
-        return final_dir
+    if stage_done(out):
+        return out / "final"
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model)
-    model = load_causal_lm(policy_path, cfg.model, train=True)
     plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
                            world_size)
-    engine = build_engine(model, cfg.deepspeed, lr=g.lr, micro_batch_size=plan.micro_batch_size,
+    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
+                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     reference = None
     if g.beta > 0:  # frozen; ZeRO-3 partitions it like the policy
         reference = build_inference_engine(
             load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
             cfg.deepspeed)
-    loss_spec = POLICY_LOSSES[g.loss]
     fmt = prompt_format(cfg.data)
-    state = load_training_state(engine, out / "state") or {"step": 0}
-    # Rows a crash logged past the saved state are redone: drop them.
-    logger.rewind(step_offset + state["step"] if state["step"] else step_offset - 1)
-    questions_per_rank = g.questions_per_step // world_size
+    trainer = Trainer(out, engine, logger, g.steps, desc=out_name)
+    evaluate = _evaluator(cfg, engine, tokenizer, eval_records, fmt)
+    if trainer.step == 0 and evaluate_ends:
+        trainer.log(evaluate(sampled=False))
+    per_rank = g.questions_per_step // world_size
+    while trainer.running():
+        step = trainer.step
+        records = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
+        records = records[rank * per_rank:(rank + 1) * per_rank]
+        times = [time.perf_counter()]
+        rollout = rollout_step(engine, tokenizer, fmt.prompts(tokenizer, records), g)
+        times.append(time.perf_counter())
+        scores, rewards, broken = score_step(reward_fn, records, rollout, g)
+        times.append(time.perf_counter())
+        batch = advantage_step(scores, rewards, broken, rollout, g)
+        stats = update_step(trainer, reference, rollout, batch, g, plan,
+                            f"{out_name} step {step + 1}")
+        times.append(time.perf_counter())
+        trainer.advance()
+        metrics = log_step(rollout, scores, rewards, batch, stats, g, times)
+        metrics["train/lr"] = current_lr(engine)
+        if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
+            metrics.update(evaluate(sampled=False))
+            trainer.bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
+        if trainer.step == g.steps and evaluate_ends:
+            metrics.update(evaluate(sampled=True))
+        media = None
+        if g.inspect_every and trainer.step % g.inspect_every == 0 and is_main():
+            media = _inspect(out / "inspect", trainer.step, g, tokenizer, records, rollout,
+                             scores, rewards, batch.advantages, batch.normalised, logger)
+        trainer.log(metrics, media)
+        if trainer.due(g.save_every):
+            trainer.save()
+    trainer.finish(tokenizer, out / "final", config_yaml, {"steps": g.steps})
+    return out / "final"
 
+
+def _evaluator(cfg, engine, tokenizer, eval_records: list[MathRecord], fmt):
+    """evaluate(sampled) -> held-out metrics, measured on rank 0; every rank joins the gather."""
     def evaluate(sampled: bool) -> dict:
         metrics = None
-        with gathered_for_generation(engine):  # every rank joins the gather; rank 0 evaluates
+        with gathered_for_generation(engine):
             if is_main():
                 metrics = evaluate_policy(
                     engine.module, tokenizer, eval_records, fmt,
@@ -162,116 +186,128 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
                     timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
         return broadcast_from_main(metrics)
+    return evaluate
 
-    if state["step"] == 0 and evaluate_ends:
-        logger.log(evaluate(sampled=False), step=step_offset)
-    bar = tqdm(total=g.steps, initial=state["step"], desc=out_name, disable=not is_main())
-    while state["step"] < g.steps:
-        step = state["step"]
-        started = time.perf_counter()
-        batch = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
-        records = batch[rank * questions_per_rank:(rank + 1) * questions_per_rank]
-        prompts = fmt.prompts(tokenizer, records)
-        # -- rollout: pi_old <- pi (the current weights sample the group)
-        chunk = g.rollout_questions or len(prompts)
-        with gathered_for_generation(engine):
-            rollout = concat_rollouts([
-                generate_groups(engine.module, tokenizer, prompts[i:i + chunk], g.group_size,
-                                max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                                top_p=g.top_p, greedy=g.temperature == 0)
-                for i in range(0, len(prompts), chunk)], tokenizer.pad_token_id)
-        rolled = time.perf_counter()
-        # -- reward
-        scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
-        scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
-        scores, broken_groups = drop_nonfinite(scores, g.group_size)
-        rewards = scores.rewards.float() + overlong_penalty(rollout.lengths, g.max_new_tokens,
-                                                            g.overlong_buffer, g.overlong_penalty)
-        if g.shuffle_rewards:
-            scores, rewards = shuffled_rewards(scores, rewards)
-        scored = time.perf_counter()
-        # -- advantages
-        advantages, normalised = compute_advantages(
-            scores, rewards, rollout, g, std_normalised=loss_spec.std_normalised_advantages)
-        if g.zero_advantages:
-            advantages = torch.zeros_like(advantages)
-        keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
-        if g.dynamic_sampling:
-            keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)
-        keep &= ~broken_groups.repeat_interleave(g.group_size)
-        loss_mask = rollout.completion_mask.float() * keep[:, None]
-        num_sequences = global_sum(float(keep.sum()))
-        num_tokens = global_sum(float(loss_mask.sum()))
-        # -- update: mu passes over the batch, one optimizer step each
-        ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
-            if reference is not None else None
-        old_logprobs = _forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
-            if g.mu > 1 else None
-        entropy = torch.zeros_like(loss_mask)
-        stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
-        grad_norm = 0.0
-        engine.train()
-        for update in range(g.mu):
-            for mb in range(plan.grad_accum):
-                rows = slice(mb * plan.micro_batch_size, (mb + 1) * plan.micro_batch_size)
-                logprobs = completion_logprobs(
-                    engine, rollout.input_ids[rows], rollout.attention_mask[rows],
-                    rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if update == 0 else None)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-                ref = ref_logprobs[rows] if ref_logprobs is not None else None
-                result = loss_spec.fn(logprobs, old, ref, advantages[rows], loss_mask[rows],
-                                      clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high,
-                                      beta=g.beta, num_sequences=max(num_sequences, 1.0),
-                                      num_tokens=max(num_tokens, 1.0),
-                                      max_tokens=g.max_new_tokens)
-                where = f"{out_name} step {step + 1}, update {update + 1}, micro-batch {mb + 1}"
-                checked_backward(engine, result.loss * world_size, where)
-                norm = engine_step(engine, where)
-                grad_norm = norm if norm is not None else grad_norm
-                # Shares of the global step: summed over micro-batches and ranks they give the
-                # batch loss and the token means of KL and clip fraction.
-                share = float(loss_mask[rows].sum()) / max(num_tokens, 1.0)
-                stats["loss"] += result.loss.item() / g.mu
-                stats["kl"] += result.kl.item() * share / g.mu
-                stats["clip"] += result.clip_fraction.item() * share / g.mu
-        stats = {key: global_sum(value) for key, value in stats.items()}
-        updated = time.perf_counter()
-        state["step"] = step + 1
-        bar.update(1)
-        metrics = _step_metrics(rollout, scores, rewards, entropy, stats, g.group_size)
-        metrics.update({
-            "train/lr": current_lr(engine),
-            "train/grad_norm": grad_norm,
-            "train/kept_groups": float(keep.float().mean()),
-            # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
-            "reward/no_signal_groups": float(
-                (normalised.reshape(-1, g.group_size * normalised.shape[1]) == 0)
-                .all(-1).float().mean()),
-            "reward/nonfinite_groups": float(broken_groups.sum()),
-            "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
-            "time/rollout": rolled - started, "time/scoring": scored - rolled,
-            "time/update": updated - scored, "time/step": updated - started,
-            "rollout/tokens_per_s": float(rollout.lengths.sum()) / max(rolled - started, 1e-9),
-            "train/tokens_per_s": float(rollout.attention_mask.sum()) * g.mu
-            / max(updated - scored, 1e-9),
-        })
-        if g.eval_every and state["step"] % g.eval_every == 0 and state["step"] < g.steps:
-            metrics.update(evaluate(sampled=False))
-            bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
-        if state["step"] == g.steps and evaluate_ends:
-            metrics.update(evaluate(sampled=True))
-        media = None
-        if g.inspect_every and state["step"] % g.inspect_every == 0 and is_main():
-            media = _inspect(out / "inspect", step_offset + state["step"], g, tokenizer, records,
-                             rollout, scores, rewards, advantages, normalised, logger)
-        logger.log(metrics, step=step_offset + state["step"], media=media)
-        if state["step"] % g.save_every == 0 or state["step"] == g.steps:
-            save_training_state(engine, out / "state", state)
-    bar.close()
-    export(engine, tokenizer, final_dir, config_yaml)
-    if is_main():
-        atomic_write_json(done_file, {"steps": g.steps})
-    return final_dir
+
+def rollout_step(engine, tokenizer, prompts: list[str], g) -> Rollout:
+    """pi_old <- pi: the current weights sample G completions per prompt (in chunks of
+    `grpo.rollout_questions` prompts where their KV cache would not fit at once)."""
+    chunk = g.rollout_questions or len(prompts)
+    with gathered_for_generation(engine):
+        return concat_rollouts([
+            generate_groups(engine.module, tokenizer, prompts[i:i + chunk], g.group_size,
+                            max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                            top_p=g.top_p, greedy=g.temperature == 0)
+            for i in range(0, len(prompts), chunk)], tokenizer.pad_token_id)
+
+
+def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g):
+    """(scores, [N] rewards, [Q] broken groups): the reward callable's scores with non-finite
+    groups zeroed, the overlong penalty added, and with `grpo.shuffle_rewards` the control's
+    permutation applied."""
+    scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
+    scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
+    scores, broken = drop_nonfinite(scores, g.group_size)
+    rewards = scores.rewards.float() + overlong_penalty(rollout.lengths, g.max_new_tokens,
+                                                        g.overlong_buffer, g.overlong_penalty)
+    if g.shuffle_rewards:
+        scores, rewards = shuffled_rewards(scores, rewards)
+    return scores, rewards, broken
+
+
+@dataclass
+class StepBatch:
+    """What the loss of one step uses: token advantages, the normalised rewards they came from,
+    the kept rows, the loss mask and the global normalisers (summed over ranks)."""
+    advantages: torch.Tensor
+    normalised: torch.Tensor
+    keep: torch.Tensor
+    broken: torch.Tensor
+    loss_mask: torch.Tensor
+    num_sequences: float
+    num_tokens: float
+
+
+def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
+                   rollout: Rollout, g) -> StepBatch:
+    """Group-relative advantages; groups dropped by dynamic sampling or with non-finite rewards
+    leave the loss mask."""
+    advantages, normalised = compute_advantages(
+        scores, rewards, rollout, g,
+        std_normalised=POLICY_LOSSES[g.loss].std_normalised_advantages)
+    if g.zero_advantages:
+        advantages = torch.zeros_like(advantages)
+    keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
+    if g.dynamic_sampling:
+        keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)
+    keep &= ~broken.repeat_interleave(g.group_size)
+    loss_mask = rollout.completion_mask.float() * keep[:, None]
+    return StepBatch(advantages, normalised, keep, broken, loss_mask,
+                     global_sum(float(keep.sum())), global_sum(float(loss_mask.sum())))
+
+
+def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g, plan,
+                where: str) -> dict:
+    """`grpo.mu` passes over the batch, one optimizer step each, against log-probs of the
+    reference and (mu > 1) of pi_old. Returns the global loss, KL and clip fraction, the gradient
+    norm and the per-token entropy of the first pass."""
+    engine, world_size = trainer.engine, world()[1]
+    loss_fn = POLICY_LOSSES[g.loss].fn
+    ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
+        if reference is not None else None
+    old_logprobs = _forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
+        if g.mu > 1 else None
+    entropy = torch.zeros_like(batch.loss_mask)
+    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+    grad_norm = 0.0
+    engine.train()
+    for update in range(g.mu):
+        def loss_of(rows: slice, mb: int):
+            logprobs = completion_logprobs(
+                engine, rollout.input_ids[rows], rollout.attention_mask[rows],
+                rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if update == 0 else None)
+            old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+            ref = ref_logprobs[rows] if ref_logprobs is not None else None
+            result = loss_fn(logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
+                             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high,
+                             beta=g.beta, num_sequences=max(batch.num_sequences, 1.0),
+                             num_tokens=max(batch.num_tokens, 1.0), max_tokens=g.max_new_tokens)
+            # Shares of the global step: summed over micro-batches and ranks they give the
+            # batch loss and the token means of KL and clip fraction.
+            share = float(batch.loss_mask[rows].sum()) / max(batch.num_tokens, 1.0)
+            stats["loss"] += result.loss.item() / g.mu
+            stats["kl"] += result.kl.item() * share / g.mu
+            stats["clip"] += result.clip_fraction.item() * share / g.mu
+            return result.loss * world_size
+
+        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                     f"{where}, update {update + 1}", grad_norm)
+    return {**{key: global_sum(value) for key, value in stats.items()},
+            "grad_norm": grad_norm, "entropy": entropy}
+
+
+def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: StepBatch,
+             stats: dict, g, times: list[float]) -> dict:
+    """The step's metrics (docs/metrics.md); `times`: start, rolled out, scored, updated."""
+    started, rolled, scored, updated = times
+    metrics = _step_metrics(rollout, scores, rewards, stats["entropy"], stats, g.group_size)
+    normalised = batch.normalised
+    metrics.update({
+        "train/grad_norm": stats["grad_norm"],
+        "train/kept_groups": float(batch.keep.float().mean()),
+        # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
+        "reward/no_signal_groups": float(
+            (normalised.reshape(-1, g.group_size * normalised.shape[1]) == 0)
+            .all(-1).float().mean()),
+        "reward/nonfinite_groups": float(batch.broken.sum()),
+        "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
+        "time/rollout": rolled - started, "time/scoring": scored - rolled,
+        "time/update": updated - scored, "time/step": updated - started,
+        "rollout/tokens_per_s": float(rollout.lengths.sum()) / max(rolled - started, 1e-9),
+        "train/tokens_per_s": float(rollout.attention_mask.sum()) * g.mu
+        / max(updated - scored, 1e-9),
+    })
+    return metrics
 
 
 def _inspect(folder: Path, step: int, g, tokenizer, records, rollout, scores, rewards,

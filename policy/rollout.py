@@ -40,13 +40,6 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
 
-    def select(self, rows: torch.Tensor) -> "Rollout":
-        """The rollout restricted to `rows` (e.g. DAPO's kept groups)."""
-        idx = rows.nonzero().squeeze(-1) if rows.dtype == torch.bool else rows
-        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
-                       self.completion_mask[idx], [self.texts[i] for i in idx.tolist()],
-                       self.truncated[idx], self.group_size)
-
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """One rollout from several (e.g. generated in chunks): prompts re-padded on the left,

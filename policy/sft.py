@@ -11,25 +11,21 @@ Re-running the same command resumes from the last evaluation.
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from configs.plan import plan_batch
+from configs.batching import plan_batch
 from policy.evaluate import evaluate_policy
-from runtime.checkpoint import (export, load_training_state, recover_export,
-                                save_training_state)
+from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
-from runtime.engine import (broadcast_from_main, build_engine, checked_backward, current_lr,
-                            engine_step, gathered_for_generation, global_sum, is_main, world)
-from runtime.prompts import PromptFormat, encode_prompts, prompt_format
-from runtime.rundir import atomic_write_json
+from runtime.engine import (broadcast_from_main, build_engine, current_lr,
+                            gathered_for_generation, global_sum, is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import PromptFormat, encode_prompts, prompt_format
+from runtime.training import Trainer, epoch_slice, stage_done
 
 
 def sft_tensors(tokenizer, records: list[MathRecord], fmt: PromptFormat):
@@ -64,12 +60,6 @@ def token_nll_sum(model, input_ids, attention_mask, labels) -> tuple[torch.Tenso
     return -(logp * valid).sum(), int(valid.sum())
 
 
-def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    order = list(range(n))
-    random.Random(seed * 100_003 + epoch).shuffle(order)
-    return order
-
-
 def _check_worked_solutions(records: list[MathRecord]) -> None:
     """SFT needs a worked solution in every record; stop before training, naming the first."""
     missing = [r.source_id for r in records if not r.solution_steps]
@@ -84,8 +74,8 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     """Train the warm start; returns the folder of the best export (`<run>/sft/best`), the best
     by greedy accuracy on `val_records` (not the held-out questions the policy is scored on)."""
     out = run_path / "sft"
-    best_dir, done_file = out / "best", out / "done.json"
-    if done_file.exists():
+    best_dir = out / "best"
+    if stage_done(out):
         return best_dir
     _check_worked_solutions(sft_records)
     recover_export(best_dir)
@@ -94,74 +84,72 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     model = load_causal_lm(policy_path, cfg.model, train=True)
     plan = plan_batch(cfg.sft.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"sft.batch_size={cfg.sft.batch_size}")
-    steps_per_epoch = max(1, len(sft_records) // plan.global_sequences)
-    total_steps = math.ceil(cfg.sft.epochs * steps_per_epoch)
+    total_steps = math.ceil(cfg.sft.epochs * max(1, len(sft_records) // plan.global_sequences))
     engine = build_engine(model, cfg.deepspeed, lr=cfg.sft.lr,
                           micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum,
                           decay_steps=total_steps if cfg.sft.lr_decay else 0)
-    state = load_training_state(engine, out / "state") or {"step": 0, "best": -1.0, "stale": 0}
-    # Rows a crash logged past the saved state are redone: drop them.
-    logger.rewind(state["step"] if state["step"] else -1)
-    eval_every = cfg.sft.eval_every or total_steps
+    trainer = Trainer(out, engine, logger, total_steps, desc="sft",
+                      fresh_state={"best": -1.0, "stale": 0})
+    state, fmt = trainer.state, prompt_format(cfg.data)
 
-    def evaluate() -> float | None:
-        """Greedy validation accuracy on rank 0 (None elsewhere); every rank joins the gather."""
+    def validate() -> float:
+        """Greedy validation accuracy, measured on rank 0; every rank joins the gather."""
+        accuracy = None
         with gathered_for_generation(engine):
-            if not is_main():
-                return None
-            return evaluate_policy(engine.module, tokenizer, val_records,
-                                   prompt_format(cfg.data), k=1, temperature=0.0,
-                                   max_new_tokens=cfg.eval.max_new_tokens,
-                                   batch_size=cfg.eval.batch_size,
-                                   timeout_s=cfg.eval.grade_timeout_s,
-                                   sampled=False)["eval/greedy_accuracy"]
+            if is_main():
+                accuracy = evaluate_policy(
+                    engine.module, tokenizer, val_records, fmt, k=1, temperature=0.0,
+                    max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                    timeout_s=cfg.eval.grade_timeout_s, sampled=False)["eval/greedy_accuracy"]
+        return broadcast_from_main(accuracy)
 
     if state["step"] == 0:
-        state["best"] = broadcast_from_main(evaluate())
+        state["best"] = validate()
         export(engine, tokenizer, best_dir, config_yaml)
-        logger.log({"val/greedy_accuracy": state["best"]}, step=0)
-    bar = tqdm(total=total_steps, initial=state["step"], desc="sft", disable=not is_main())
+        trainer.log({"val/greedy_accuracy": state["best"]})
     engine.train()
-    while state["step"] < total_steps:
+    while trainer.running():
         step = state["step"]
-        epoch, index = divmod(step, steps_per_epoch)
-        order = _epoch_order(len(sft_records), cfg.run.seed, epoch)
-        batch_ids = order[index * plan.global_sequences:(index + 1) * plan.global_sequences]
+        epoch, batch_ids = epoch_slice(len(sft_records), step, plan.global_sequences,
+                                       cfg.run.seed * 100_003)
         mine = batch_ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
-        tensors = sft_tensors(tokenizer, [sft_records[i] for i in mine], prompt_format(cfg.data))
+        tensors = sft_tensors(tokenizer, [sft_records[i] for i in mine], fmt)
         global_tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
-        started, loss_sum, grad_norm = time.perf_counter(), 0.0, 0.0
-        for mb in range(plan.grad_accum):
-            rows = slice(mb * plan.micro_batch_size, (mb + 1) * plan.micro_batch_size)
+        started, losses = time.perf_counter(), []
+
+        def loss_of(rows: slice, mb: int):
             ids, mask, labels = (t[rows].to(engine.device) for t in tensors)
-            nll, _ = token_nll_sum(engine, ids, mask, labels)
-            loss = nll / global_tokens * world_size
-            where = f"sft step {step + 1}, micro-batch {mb + 1}"
-            checked_backward(engine, loss, where)
-            norm = engine_step(engine, where)
-            grad_norm = norm if norm is not None else grad_norm
-            loss_sum += loss.item()
-        state["step"] = step + 1
-        bar.update(1)
-        metrics = {"train/loss": global_sum(loss_sum) / world_size, "train/lr": current_lr(engine),
-                   "train/grad_norm": grad_norm,
+            loss = token_nll_sum(engine, ids, mask, labels)[0] / global_tokens * world_size
+            losses.append(loss.item())
+            return loss
+
+        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                     f"sft step {step + 1}")
+        trainer.advance()
+        metrics = {"train/loss": global_sum(sum(losses)) / world_size,
+                   "train/lr": current_lr(engine), "train/grad_norm": grad_norm,
                    "time/step": time.perf_counter() - started, "train/epoch": epoch}
-        if state["step"] % eval_every == 0 or state["step"] == total_steps:
-            accuracy = broadcast_from_main(evaluate())
-            metrics["val/greedy_accuracy"] = accuracy
-            if accuracy > state["best"]:
-                state["best"], state["stale"] = accuracy, 0
-                export(engine, tokenizer, best_dir, config_yaml)
-            else:
-                state["stale"] += 1
-            bar.set_postfix(acc=f"{accuracy:.3f}", best=f"{state['best']:.3f}")
-            save_training_state(engine, out / "state", state)
-            reached = cfg.sft.stop_at and accuracy >= cfg.sft.stop_at
-            if reached or (cfg.sft.patience and state["stale"] >= cfg.sft.patience):
-                logger.log(metrics, step=state["step"])
-                break
-        logger.log(metrics, step=state["step"])
-    bar.close()
-    if is_main():
-        atomic_write_json(done_file, {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
+        if trainer.due(cfg.sft.eval_every):
+            metrics["val/greedy_accuracy"] = _keep_best(trainer, validate(), cfg.sft,
+                                                        lambda: export(engine, tokenizer,
+                                                                       best_dir, config_yaml))
+        trainer.log(metrics)
+    trainer.finish(tokenizer, None, config_yaml,
+                   {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
     return best_dir
+
+
+def _keep_best(trainer: Trainer, accuracy: float, sft, export_best) -> float:
+    """After a validation: export a new best, save the state, stop at `sft.stop_at` or after
+    `sft.patience` validations without a new best."""
+    state = trainer.state
+    if accuracy > state["best"]:
+        state["best"], state["stale"] = accuracy, 0
+        export_best()
+    else:
+        state["stale"] += 1
+    trainer.bar.set_postfix(acc=f"{accuracy:.3f}", best=f"{state['best']:.3f}")
+    trainer.save()
+    reached = sft.stop_at and accuracy >= sft.stop_at
+    trainer.stopped = bool(reached or (sft.patience and state["stale"] >= sft.patience))
+    return accuracy

@@ -14,7 +14,7 @@ from process_supervision.formats import StepExample
 from runtime.steps import split_steps
 from reward_model.encoding import orm_example
 from reward_model.evaluate import best_of_n, first_error_metrics, step_metrics
-from reward_model.heads import STEP_AGGREGATORS
+from reward_model.tag_scores import STEP_AGGREGATORS
 from reward_model.score import TagScorer
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer

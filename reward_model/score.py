@@ -14,8 +14,8 @@ from policy.rollout import Rollout
 from process_supervision.formats import StepExample
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from reward_model.encoding import encode, orm_example, tag_tokens
-from reward_model.calibration import calibration_of
-from reward_model.heads import (STEP_AGGREGATORS, calibrated_margin, running_min, tag_logit_margin,
+from reward_model.likelihood_feature import calibration_of
+from reward_model.tag_scores import (STEP_AGGREGATORS, calibrated_margin, running_min, tag_logit_margin,
                                 token_logprobs)
 from runtime.data import MathRecord
 
@@ -65,7 +65,7 @@ class TagScorer:
 
     def score(self, examples: list[StepExample]) -> list[list[float]]:
         """Per example, the score of each step whose tag fits in `max_length`: P(+) at the tag,
-        or, for a reward model with a fitted likelihood feature (`reward_model/calibration.py`),
+        or, for a reward model with a fitted likelihood feature (`reward_model/likelihood_feature.py`),
         the calibrated probability."""
         calibration = calibration_of(self.model)
         out = []

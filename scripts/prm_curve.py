@@ -24,10 +24,11 @@ from configs import load_config  # noqa: E402
 from reward_model.backbone import added_layer_parameters, deepen  # noqa: E402
 from reward_model.encoding import encode, tag_tokens  # noqa: E402
 from reward_model.examples import synthetic_step_examples  # noqa: E402
-from reward_model.heads import lm_loss_sum, tag_logit_margin, tag_loss  # noqa: E402
+from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss  # noqa: E402
 from reward_model.score import TagScorer  # noqa: E402
 from reward_model.evaluate import step_metrics  # noqa: E402
-from reward_model.train import epoch_order  # noqa: E402
+from reward_model.train import question_groups  # noqa: E402
+from runtime.training import seeded_order  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
 
@@ -69,7 +70,7 @@ def main() -> None:
         print(f"step {step:4d}  {time.perf_counter() - started:6.0f} s  "
               f"step accuracy {m['step_accuracy']:.3f}  AUROC {m['auroc']:.3f}", flush=True)
 
-    order = epoch_order(train, a.seed, grouped=a.pairs)
+    order = seeded_order(len(train), a.seed, question_groups(train) if a.pairs else None)
     started = time.perf_counter()
     report(0, started)
     model.train()

@@ -21,7 +21,7 @@ from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.tiny_model import build_tiny
 from runtime.models import load_tokenizer
 from runtime.tracking import MetricsLogger
-from runtime.wandb_offline import read_offline_run
+from wandb_offline import read_offline_run
 from small_config import SMALL
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 import igrpo
+from eval_checks import check_against_outcomes
 from iteration.replay import historical_count, load_iteration, refresh_set, save_iteration
 from process_supervision.formats import StepExample
 from runtime.tracking import read_metrics
@@ -50,8 +51,7 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     its = summary["iterations"]
     assert [it["iteration"] for it in its] == [0, 1, 2]
     for it in its:
-        for key in ("greedy_accuracy", "maj_accuracy", "pass_at_k"):
-            assert 0.0 <= it["eval"][key] <= 1.0
+        check_against_outcomes(it["eval"], run / "eval" / f"iteration-{it['iteration']}.json")
         assert "prm/step_accuracy" in it["rm"] and "prm_pick" in it["bon"]
     assert "train/kl" in its[1]["grpo"] and "reward/mean" in its[2]["grpo"]
     assert (run / "accuracy.png").stat().st_size > 1000
@@ -66,6 +66,16 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     for k in (1, 2):
         assert (run / "grpo" / f"iteration-{k}" / "final" / "model.safetensors").exists()
     assert (run / "replay" / "prm" / "iteration-1.jsonl").exists()
+    # The stage commands find what iterate wrote: eval takes the last iteration's policy (the
+    # same greedy accuracy as the loop measured), eval-rm the newest reward models.
+    stage_args = ["--config", "configs/tiny.yaml", f"run.root={tmp_path / 'a'}", *SMALL]
+    assert igrpo.main(["eval", *stage_args]) == 0
+    report = json.loads((run / "eval" / "grpo-iteration-2.json").read_text())
+    assert report["checkpoint"] == str(run / "grpo" / "iteration-2" / "final")
+    assert report["eval/greedy_accuracy"] == its[2]["eval"]["greedy_accuracy"]
+    assert igrpo.main(["eval-rm", *stage_args]) == 0
+    rm_report = json.loads((run / "eval" / "reward_models.json").read_text())
+    assert "prm/step_accuracy" in rm_report and "orm/step_accuracy" in rm_report
     # The refresh set of iteration 1 holds the configured historical fraction.
     refresh = manifest["rm-prm/1"]["outputs"]
     new_rows = refresh["rows"] - refresh["historical_rows"]
@@ -154,6 +164,17 @@ def test_replication_study_shares_iteration_zero_and_reports_every_arm(tmp_path)
     assert f"threads: {max(1, (os.cpu_count() or 1) // 2)}" in config
     assert (tmp_path / "replication_figure7.png").exists()
     assert "<!-- reading: kept by scripts/replicate.py -->" in text
+    # A rebuilt report keeps the command and wall time of the run that made the numbers, and
+    # leaves out an arm whose run has not finished.
+    summary = study / "seed0-grpo-process" / "summary.json"
+    finished = json.loads(summary.read_text())
+    summary.write_text(json.dumps({"iterations": finished["iterations"][:1]}))
+    subprocess.run([sys.executable, "scripts/replicate.py", "--root", str(study), "--seeds", "0",
+                    "--doc", str(doc), "--arms", ",".join(arms), "--report-only"], check=True,
+                   env=env)
+    rebuilt = doc.read_text()
+    assert rebuilt.split("\n")[4:6] == text.split("\n")[4:6] and "--jobs 2" in rebuilt
+    assert "| grpo-process | 0 |" not in rebuilt and "| grpo-process-iterative | 0 |" in rebuilt
 
 
 def test_manifest_eta_counts_each_unfinished_unit_as_its_kind_took(tmp_path):

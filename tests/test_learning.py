@@ -1,12 +1,11 @@
 """Slow end-to-end runs that show learning, from the shipped tiny warm start.
 
-GRPO is compared with a control whose every advantage is 0, on the same held-out questions with the
-same sampling noise: a gain that the control does not show cannot be chance drift of the warm
-start. With zero advantages the only gradient is the KL term's, which is exactly 0 while the policy
-equals its reference, so the control cannot move at all; 20 steps show that at a third of the cost.
-The measure is mean@4 at the training temperature: the warm start slips at carries under sampling
-(its recipe.json), which is the room RL has. Measured: mean@4 0.626 -> 0.848, greedy 0.735 ->
-0.955; the control 0.626 -> 0.626.
+GRPO is compared with the shuffled-reward control (`grpo.shuffle_rewards`: each step's rewards
+permuted over its samples, so that no reward belongs to its own sample), the same steps on the
+same questions, evaluated on the same held-out questions with the same sampling noise. A gain
+the control does not show comes from the rewards, not from the steps, the KL term or chance
+drift of the warm start. The measure is mean@4 at the training temperature: the warm start slips
+at carries under sampling (its recipe.json), which is the room RL has.
 """
 
 import json
@@ -49,13 +48,14 @@ def _mean_at_k(policy: Path, out: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_grpo_raises_mean_at_k_beyond_zero_advantage_control(warm_start, tmp_path):
+def test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, tmp_path):
     before = _mean_at_k(warm_start, tmp_path / "before.json")
     after = _mean_at_k(_grpo(warm_start, tmp_path / "grpo"), tmp_path / "after.json")
-    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "grpo.zero_advantages=true",
-                               "grpo.steps=20"), tmp_path / "control.json")
+    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "grpo.shuffle_rewards=true"),
+                         tmp_path / "control.json")
     gain, drift = paired_difference(before, after), paired_difference(before, control)
     print(f"mean@4 {sum(before) / 200:.3f} -> GRPO {sum(after) / 200:.3f} ({gain}), "
-          f"zero-advantage control {sum(control) / 200:.3f} ({drift})")
-    assert drift == {"diff": 0.0, "lo": 0.0, "hi": 0.0}  # the control cannot move
+          f"shuffled-reward control {sum(control) / 200:.3f} ({drift})")
     assert gain["diff"] >= 0.03 and gain["lo"] > 0
+    assert drift["lo"] <= 0  # the control does not raise mean@4 beyond its interval
+    assert paired_difference(control, after)["lo"] > 0  # GRPO ends above the control

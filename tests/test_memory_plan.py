@@ -5,7 +5,7 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
 import igrpo
 from configs import load_config
-from runtime.memory_plan import GB, KNOWN, plan, verdict
+from configs.memory import GB, KNOWN, plan, verdict
 
 
 def test_seven_b_plan_by_hand(capsys, tmp_path):

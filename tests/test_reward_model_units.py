@@ -12,7 +12,7 @@ from process_supervision.formats import (StepExample, example_from_row, load_ste
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
 from reward_model.encoding import encode, orm_example, tag_tokens
 from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
-from reward_model.heads import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
+from reward_model.tag_scores import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
 from runtime.tiny_model import STEP_TAG, build_tokenizer
 
@@ -209,7 +209,8 @@ def test_deepened_backbone_starts_as_the_same_function(tok, tmp_path):
 
 def test_minimal_pairs_and_question_grouped_batches():
     from reward_model.examples import synthetic_step_examples
-    from reward_model.train import epoch_order, split_validation
+    from reward_model.train import question_groups, split_validation
+    from runtime.training import seeded_order
     from runtime.data import synthetic_records
 
     records = synthetic_records(seed=5, count=40, min_ops=2, max_ops=4)
@@ -218,10 +219,10 @@ def test_minimal_pairs_and_question_grouped_batches():
     for right, wrong in zip(pairs[::2], pairs[1::2]):
         assert right.question == wrong.question and set(right.labels) == {1.0}
         assert 0.0 in wrong.labels and wrong.labels[-1] == 0.0  # a slip makes the answer wrong
-    order = epoch_order(pairs, seed=3, grouped=True)
+    order = seeded_order(len(pairs), 3, question_groups(pairs))
     assert sorted(order) == list(range(80))
     assert all(pairs[order[i]].question == pairs[order[i + 1]].question for i in range(0, 80, 2))
-    assert order != epoch_order(pairs, seed=4, grouped=True)
+    assert order != seeded_order(len(pairs), 4, question_groups(pairs))
     train, val = split_validation(pairs, 0.1, seed=0)
     assert len(val) == 8 and len(train) == 72
     assert not {ex.question for ex in train} & {ex.question for ex in val}

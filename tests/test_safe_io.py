@@ -107,7 +107,10 @@ def test_interrupted_export_swap_is_recovered(tmp_path):
     out = save_pretrained(engine, tokenizer, tmp_path / "best")
     out.rename(tmp_path / ".best.old")  # killed between moving the old export aside and renaming
     recover_export(tmp_path / "best")
-    assert load_causal_lm(tmp_path / "best") is not None
+    # The export is back where it belongs, with the engine's weights.
+    loaded = load_causal_lm(tmp_path / "best").state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in engine.module.state_dict().items())
+    assert not (tmp_path / ".best.old").exists()
 
 
 def test_remote_code_is_not_trusted_by_default(tmp_path):

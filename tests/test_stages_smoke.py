@@ -13,7 +13,7 @@ from runtime.data import load_splits
 from runtime.tiny_model import build_tiny
 from runtime.models import load_causal_lm
 from runtime.tracking import MetricsLogger, read_metrics
-from runtime.wandb_offline import read_offline_run
+from wandb_offline import read_offline_run
 from small_config import SMALL as BASE
 
 SMALL = [*BASE, "grpo.eval_every=1"]
@@ -24,6 +24,13 @@ STEP_METRICS = [
 ]
 
 
+def _weights_differ(a, b) -> bool:
+    """Both folders load; some tensor of b differs from a's."""
+    wa, wb = load_causal_lm(a).state_dict(), load_causal_lm(b).state_dict()
+    assert wa.keys() == wb.keys()
+    return any(not torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def _args(tmp_path, *extra):
     return ["--config", "configs/tiny.yaml", f"run.root={tmp_path}", *SMALL, *extra]
 
@@ -32,13 +39,20 @@ def test_cli_sft_then_grpo_process(tmp_path):
     assert igrpo.main(["sft", *_args(tmp_path)]) == 0
     run = tmp_path / "tiny"
     best = run / "sft" / "best"
-    assert load_causal_lm(best) is not None and (best / "model.safetensors").exists()
+    assert (best / "model.safetensors").exists()
     sft_rows = read_metrics(run / "sft" / "metrics.jsonl")
     assert sft_rows[-1]["train/loss"] > 0 and "val/greedy_accuracy" in sft_rows[-1]
+    # The export is the best validation checkpoint: the base model itself unless a later
+    # validation beat step 0's.
+    vals = [r["val/greedy_accuracy"] for r in sft_rows if "val/greedy_accuracy" in r]
+    assert _weights_differ(run / "base", best) == (max(vals[1:]) > vals[0])
     assert igrpo.main(["grpo", *_args(tmp_path, "grpo.supervision=process",
                                       "grpo.reward=step_oracle")]) == 0
-    assert load_causal_lm(run / "grpo" / "final") is not None
     rows = read_metrics(run / "grpo" / "metrics.jsonl")
+    # GRPO moved the warm start exactly when some step had a gradient (a random model's
+    # samples may all be wrong: equal rewards, zero advantages, and a zero KL gradient).
+    moved = any(r["train/grad_norm"] > 0 for r in rows[1:])
+    assert _weights_differ(best, run / "grpo" / "final") == moved
     assert [r["step"] for r in rows] == [0, 1, 2]
     for key in STEP_METRICS:
         assert all(key in r for r in rows[1:]), key

@@ -64,7 +64,7 @@ def calibrated_margin(margin: torch.Tensor, surprise: torch.Tensor,
                       calibration: dict[str, float]) -> torch.Tensor:
     """The step logit of a reward model with a likelihood feature: a weighted sum of the tag's
     logit margin and `running_min` of its own token log-likelihoods, plus a bias
-    (`reward_model/calibration.py` fits the three numbers)."""
+    (`reward_model/likelihood_feature.py` fits the three numbers)."""
     return (calibration["margin"] * margin + calibration["surprise"] * surprise
             + calibration["bias"])
 

@@ -1,0 +1,118 @@
+"""The stages of Algorithm 1 as functions of the config: the one API the command line (igrpo.py)
+and the outer loop (iteration/loop.py) both call, so that a stage run alone computes what the
+same stage computes inside `igrpo iterate`.
+
+    load_policy       a policy checkpoint and its tokenizer
+    label_questions   the RL questions whose samples iteration k labels
+    label             sample a policy, label every step Math-Shepherd style
+    rm_backbone       what a first reward model trains from
+    load_scorer       a reward model, read at its tags
+    make_reward       the GRPO reward: rule, step oracle, or the ORM/PRM
+    evaluate          held-out greedy, mean@k, maj@k, pass@k (with intervals)
+    reward_model_report   step metrics on known first errors, and best-of-N on policy samples
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from process_supervision.label import Labeller, label_in_shards
+from process_supervision.sampling import sample_solutions
+from reward_model.examples import as_orm, synthetic_step_examples
+from reward_model.report import best_of_n_report, labelled_report
+from reward_model.score import TagScorer
+from runtime.data import MathRecord
+from runtime.engine import is_main
+from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+
+KINDS = ("orm", "prm")
+
+
+def load_policy(cfg, path: str | Path):
+    """(model in eval mode, tokenizer) of a checkpoint, loaded with the config's model options
+    (dtype, attention, trust_remote_code)."""
+    return load_causal_lm(path, cfg.model).eval(), load_tokenizer(path, cfg.model)
+
+
+def label_questions(rl: list[MathRecord], per_iteration: int, k: int) -> list[MathRecord]:
+    """Iteration k's questions: disjoint slices from the end of the RL pool (GRPO draws its
+    questions from the whole pool in a seeded order)."""
+    return rl[len(rl) - (k + 1) * per_iteration:len(rl) - k * per_iteration]
+
+
+def label(cfg, policy: str | Path, questions: list[MathRecord], out: Path, k: int = 0):
+    """Sample `policy` on `questions` (`label.samples_per_question` each) and label every step
+    prefix Math-Shepherd style with `label.completer` (default: the same policy). Shards are
+    kept in `out`, so an interrupted run resumes them. Returns the labelled solutions."""
+    lab = cfg.label
+    model, tokenizer = load_policy(cfg, policy)
+    fmt = prompt_format(cfg.data)
+    solutions = sample_solutions(model, tokenizer, questions, fmt, lab.samples_per_question,
+                                 lab.max_new_tokens, lab.temperature, out / "solutions.jsonl")
+    if lab.completer:
+        model, tokenizer = load_policy(cfg, lab.completer)
+    labeller = Labeller(model, tokenizer, fmt, lab.num_completions, lab.max_new_tokens,
+                        lab.temperature, cfg.eval.grade_timeout_s, lab.prefixes_per_batch)
+    return label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
+                           progress=is_main(), seed=cfg.run.seed * 101 + k)
+
+
+def rm_backbone(cfg, warm_start: str | Path) -> str | Path:
+    """A first reward model trains from `rm.init_path`, else from the warm start (the paper
+    initialises its reward models from the SFT model)."""
+    return cfg.rm.init_path or warm_start
+
+
+def load_scorer(cfg, path: str | Path) -> TagScorer:
+    return TagScorer.from_pretrained(path, cfg.rm.step_tag, cfg.rm.max_length, cfg.model)
+
+
+def make_reward(cfg, policy_tokenizer, choice: str, scorers: dict | None = None):
+    """The GRPO reward callable: `rule` (the final answer against the gold one), `step_oracle`
+    (synthetic task: each step's true correctness), or `rm`: the PRM's step scores for process
+    supervision, else the ORM's (`scorers[kind]` a TagScorer)."""
+    from policy.rewards import RuleReward
+    from process_supervision.oracle import StepOracleReward
+    from reward_model.score import ORMReward, PRMReward
+
+    timeout = cfg.eval.grade_timeout_s
+    if choice == "rule":
+        return RuleReward(timeout)
+    if choice == "step_oracle":
+        return StepOracleReward(policy_tokenizer, timeout)
+    if cfg.grpo.supervision == "process":
+        return PRMReward(scorers["prm"], policy_tokenizer, cfg.rm.aggregate, timeout,
+                         cfg.data.step_separator)
+    return ORMReward(scorers["orm"], timeout)
+
+
+def evaluate(cfg, model, tokenizer, records: list[MathRecord], outcomes_path: Path | None = None,
+             progress: bool = True) -> dict:
+    """`eval/*` metrics of the policy on `records` at the config's k and temperature."""
+    from policy.evaluate import evaluate_policy
+
+    return evaluate_policy(model, tokenizer, records, prompt_format(cfg.data), k=cfg.eval.k,
+                           temperature=cfg.eval.temperature,
+                           max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                           timeout_s=cfg.eval.grade_timeout_s, progress=progress,
+                           outcomes_path=outcomes_path)
+
+
+def reward_model_report(cfg, scorers: dict[str, TagScorer], model, tokenizer,
+                        eval_records: list[MathRecord]) -> dict:
+    """{"rm": step metrics of each reward model on held-out synthetic solutions whose first
+    wrong step is known (synthetic task only), "bon": best-of-N among the policy's samples}."""
+    report: dict = {"rm": {}}
+    if cfg.data.source == "synthetic":
+        held_out = synthetic_step_examples(eval_records[:cfg.rm.eval_solutions], cfg.run.seed + 1)
+        for kind, scorer in scorers.items():
+            examples = as_orm(held_out) if kind == "orm" else held_out
+            report["rm"].update({f"{kind}/{key}": v for key, v in
+                                 labelled_report(scorer, examples).items()})
+    report["bon"] = best_of_n_report(
+        model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data),
+        {kind: (scorer, kind) for kind, scorer in scorers.items()}, cfg.rm.aggregate,
+        cfg.rm.bon_samples, cfg.eval.temperature, cfg.eval.max_new_tokens,
+        cfg.eval.grade_timeout_s, seed=cfg.run.seed)
+    return report

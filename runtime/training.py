@@ -1,0 +1,115 @@
+"""The training-loop skeleton SFT, reward-model and GRPO training share, and the seeded order
+every one of them draws its batches from.
+
+A stage folder `out` holds `state/` (DeepSpeed's resumable state), `done.json` once the stage is
+finished, and the stage's exports. `Trainer` loads the state, drops the metric rows a crash
+logged past it, shows a progress bar with an ETA, runs micro-batches through checked backward
+passes, saves, exports and writes the done file; the trainers supply the losses and metrics.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from runtime.checkpoint import export, load_training_state, save_training_state
+from runtime.engine import checked_backward, engine_step, is_main
+from runtime.rundir import atomic_write_json
+
+
+def seeded_order(n: int, seed: int, groups: list[list[int]] | None = None) -> list[int]:
+    """0..n-1 in an order fixed by `seed`; with `groups` (lists of indices), the groups are
+    shuffled and each stays together."""
+    rng = random.Random(seed)
+    if groups is None:
+        order = list(range(n))
+        rng.shuffle(order)
+        return order
+    groups = list(groups)
+    rng.shuffle(groups)
+    return [i for group in groups for i in group]
+
+
+def epoch_slice(n: int, step: int, per_step: int, seed: int,
+                groups: list[list[int]] | None = None) -> tuple[int, list[int]]:
+    """(epoch, indices) of `step`: consecutive slices of a seeded order, reshuffled each epoch
+    (`seed + epoch` seeds the epoch's order)."""
+    epoch, index = divmod(step, max(1, n // per_step))
+    order = seeded_order(n, seed + epoch, groups)
+    return epoch, order[index * per_step:(index + 1) * per_step]
+
+
+def stage_done(out: Path) -> bool:
+    return (out / "done.json").exists()
+
+
+class Trainer:
+    """One resumable training stage in `out`: `state["step"]` counts finished optimizer steps.
+
+        trainer = Trainer(out, engine, logger, total_steps, desc="sft")
+        while trainer.running():
+            ...  # build the step's batch
+            grad_norm = trainer.backward(micro_batches, loss_of, where)
+            trainer.advance()
+            ...  # metrics, evaluation; trainer.save() when due; trainer.log(metrics)
+        trainer.finish(tokenizer, final_dir, config_yaml, done={...})
+    """
+
+    def __init__(self, out: Path, engine, logger, total_steps: int, *, desc: str,
+                 fresh_state: dict | None = None):
+        self.out, self.engine, self.logger, self.total_steps = out, engine, logger, total_steps
+        self.state = load_training_state(engine, out / "state") or {"step": 0,
+                                                                    **(fresh_state or {})}
+        # Rows a crash logged past the saved state are redone: drop them.
+        logger.rewind(self.state["step"] if self.state["step"] else -1)
+        self.bar = tqdm(total=total_steps, initial=self.state["step"], desc=desc,
+                        disable=not is_main())
+        self.stopped = False
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+    def running(self) -> bool:
+        return self.state["step"] < self.total_steps and not self.stopped
+
+    def backward(self, micro_batches: int, micro_batch_size: int,
+                 loss_of: Callable[[slice, int], object], where: str,
+                 grad_norm: float = 0.0) -> float:
+        """For each micro-batch: `loss_of(rows, index)`, a checked backward pass and the engine
+        step (DeepSpeed steps the optimizer at the accumulation boundary). Returns the last
+        gradient norm reported (`grad_norm` if none was)."""
+        for mb in range(micro_batches):
+            rows = slice(mb * micro_batch_size, (mb + 1) * micro_batch_size)
+            at = f"{where}, micro-batch {mb + 1}"
+            checked_backward(self.engine, loss_of(rows, mb), at)
+            norm = engine_step(self.engine, at)
+            grad_norm = norm if norm is not None else grad_norm
+        return grad_norm
+
+    def advance(self) -> int:
+        """One optimizer step done: returns the new step count."""
+        self.state["step"] += 1
+        self.bar.update(1)
+        return self.state["step"]
+
+    def due(self, every: int) -> bool:
+        """At every `every`-th step, and at the last one."""
+        return (every and self.step % every == 0) or self.step == self.total_steps
+
+    def save(self) -> None:
+        save_training_state(self.engine, self.out / "state", self.state)
+
+    def log(self, metrics: dict, media: dict | None = None, step: int | None = None) -> None:
+        self.logger.log(metrics, step=self.step if step is None else step, media=media)
+
+    def finish(self, tokenizer, export_dir: Path | None, config_yaml: str, done: dict) -> None:
+        """Close the bar, export the model (unless `export_dir` is None) and write done.json."""
+        self.bar.close()
+        if export_dir is not None:
+            export(self.engine, tokenizer, export_dir, config_yaml)
+        if is_main():
+            atomic_write_json(self.out / "done.json", done)

@@ -1,0 +1,109 @@
+"""The command line: each command's own help, config show, did-you-mean, unread keys."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import igrpo
+from configs import ConfigError, load_config
+from configs.loader import schema_keys
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [p for d in ("configs", "runtime", "policy", "reward_model", "process_supervision",
+                       "iteration") for p in (ROOT / d).glob("*.py")] + [ROOT / "igrpo.py"]
+
+
+def _help(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        igrpo.main(list(argv))
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_command_has_its_own_help(capsys):
+    texts = {}
+    for name in igrpo.COMMANDS:
+        text = _help(capsys, name, "--help")
+        assert text.startswith(f"usage: igrpo {name} ")
+        sections = re.search(r"Config sections read: ([a-z, ]+) \(", text).group(1).split(", ")
+        assert sections == list(igrpo.COMMAND_HELP[name][1])
+        texts[name] = text
+    assert len(set(texts.values())) == len(texts)
+    assert "--gpus" in texts["plan"] and not any("--gpus" in t for n, t in texts.items()
+                                                  if n != "plan")
+    top = _help(capsys, "--help")
+    assert all(f"  {name} " in top for name in igrpo.COMMANDS)
+
+
+def test_config_show_prints_the_resolved_config(capsys):
+    assert igrpo.main(["config", "show", "--config", "configs/tiny.yaml", "grpo.lr=3e-6"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["grpo"]["lr"] == 3e-6 and shown["grpo"]["group_size"] == 64
+    # bundled: paths are resolved to the shipped folder.
+    assert shown["model"]["policy_path"].endswith("runtime/bundled/tiny_warm_start")
+
+
+@pytest.mark.parametrize("override,suggestion", [("grpo.grop_size=8", "grpo.group_size"),
+                                                 ("rm.step_tg=x", "rm.step_tag"),
+                                                 ("grpo.betta=0.1", "grpo.beta")])
+def test_a_typo_gets_a_suggestion_in_one_line(override, suggestion):
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/tiny.yaml", [override])
+    message = str(err.value)
+    assert f"did you mean {suggestion!r}?" in message and "\n" not in message
+
+
+def test_a_typo_in_a_yaml_file_names_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo:\n  group_sise: 8\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'grpo.group_sise'; "
+                                          r"did you mean 'grpo.group_size'\?"):
+        load_config(bad)
+
+
+def test_a_space_instead_of_equals_is_named(capsys):
+    assert igrpo.main(["sft", "--config", "configs/tiny.yaml", "grpo.group_size", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "'grpo.group_size' is not key=value" in err and "None" not in err
+
+
+def test_a_wrong_type_is_one_plain_line():
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/tiny.yaml", ["grpo.group_size=abc"])
+    assert str(err.value) == ("command-line overrides: config key 'grpo.group_size': Value 'abc' "
+                              "of type 'str' could not be converted to Integer")
+
+
+def test_a_key_the_command_does_not_read_is_warned(capsys):
+    assert igrpo.unread_overrides("iterate", ["grpo.reward=rule", "grpo.lr=1e-5"]) == ["grpo.reward"]
+    assert igrpo.unread_overrides("sft", ["rm.lr=1e-4", "sft.lr=1e-3"]) == ["rm.lr"]
+    assert igrpo.main(["config", "show", "grpo.reward=rule"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "sft.lr=1e-3"]) == 0
+    assert "warning: sft.lr is set but `igrpo plan` does not read it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_key_a_shipped_yaml_sets_is_read(config):
+    def flat(tree, prefix=""):
+        return [k for key, v in tree.items() for k in
+                (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
+
+    keys = flat(yaml.safe_load((ROOT / "configs" / config).read_text()))
+    assert keys and set(keys) <= set(schema_keys())
+    code = "\n".join(p.read_text() for p in SOURCES if p.name != "schema.py")
+    for key in keys:
+        # Some command reads its section and does not ignore it ...
+        assert any(key.split(".")[0] in sections and key not in igrpo.IGNORED.get(name, ())
+                   for name, (_, sections) in igrpo.COMMAND_HELP.items() if name != "config"), key
+        # ... and some code outside the schema reads the field.
+        assert re.search(rf"\.{key.split('.')[-1]}\b", code), key
+
+
+def test_the_deepspeed_launchers_local_rank_is_dropped_wherever_it_is():
+    strip = igrpo._strip_local_rank
+    assert strip(["--local_rank=3", "iterate", "--config", "c.yaml"]) == ["iterate", "--config",
+                                                                          "c.yaml"]
+    assert strip(["iterate", "--local-rank", "1", "x=1"]) == ["iterate", "x=1"]
