@@ -52,8 +52,8 @@ COMMAND_HELP = {
     "config": ("`igrpo config show`: print the resolved config", ALL_SECTIONS),
 }
 # Keys inside a section a command reads that it still ignores (another key decides for it).
-IGNORED = {"iterate": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path"),
-           "demo": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path")}
+IGNORED = {"iterate": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path")}
+IGNORED["demo"] = IGNORED["iterate"]
 
 
 def _strip_local_rank(argv: list[str]) -> list[str]:
