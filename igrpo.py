@@ -3,6 +3,7 @@
     igrpo demo       --config configs/tiny.yaml        # the main job: Algorithm 1 (= iterate)
     igrpo sft        --config configs/tiny.yaml model.policy_path= sft.enabled=true
     igrpo grpo       --config configs/tiny.yaml grpo.group_size=16   # GRPO -> <run>/grpo/final
+    igrpo grpo       --config configs/tiny.yaml --recipe dapo        # a named algorithm
     igrpo eval       --config configs/tiny.yaml [eval.checkpoint=PATH]
     igrpo label      --config configs/tiny.yaml label.num_completions=8   # Math-Shepherd labels
     igrpo train-rm   --config configs/tiny.yaml rm.kind=prm [rm.data_path=labels.jsonl]
@@ -10,7 +11,8 @@
     igrpo plan       --config configs/deepseekmath_7b.yaml --gpus 8   # memory per GPU
     igrpo config show --config configs/tiny.yaml [key=value ...]      # the resolved config
 
-Every command takes `--config FILE` and `key=value` overrides of the schema in configs/schema.py;
+Every command takes `--config FILE`, `--recipe NAME` (configs/recipes/) and `key=value` overrides
+of the schema in configs/schema.py;
 a typo or a wrong type fails before any work starts. Each stage also runs as `python -m policy
 <stage> ...`, and under `torchrun`/`deepspeed` launchers for many processes.
 """
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, load_config, to_dict, to_yaml
-from configs.loader import diff_configs
+from configs.loader import diff_configs, schema_defaults
 
 
 
@@ -79,6 +81,10 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     if name == "config":
         sub.add_argument("action", choices=("show",))
     sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
+    sub.add_argument("--recipe", default=None, metavar="NAME",
+                     help="a named algorithm from configs/recipes/ applied over the config "
+                          "file (grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, online_rft, "
+                          "offline_rft); key=value overrides still win")
     sub.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
     if name == "plan":
         sub.add_argument("--gpus", type=int, default=8, help="GPUs per node")
@@ -159,7 +165,8 @@ class Session:
         """A stage folder made with a different config refuses to resume, naming the keys."""
         previous = self.run.read_config(f"{stage}/config.yaml")
         if previous is not None:
-            changed = [k for k in diff_configs(previous, to_dict(self.cfg))
+            changed = [k for k in diff_configs(previous, to_dict(self.cfg),
+                                               defaults=schema_defaults())
                        if k not in RESUME_FREE]
             if changed:
                 raise ConfigError(
@@ -394,7 +401,7 @@ def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -
     from runtime.rundir import UnsafePathError
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, recipe=args.recipe)
         for key in unread_overrides(args.stage, args.overrides):
             print(f"igrpo: warning: {key} is set but `igrpo {args.stage}` does not read it",
                   file=sys.stderr)

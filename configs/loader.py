@@ -20,7 +20,8 @@ CHOICES = {
     "data.source": ("synthetic", "gsm8k", "math"),
     "model.dtype": ("float32", "bfloat16"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
-    "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo"),
+    "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po"),
+    "grpo.algorithm": ("grpo", "offline_rft"),
     "grpo.supervision": ("outcome", "process", "rft"),
     "grpo.reward": ("rule", "step_oracle"),
     "rm.kind": ("prm", "orm"),
@@ -29,6 +30,46 @@ CHOICES = {
     "model.attn_implementation": ("", "sdpa", "eager", "flash_attention_2"),
     "model.tiny.architecture": ("llama", "qwen2", "mistral", "gpt_neox"),
 }
+
+
+# A recipe (configs/recipes/NAME.yaml) owns these keys: they are reset to the schema's defaults
+# (DeepSeekMath's GRPO) before the recipe's file applies, so that a recipe means the same over
+# any base config. Scale settings (model, lr, batch, lengths, G) stay the base config's.
+RECIPE_DIR = CONFIG_DIR / "recipes"
+RECIPE_KEYS = tuple(f"grpo.{key}" for key in (
+    "algorithm", "loss", "beta", "clip_eps", "clip_eps_high", "scale_by_std", "mu",
+    "dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "overlong_buffer_share",
+    "overlong_penalty", "zero_group_correction", "token_budget_share"))
+
+
+def recipes() -> list[str]:
+    """The names of the shipped recipes."""
+    return sorted(path.stem for path in RECIPE_DIR.glob("*.yaml"))
+
+
+def _apply_recipe(cfg: DictConfig, name: str) -> DictConfig:
+    path = RECIPE_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"recipe {name!r}: no configs/recipes/{name}.yaml; "
+                          f"the recipes are {', '.join(recipes())}")
+    defaults = OmegaConf.structured(Config)
+    for key in RECIPE_KEYS:
+        OmegaConf.update(cfg, key, OmegaConf.select(defaults, key))
+    loaded = OmegaConf.load(path)
+    check_keys(_flat(OmegaConf.to_container(loaded)), str(path))
+    cfg = OmegaConf.merge(cfg, loaded)
+    OmegaConf.update(cfg, "run.recipe", name)
+    return cfg
+
+
+def _recipe_name(cfg: DictConfig, overrides, recipe: str | None) -> str:
+    """--recipe, else a `run.recipe=` override, else the config file's run.recipe."""
+    if recipe:
+        return recipe
+    for o in overrides:
+        if o.split("=", 1)[0].lstrip("+") == "run.recipe":
+            return o.split("=", 1)[1]
+    return cfg.run.recipe
 
 
 # Model folders shipped in runtime/bundled, named `bundled:<name>` in a config.
@@ -88,8 +129,10 @@ def _override_keys(overrides) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+") for o in overrides]
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Merge the schema, an optional YAML file and `key=value` overrides; fail naming the key."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                recipe: str | None = None) -> DictConfig:
+    """Merge the schema, an optional YAML file, a recipe (`recipe`, or `run.recipe` set by the
+    file or an override) and `key=value` overrides; fail naming the key."""
     cfg = OmegaConf.structured(Config)
     where = "defaults"
     try:
@@ -100,6 +143,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line overrides"
         check_keys(_override_keys(overrides), where)
+        name = _recipe_name(cfg, overrides, recipe)
+        if name:
+            where = f"recipe {name}"
+            cfg = _apply_recipe(cfg, name)
+            where = "command-line overrides"
         # `key=` sets an empty string (YAML would read it as null), e.g. model.policy_path=
         dotlist = [o + "''" if o.endswith("=") else o for o in overrides]
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
@@ -162,15 +210,27 @@ def to_dict(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two resolved configs."""
+def diff_configs(old: dict, new: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """Dotted keys whose values differ between two resolved configs. With the schema's
+    `defaults`, a key one side lacks (the schema changed between the two) counts only if it
+    was set: a key added at its default, or removed while off (0, false, empty), is no change."""
     keys = sorted(set(old) | set(new))
     out: list[str] = []
     for key in keys:
         a, b = old.get(key), new.get(key)
         dotted = f"{prefix}{key}"
+        default = (defaults or {}).get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += diff_configs(a, b, dotted + ".")
+            out += diff_configs(a, b, dotted + ".", default if isinstance(default, dict) else {})
+        elif defaults is not None and key not in old and b == default:
+            continue
+        elif defaults is not None and key not in new and key not in defaults and not a:
+            continue
         elif a != b:
             out.append(dotted)
     return out
+
+
+def schema_defaults() -> dict:
+    """The schema's own values, as a nested dict (for `diff_configs`)."""
+    return OmegaConf.to_container(OmegaConf.structured(Config))  # type: ignore[return-value]

@@ -26,6 +26,10 @@ class RunConfig:
     """Log reward-model checkpoints as wandb artifacts (opt-in: they can be large)."""
     threads: int = 0
     """torch intra-op threads for this process; 0 keeps torch's default."""
+    recipe: str = ""
+    """A named algorithm from configs/recipes/ (grpo, r1, dr_grpo, dapo, gpg, cispo, c3po,
+    online_rft, offline_rft), applied over the config file and under the command line
+    (`--recipe NAME` sets it); empty = the file's own settings."""
 
 
 @dataclass
@@ -179,7 +183,10 @@ class GRPOConfig:
     clip_eps_high: float = 0.2
     """Upper clip range (DAPO's clip-higher raises it, e.g. 0.28)."""
     loss: str = "grpo"
-    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo (see policy/losses.py)."""
+    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po (see policy/losses.py)."""
+    algorithm: str = "grpo"
+    """grpo (every loss above, online RFT included) or offline_rft (DeepSeekMath §5.2.1: sample
+    the starting policy once, keep its right solutions, fine-tune on them)."""
     supervision: str = "outcome"
     """outcome (one reward per sample) or process (one reward per step); rft is the paper's
     online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
@@ -202,11 +209,26 @@ class GRPOConfig:
     scale_by_std: bool = True
     """Divide advantages by the group std (Dr. GRPO turns this off)."""
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal."""
-    overlong_buffer: int = 0
-    """DAPO overlong penalty: completions within this many tokens of the limit lose reward linearly (0 = off)."""
+    """DAPO: groups whose rewards are all equal carry no signal; more questions are sampled
+    until the step holds `questions_per_step` informative groups (or the round cap is hit)."""
+    dynamic_sampling_max_rounds: int = 4
+    """Extra sampling rounds per step at most (each: `questions_per_step` new questions)."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: truncated samples leave the loss."""
+    overlong_buffer_share: float = 0.0
+    """DAPO's soft overlong punishment: completions within this share of `max_new_tokens` of the
+    limit lose reward linearly (DAPO: 4,096 of 20,480 = 0.2; 0 = off). Under process
+    supervision the penalty is added to the last step's reward."""
     overlong_penalty: float = 1.0
     """Largest reward lost to the overlong penalty."""
+    zero_group_correction: bool = False
+    """GPG's alpha = B / (B - M): scales the advantages up by the share of samples that carry
+    signal (M = samples whose group's rewards are all equal)."""
+    token_budget_share: float = 0.0
+    """C3PO's training-token budget Phi per step, as a share of the step's largest possible
+    token count (questions_per_step x group_size x max_new_tokens); 0 = off. Responses are
+    taken in a seeded random order until their tokens reach Phi, and the loss is divided by
+    Phi (loss=c3po)."""
     max_new_tokens: int = 112
     temperature: float = 1.0
     """Sampling temperature of the rollout (0 = greedy: identical samples, for checks only)."""

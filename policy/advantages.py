@@ -1,9 +1,10 @@
 """Group-relative advantages (DeepSeekMath §4.1.2 outcome, §4.1.3 process) as pure functions.
 
 Samples are laid out group by group: rows [q*G, (q+1)*G) are the G samples of question q.
-Groups whose rewards are all equal get advantage 0 (never NaN); so do groups whose reward std is
-at or below an optional floor `min_std` (default 0, the paper's formula): dividing by a tiny std
-turns a reward model's noise into full-size advantages.
+Groups whose rewards are all equal get advantage 0 (never NaN), also when they are equal only up
+to float rounding (`zero_spread`); so do groups whose reward std is at or below an optional floor
+`min_std` (default 0, the paper's formula): dividing by a tiny std turns a reward model's noise
+into full-size advantages.
 """
 
 from __future__ import annotations
@@ -11,20 +12,39 @@ from __future__ import annotations
 import torch
 
 
+SPREAD_ULPS = 8
+"""Rewards of a group that differ by at most this many units in the last place of their dtype
+(relative to the group's largest magnitude) are equal: 0.1 + 0.6 and 0.7 are one reward."""
+
+
+def zero_spread(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[Q] bool: the valid entries of each row of `values` [Q, K] are equal up to float rounding
+    of `values`' dtype (or there are none). A group with zero spread carries no signal."""
+    lowest = torch.finfo(values.dtype).min
+    high = torch.where(valid, values, lowest).amax(-1).double()
+    low = torch.where(valid, values, torch.finfo(values.dtype).max).amin(-1).double()
+    scale = torch.maximum(high.abs(), low.abs())
+    tolerance = SPREAD_ULPS * torch.finfo(values.dtype).eps * scale
+    return ~valid.any(-1) | ((high - low) <= tolerance)
+
+
 def _normalise(values: torch.Tensor, valid: torch.Tensor, scale_by_std: bool, unbiased: bool,
                eps: float, min_std: float = 0.0) -> torch.Tensor:
     """(v - mean) / (std + eps) over the valid entries of each row of `values` [Q, K]; rows
-    whose std is <= `min_std` get 0."""
-    valid = valid.to(values.dtype)
-    count = valid.sum(-1, keepdim=True).clamp(min=1)
-    mean = (values * valid).sum(-1, keepdim=True) / count
-    centred = (values - mean) * valid
+    whose spread is zero (`zero_spread`) or whose std is <= `min_std` get 0. The statistics are
+    taken in float64 and the result returned in `values`' dtype."""
+    flat = zero_spread(values, valid)
+    wide = values.double()
+    valid_f = valid.double()
+    count = valid_f.sum(-1, keepdim=True).clamp(min=1)
+    mean = (wide * valid_f).sum(-1, keepdim=True) / count
+    centred = (wide - mean) * valid_f
     dof = (count - 1).clamp(min=1) if unbiased else count
     std = (centred.square().sum(-1, keepdim=True) / dof).sqrt()
-    # A zero-std group carries no signal (its centred values are exactly 0), nor does one whose
-    # spread is within the floor.
+    # A group with no spread carries no signal, nor does one whose std is within the floor.
     scaled = centred / (std + eps) if scale_by_std else centred
-    return torch.where(std > min_std, scaled, torch.zeros_like(centred))
+    signal = (std > min_std) & ~flat[:, None]
+    return torch.where(signal, scaled, torch.zeros_like(centred)).to(values.dtype)
 
 
 def outcome_advantages(rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True,
@@ -87,3 +107,45 @@ def step_sums_to_tokens(normalised: torch.Tensor, step_mask: torch.Tensor,
     token = torch.arange(num_tokens, device=normalised.device)
     covers = (step_end_index[:, None, :] >= token[None, :, None]) & step_mask[:, None, :]
     return (covers.to(normalised.dtype) * normalised[:, None, :]).sum(-1)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int,
+                       step_rewards: torch.Tensor | None = None,
+                       step_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """DAPO's dynamic-sampling filter (Yu et al. 2025, eq. 11: 0 < |{o_i correct}| < G), on the
+    values the advantages are built from: [Q] bool, True where a group's rewards (process
+    supervision: all of its step rewards together) are not all equal up to float rounding."""
+    if step_rewards is None:
+        grouped = rewards.view(-1, group_size)
+        return ~zero_spread(grouped, torch.ones_like(grouped, dtype=torch.bool))
+    s = step_rewards.shape[1]
+    return ~zero_spread(step_rewards.reshape(-1, group_size * s),
+                        step_mask.reshape(-1, group_size * s))
+
+
+def zero_group_correction(num_rows: float, zero_rows: float) -> float:
+    """GPG's gradient correction (Chu et al. 2025, eq. 9): alpha = B / (B - M) for a batch of B
+    samples of which M have zero advantage (their groups' rewards all equal), so that the
+    batch-mean gradient is not shrunk by samples that carry none. 1 when every sample does."""
+    if num_rows <= zero_rows:
+        return 1.0
+    return num_rows / (num_rows - zero_rows)
+
+
+def token_budget_mask(lengths: torch.Tensor, budget: int, order: torch.Tensor) -> torch.Tensor:
+    """C3PO's training-token budget (Ling Team 2025, Ring-lite eq. 4): responses are taken in
+    `order` (the sampling strategy's order of row indices) until their lengths reach the budget
+    Phi: N responses with sum_{j<N} |y_j| < Phi <= sum_{j<=N} |y_j|, and the last one keeps only
+    the tokens that bring the total to exactly Phi (|Psi| = Phi; fewer when the batch holds fewer).
+
+    lengths: [N] tokens per response. Returns [N] the number of tokens kept from each response
+    (its first ones)."""
+    kept = torch.zeros_like(lengths)
+    left = budget
+    for row in order.tolist():
+        if left <= 0:
+            break
+        take = min(int(lengths[row]), left)
+        kept[row] = take
+        left -= take
+    return kept

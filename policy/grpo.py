@@ -7,26 +7,30 @@ compute group-relative advantages, then `grpo.mu` updates with the reference mod
 Re-running the same command resumes from the last saved step.
 
 Departures from the paper, each a config switch: the loss table offers the seed's variants
-(`grpo.loss`); DAPO's dynamic sampling masks all-equal groups out of the loss instead of
-over-sampling replacements, which keeps micro-batches fixed (those groups' advantages are 0 anyway).
+(`grpo.loss`), and the recipes (configs/recipes/) set each variant's paper settings: DAPO's
+dynamic sampling (more questions sampled until the step holds enough informative groups),
+overlong filtering and punishment, GPG's correction, C3PO's token budget. A step whose loss has
+no signal (no kept token, or all advantages 0 and no KL term) skips the optimizer.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from configs.batching import plan_grpo_batch
-from policy.advantages import (normalised_step_rewards, outcome_advantages,
-                               rejection_sampling_advantages, step_sums_to_tokens)
+from policy.advantages import (informative_groups, normalised_step_rewards, outcome_advantages,
+                               rejection_sampling_advantages, step_sums_to_tokens,
+                               token_budget_mask, zero_group_correction)
 from policy.evaluate import evaluate_policy
 from policy import inspection
 from policy.logprobs import completion_logprobs
-from policy.losses import POLICY_LOSSES, keep_informative_groups, overlong_penalty
-from policy.rewards import RewardFn, Scores
+from policy.losses import POLICY_LOSSES, add_to_last_step, overlong_penalty
+from policy.rewards import RewardFn, Scores, concat_scores
 from policy.rollout import Rollout, concat_rollouts, generate_groups
 from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
@@ -39,6 +43,14 @@ from runtime.training import Trainer, epoch_slice, stage_done
 def step_questions(records: list[MathRecord], step: int, per_step: int, seed: int) -> list[MathRecord]:
     """The questions of `step`: consecutive slices of a seeded permutation, reshuffled per epoch."""
     return [records[i] for i in epoch_slice(len(records), step, per_step, seed * 7_919)[1]]
+
+
+def refill_questions(records: list[MathRecord], step: int, round_: int, per_step: int, seed: int,
+                     max_rounds: int) -> list[MathRecord]:
+    """The questions of dynamic sampling's extra round `round_` (1-based) of `step`: a seeded
+    stream of its own, so a resumed step draws the same ones."""
+    index = step * max_rounds + round_ - 1
+    return [records[i] for i in epoch_slice(len(records), index, per_step, seed * 7_919 + 104_729)[1]]
 
 
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout, g, *,
@@ -118,12 +130,19 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     The reference model is `reference_path` (default: the starting policy), frozen throughout.
     `evaluate_ends=False` skips the held-out evaluation of the starting and the final policy
     (the outer loop evaluates both in its own units; `grpo.eval_every` still applies between).
-    Each step is rollout -> score -> advantages -> update -> log, one function each.
+    Each step is sample (rollout + score, refilled under dynamic sampling) -> advantages ->
+    update -> log, one function each. `grpo.algorithm=offline_rft` runs offline RFT in its place
+    (policy/offline_rft.py; no evaluation of its own: `igrpo eval` or the outer loop's).
     """
     g = cfg.grpo
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
+    if g.algorithm == "offline_rft":
+        from policy.offline_rft import train_offline_rft
+
+        return train_offline_rft(cfg, run_path, policy_path, reward_fn, rl_records, logger,
+                                 config_yaml, out_name)
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model)
     plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
@@ -142,21 +161,35 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
     per_rank = g.questions_per_step // world_size
+
+    def sample(records: list[MathRecord]) -> Sampled:
+        records = records[rank * per_rank:(rank + 1) * per_rank]
+        started = time.perf_counter()
+        rollout = rollout_step(engine, tokenizer, fmt.prompts(tokenizer, records), g)
+        rolled = time.perf_counter()
+        scored = score_step(reward_fn, records, rollout, g)
+        timing["rollout"] += rolled - started
+        timing["scoring"] += time.perf_counter() - rolled
+        return Sampled(records, rollout, *scored)
+
     while trainer.running():
         step = trainer.step
-        records = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
-        records = records[rank * per_rank:(rank + 1) * per_rank]
-        times = [time.perf_counter()]
-        rollout = rollout_step(engine, tokenizer, fmt.prompts(tokenizer, records), g)
-        times.append(time.perf_counter())
-        scores, rewards, broken = score_step(reward_fn, records, rollout, g)
-        times.append(time.perf_counter())
-        batch = advantage_step(scores, rewards, broken, rollout, g)
-        stats = update_step(trainer, reference, rollout, batch, g, plan,
+        timing = {"rollout": 0.0, "scoring": 0.0}
+        sampled = sample(step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
+        if g.dynamic_sampling:
+            sampled = refill_step(sampled, lambda round_: sample(refill_questions(
+                rl_records, step, round_, g.questions_per_step, cfg.run.seed,
+                g.dynamic_sampling_max_rounds)), g, tokenizer.pad_token_id)
+        updating = time.perf_counter()
+        batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
+                               g, seed=cfg.run.seed * 1_000_003 + step)
+        stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
                             f"{out_name} step {step + 1}")
-        times.append(time.perf_counter())
+        timing["update"] = time.perf_counter() - updating
         trainer.advance()
-        metrics = log_step(rollout, scores, rewards, batch, stats, g, times)
+        metrics = log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
+                           timing)
+        metrics.update(sampled.stats)
         metrics["train/lr"] = current_lr(engine)
         if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
             metrics.update(evaluate(sampled=False))
@@ -165,8 +198,9 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             metrics.update(evaluate(sampled=True))
         media = None
         if g.inspect_every and trainer.step % g.inspect_every == 0 and is_main():
-            media = _inspect(out / "inspect", trainer.step, g, tokenizer, records, rollout,
-                             scores, rewards, batch.advantages, batch.normalised, logger)
+            media = _inspect(out / "inspect", trainer.step, g, tokenizer, sampled.records,
+                             sampled.rollout, sampled.scores, sampled.rewards, batch.advantages,
+                             batch.normalised, logger)
         trainer.log(metrics, media)
         if trainer.due(g.save_every):
             trainer.save()
@@ -203,16 +237,84 @@ def rollout_step(engine, tokenizer, prompts: list[str], g) -> Rollout:
 
 def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g):
     """(scores, [N] rewards, [Q] broken groups): the reward callable's scores with non-finite
-    groups zeroed, the overlong penalty added, and with `grpo.shuffle_rewards` the control's
-    permutation applied."""
+    groups zeroed, DAPO's overlong penalty added (under process supervision to the last step's
+    reward too), and with `grpo.shuffle_rewards` the control's permutation applied."""
     scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
     scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
     scores, broken = drop_nonfinite(scores, g.group_size)
-    rewards = scores.rewards.float() + overlong_penalty(rollout.lengths, g.max_new_tokens,
-                                                        g.overlong_buffer, g.overlong_penalty)
+    penalty = overlong_penalty(rollout.lengths, g.max_new_tokens,
+                               round(g.overlong_buffer_share * g.max_new_tokens),
+                               g.overlong_penalty)
+    rewards = scores.rewards.float() + penalty
+    if scores.step_rewards is not None and bool(penalty.any()):
+        scores = replace(scores, step_rewards=add_to_last_step(scores.step_rewards.float(),
+                                                               scores.step_mask, penalty))
     if g.shuffle_rewards:
         scores, rewards = shuffled_rewards(scores, rewards)
     return scores, rewards, broken
+
+
+@dataclass
+class Sampled:
+    """A step's questions, their G samples each (grouped question by question) and scores."""
+    records: list[MathRecord]
+    rollout: Rollout
+    scores: Scores
+    rewards: torch.Tensor
+    """[N] solution rewards (the overlong penalty included)."""
+    broken: torch.Tensor
+    """[Q] groups holding a non-finite reward."""
+    stats: dict = field(default_factory=dict)
+
+    def groups(self, index: list[int]) -> "Sampled":
+        """The question groups at `index`, in that order."""
+        g = self.rollout.group_size
+        rows = torch.tensor([q * g + j for q in index for j in range(g)], dtype=torch.long,
+                            device=self.rewards.device)
+        return Sampled([self.records[q] for q in index], self.rollout.rows(rows),
+                       self.scores.rows(rows), self.rewards[rows],
+                       self.broken[torch.tensor(index, dtype=torch.long,
+                                                device=self.broken.device)])
+
+
+def concat_sampled(parts: list[Sampled], pad_id: int) -> Sampled:
+    return Sampled([r for p in parts for r in p.records],
+                   concat_rollouts([p.rollout for p in parts], pad_id),
+                   concat_scores([p.scores for p in parts]),
+                   torch.cat([p.rewards for p in parts]), torch.cat([p.broken for p in parts]))
+
+
+def informative(sampled: Sampled, g) -> torch.Tensor:
+    """[Q] bool: groups whose advantages can be non-zero (DAPO's filter on the values the
+    supervision normalises), and whose rewards are finite."""
+    steps = sampled.scores.step_rewards if g.supervision == "process" else None
+    return informative_groups(sampled.rewards, g.group_size, steps,
+                              sampled.scores.step_mask if steps is not None else None) \
+        & ~sampled.broken
+
+
+def refill_step(first: Sampled, sample_more: Callable[[int], Sampled], g, pad_id: int) -> Sampled:
+    """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step holds fewer informative
+    groups than questions (on any rank), sample `sample_more(round)` (round = 1, 2, ...; at most
+    `grpo.dynamic_sampling_max_rounds`); then keep the first informative groups, topped up with
+    uninformative ones if the cap was hit (those stay out of the loss). The batch keeps its size.
+    Stats: the extra rounds and samples drawn and the informative groups kept."""
+    want = len(first.records)
+    parts = [first]
+    found = int(informative(first, g).sum())
+    rounds = 0
+    while rounds < g.dynamic_sampling_max_rounds and global_sum(float(max(0, want - found))) > 0:
+        rounds += 1
+        parts.append(sample_more(rounds))
+        found += int(informative(parts[-1], g).sum())
+    joined = concat_sampled(parts, pad_id)
+    good = informative(joined, g).tolist()
+    chosen = ([q for q, ok in enumerate(good) if ok] + [q for q, ok in enumerate(good) if not ok])
+    batch = joined.groups(sorted(chosen[:want]))
+    batch.stats = {"rollout/refill_rounds": float(rounds),
+                   "rollout/extra_samples": float((len(joined.records) - want) * g.group_size),
+                   "train/informative_groups": float(min(sum(good), want))}
+    return batch
 
 
 @dataclass
@@ -226,12 +328,15 @@ class StepBatch:
     loss_mask: torch.Tensor
     num_sequences: float
     num_tokens: float
+    stats: dict = field(default_factory=dict)
 
 
 def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
-                   rollout: Rollout, g) -> StepBatch:
-    """Group-relative advantages; groups dropped by dynamic sampling or with non-finite rewards
-    leave the loss mask."""
+                   rollout: Rollout, g, seed: int = 0) -> StepBatch:
+    """Group-relative advantages and the loss mask: groups dropped by dynamic sampling or with
+    non-finite rewards leave it, truncated samples too under overlong filtering; GPG's alpha
+    scales the advantages; C3PO's token budget (drawn in an order seeded by `seed`) picks the
+    tokens and becomes the token normaliser."""
     advantages, normalised = compute_advantages(
         scores, rewards, rollout, g,
         std_normalised=POLICY_LOSSES[g.loss].std_normalised_advantages)
@@ -239,11 +344,35 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
         advantages = torch.zeros_like(advantages)
     keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
     if g.dynamic_sampling:
-        keep = keep_informative_groups(rewards, g.group_size).repeat_interleave(g.group_size)
+        steps = scores.step_rewards if g.supervision == "process" else None
+        keep = informative_groups(rewards, g.group_size, steps,
+                                  scores.step_mask if steps is not None else None
+                                  ).repeat_interleave(g.group_size)
     keep &= ~broken.repeat_interleave(g.group_size)
+    if g.overlong_filter:
+        keep &= ~rollout.truncated
+    stats = {}
+    if g.zero_group_correction:
+        signal = (advantages != 0).any(-1) & keep
+        alpha = zero_group_correction(global_sum(float(keep.sum())),
+                                      global_sum(float((keep & ~signal).sum())))
+        advantages = advantages * alpha
+        stats["train/gpg_alpha"] = alpha
     loss_mask = rollout.completion_mask.float() * keep[:, None]
+    num_tokens = global_sum(float(loss_mask.sum()))
+    if g.token_budget_share:
+        budget = round(g.token_budget_share * g.questions_per_step * g.group_size
+                       * g.max_new_tokens)
+        order = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(seed))
+        lengths = (loss_mask.sum(-1)).long().cpu()
+        kept = token_budget_mask(lengths, budget // world()[1], order).to(loss_mask.device)
+        positions = torch.arange(loss_mask.shape[1], device=loss_mask.device)
+        loss_mask = loss_mask * (positions[None, :] < kept[:, None])
+        keep = keep & (kept > 0)
+        stats["train/budget_tokens"] = global_sum(float(loss_mask.sum()))
+        num_tokens = float(budget)
     return StepBatch(advantages, normalised, keep, broken, loss_mask,
-                     global_sum(float(keep.sum())), global_sum(float(loss_mask.sum())))
+                     global_sum(float(keep.sum())), num_tokens, stats)
 
 
 def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g, plan,
@@ -252,13 +381,17 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
     reference and (mu > 1) of pi_old. Returns the global loss, KL and clip fraction, the gradient
     norm and the per-token entropy of the first pass."""
     engine, world_size = trainer.engine, world()[1]
+    entropy = torch.zeros_like(batch.loss_mask)
+    if not has_signal(batch, reference is not None and g.beta > 0):
+        # Nothing to learn: AdamW's momentum would still move the weights on a zero gradient.
+        return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "grad_norm": 0.0,
+                "entropy": entropy, "skipped": 1.0}
     loss_fn = POLICY_LOSSES[g.loss].fn
     ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
         if reference is not None else None
     old_logprobs = _forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
         if g.mu > 1 else None
-    entropy = torch.zeros_like(batch.loss_mask)
-    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0}
     grad_norm = 0.0
     engine.train()
     for update in range(g.mu):
@@ -278,34 +411,46 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
             stats["loss"] += result.loss.item() / g.mu
             stats["kl"] += result.kl.item() * share / g.mu
             stats["clip"] += result.clip_fraction.item() * share / g.mu
+            stats["clip_high"] += result.clip_high.item() * share / g.mu
             return result.loss * world_size
 
         grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
                                      f"{where}, update {update + 1}", grad_norm)
     return {**{key: global_sum(value) for key, value in stats.items()},
-            "grad_norm": grad_norm, "entropy": entropy}
+            "grad_norm": grad_norm, "entropy": entropy, "skipped": 0.0}
+
+
+def has_signal(batch: StepBatch, kl_term: bool) -> bool:
+    """Whether the step's loss can have a gradient: some token is kept and either an advantage
+    is non-zero or the KL term applies (all ranks agree: the sums are global)."""
+    if batch.num_sequences == 0 or global_sum(float(batch.loss_mask.sum())) == 0:
+        return False
+    return kl_term or global_sum(float((batch.advantages * batch.loss_mask).abs().sum())) > 0
 
 
 def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: StepBatch,
-             stats: dict, g, times: list[float]) -> dict:
-    """The step's metrics (docs/metrics.md); `times`: start, rolled out, scored, updated."""
-    started, rolled, scored, updated = times
+             stats: dict, g, timing: dict) -> dict:
+    """The step's metrics (docs/metrics.md); `timing`: seconds of rollout, scoring, update."""
     metrics = _step_metrics(rollout, scores, rewards, stats["entropy"], stats, g.group_size)
     normalised = batch.normalised
+    step_time = timing["rollout"] + timing["scoring"] + timing["update"]
     metrics.update({
         "train/grad_norm": stats["grad_norm"],
         "train/kept_groups": float(batch.keep.float().mean()),
+        "train/skipped_step": stats["skipped"],
+        "train/clip_high": stats["clip_high"],
         # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
         "reward/no_signal_groups": float(
             (normalised.reshape(-1, g.group_size * normalised.shape[1]) == 0)
             .all(-1).float().mean()),
         "reward/nonfinite_groups": float(batch.broken.sum()),
         "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
-        "time/rollout": rolled - started, "time/scoring": scored - rolled,
-        "time/update": updated - scored, "time/step": updated - started,
-        "rollout/tokens_per_s": float(rollout.lengths.sum()) / max(rolled - started, 1e-9),
+        "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
+        "time/update": timing["update"], "time/step": step_time,
+        "rollout/tokens_per_s": float(rollout.lengths.sum()) / max(timing["rollout"], 1e-9),
         "train/tokens_per_s": float(rollout.attention_mask.sum()) * g.mu
-        / max(updated - scored, 1e-9),
+        / max(timing["update"], 1e-9),
+        **batch.stats,
     })
     return metrics
 

@@ -42,14 +42,18 @@ class LossOutput:
     """Share of this micro-batch's tokens whose clipped term was active."""
     kl: torch.Tensor
     """Mean k3 KL per token of this micro-batch (0 without a reference)."""
+    clip_high: torch.Tensor = torch.tensor(0.0)
+    """Share of tokens clipped at the upper bound 1 + eps_high (part of `clip_fraction`)."""
 
 
 def _clipped_surrogate(ratio, advantages, clip_eps_low, clip_eps_high):
+    """min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), and where the clip is active: [N, T] with
+    1 on lower-bound clips and 2 on upper-bound ones (0 elsewhere)."""
     clipped = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)
-    active = ((advantages > 0) & (ratio > 1 + clip_eps_high)) | \
-             ((advantages < 0) & (ratio < 1 - clip_eps_low))
-    return surrogate, active
+    high = (advantages > 0) & (ratio > 1 + clip_eps_high)
+    low = (advantages < 0) & (ratio < 1 - clip_eps_low)
+    return surrogate, low.long() + 2 * high.long()
 
 
 def _with_kl(per_token, logprobs, ref_logprobs, beta):
@@ -87,9 +91,11 @@ def _masked_inputs(loss_fn):
 
 
 def _output(objective, active, kl, mask):
+    """`active`: [N, T] 0 = not clipped, 1 = clipped below, 2 = clipped above."""
     tokens = mask.sum().clamp(min=1)
-    return LossOutput(-objective, (active.float() * mask).sum().detach() / tokens,
-                      (kl * mask).sum().detach() / tokens)
+    return LossOutput(-objective, ((active > 0).float() * mask).sum().detach() / tokens,
+                      (kl * mask).sum().detach() / tokens,
+                      ((active == 2).float() * mask).sum().detach() / tokens)
 
 
 def _seq_mean(per_token, mask):
@@ -99,7 +105,7 @@ def _seq_mean(per_token, mask):
 @_masked_inputs
 def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
               clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """DeepSeekMath: 1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL]."""
+    """GRPO (DeepSeekMath §4.1.1, eq. 3): 1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL]."""
     per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
                                        clip_eps_low, clip_eps_high, beta)
     return _output(_seq_mean(per_token, mask).sum() / num_sequences, active, kl, mask)
@@ -108,7 +114,8 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_ep
 @_masked_inputs
 def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
             clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """DeepSeek-R1 as in the seed: 1/G sum_i sum_t [...] (no 1/|o_i|)."""
+    """GRPO as the seed writes DeepSeek-R1's objective: 1/G sum_i sum_t [min(r A, clip(r) A) -
+    beta KL] (no 1/|o_i|)."""
     per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
                                        clip_eps_low, clip_eps_high, beta)
     return _output((per_token * mask).sum() / num_sequences, active, kl, mask)
@@ -117,8 +124,9 @@ def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_
 @_masked_inputs
 def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
                  clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """Dr. GRPO: no length normalisation, a constant normaliser G * max_tokens (advantages are
-    not divided by the std: see POLICY_LOSSES)."""
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training", §3.2): no 1/|o_i|, a
+    constant normaliser G * max_tokens, advantages r - mean(r) not divided by the std (see
+    POLICY_LOSSES)."""
     per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
                                        clip_eps_low, clip_eps_high, beta)
     return _output((per_token * mask).sum() / (num_sequences * max_tokens), active, kl, mask)
@@ -127,7 +135,8 @@ def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip
 @_masked_inputs
 def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
               clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """DAPO: token-level 1/sum_i |o_i|, decoupled clip range [1 - eps_low, 1 + eps_high]."""
+    """DAPO (Yu et al. 2025, eq. 8): token-level 1/sum_i |o_i| sum_i sum_t min(r A, clip(r,
+    1 - eps_low, 1 + eps_high) A): clip-higher and the token-level loss."""
     per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
                                        clip_eps_low, clip_eps_high, beta)
     return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
@@ -136,7 +145,9 @@ def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_ep
 @_masked_inputs
 def gpg_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """GPG: 1/sum_i |o_i| sum log pi * A, no ratio and no clipping."""
+    """GPG (Chu et al. 2025, eq. 6): 1/sum_i |o_i| sum_i sum_t A log pi: no ratio, no clipping,
+    advantages r - mean(r) (F_norm = 1, see POLICY_LOSSES) and GPG's alpha correction
+    (policy.advantages.zero_group_correction)."""
     per_token, kl = _with_kl(logprobs * advantages, logprobs, ref_logprobs, beta)
     return _output((per_token * mask).sum() / num_tokens, torch.zeros_like(mask), kl, mask)
 
@@ -144,11 +155,24 @@ def gpg_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps
 @_masked_inputs
 def cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
                clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """CISPO: 1/sum_i |o_i| sum sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi."""
+    """CISPO (MiniMax-M1, eq. 4-5): 1/sum_i |o_i| sum sg(min(r, 1 + eps_high)) * A * log pi.
+    The importance weight is bounded above only (the paper sets no lower bound), so no token
+    loses its gradient to clipping; `clip_eps_low` is not used."""
     is_weight = ratio(logprobs, old_logprobs).detach()
-    weight = is_weight.clamp(1 - clip_eps_low, 1 + clip_eps_high)
-    active = (is_weight < 1 - clip_eps_low) | (is_weight > 1 + clip_eps_high)
+    weight = is_weight.clamp(max=1 + clip_eps_high)
+    active = 2 * (is_weight > 1 + clip_eps_high).long()
     per_token, kl = _with_kl(weight * advantages * logprobs, logprobs, ref_logprobs, beta)
+    return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
+
+
+@_masked_inputs
+def c3po_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """C3PO (Ring-lite, eq. 4): 1/Phi sum over the budget's tokens Psi of [min(r A, clip(r) A) -
+    beta KL]. The step's token normaliser `num_tokens` is the budget Phi here and `mask` holds
+    only the tokens Psi (`grpo.token_budget`; see policy.advantages.token_budget_mask)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
     return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
 
 
@@ -164,21 +188,29 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "r1": PolicyLoss(r1_loss),
     "dr_grpo": PolicyLoss(dr_grpo_loss, std_normalised_advantages=False),
     "dapo": PolicyLoss(dapo_loss),
-    "gpg": PolicyLoss(gpg_loss),
+    "gpg": PolicyLoss(gpg_loss, std_normalised_advantages=False),
     "cispo": PolicyLoss(cispo_loss),
+    "c3po": PolicyLoss(c3po_loss),
 }
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int,
                      penalty: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment: 0 up to max - buffer, then linearly down to -penalty."""
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to L_max - L_cache, then
+    linearly down to -penalty at L_max (`buffer` = L_cache tokens)."""
     if buffer <= 0:
         return torch.zeros_like(lengths, dtype=torch.float32)
     excess = (lengths.float() - (max_tokens - buffer)).clamp(min=0)
     return -penalty * (excess / buffer).clamp(max=1.0)
 
 
-def keep_informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """DAPO dynamic sampling: [Q] bool, True for groups whose rewards are not all equal."""
-    grouped = rewards.view(-1, group_size)
-    return (grouped.max(-1).values - grouped.min(-1).values) > 0
+def add_to_last_step(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                     values: torch.Tensor) -> torch.Tensor:
+    """[N, S] step rewards with `values` [N] added to each sample's last real step: how a
+    solution-level term (DAPO's overlong penalty) reaches process advantages, where every token
+    of the sample sums the normalised rewards of its step and the later ones. Samples without a
+    step are left as they are."""
+    positions = torch.arange(step_mask.shape[1], device=step_mask.device)
+    last = torch.where(step_mask, positions, -1).amax(-1)
+    hit = (positions[None, :] == last[:, None]) & step_mask
+    return step_rewards + hit.to(step_rewards.dtype) * values[:, None].to(step_rewards.dtype)

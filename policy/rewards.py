@@ -39,6 +39,33 @@ class Scores:
         return Scores(moved(self.rewards), moved(self.correct), moved(self.step_rewards),
                       moved(self.step_mask), moved(self.step_end_index))
 
+    def rows(self, index: torch.Tensor) -> "Scores":
+        """The scores of the samples at `index` ([M] row indices), in that order."""
+        def picked(t):
+            return None if t is None else t[index]
+
+        return Scores(picked(self.rewards), picked(self.correct), picked(self.step_rewards),
+                      picked(self.step_mask), picked(self.step_end_index))
+
+
+def concat_scores(parts: list[Scores]) -> Scores:
+    """One Scores from several batches' (rows in order; step fields padded to the widest)."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def joined(name, pad):
+        tensors = [getattr(part, name) for part in parts]
+        if any(t is None for t in tensors):
+            return None
+        if tensors[0].dim() == 1:
+            return torch.cat(tensors)
+        width = max(t.shape[1] for t in tensors)
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad)
+                          for t in tensors])
+
+    return Scores(joined("rewards", 0), joined("correct", False), joined("step_rewards", 0.0),
+                  joined("step_mask", False), joined("step_end_index", 0))
+
 
 class RewardFn(Protocol):
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:

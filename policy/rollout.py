@@ -40,6 +40,12 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
 
+    def rows(self, index: torch.Tensor) -> "Rollout":
+        """The samples at `index` ([M] row indices), in that order."""
+        return Rollout(self.prompt_ids[index], self.prompt_mask[index], self.completion_ids[index],
+                       self.completion_mask[index], [self.texts[i] for i in index.tolist()],
+                       self.truncated[index], self.group_size)
+
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """One rollout from several (e.g. generated in chunks): prompts re-padded on the left,

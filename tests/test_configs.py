@@ -53,3 +53,20 @@ def test_batch_plan():
         plan_grpo_batch(3, 8, 8, world_size=2)
     with pytest.raises(ValueError, match="micro_batch_size=48"):
         plan_grpo_batch(8, 8, 48, world_size=1)
+
+
+def test_schema_changes_alone_do_not_block_a_resume():
+    """A run made before a key was added (at its default) or removed (while off) resumes; a key
+    set to something else, or a removed one that was on, still counts as a change."""
+    from configs.loader import diff_configs, schema_defaults
+
+    defaults = schema_defaults()
+    new = {"grpo": {"beta": 0.04, "token_budget_share": 0.0}}
+    assert diff_configs({"grpo": {"beta": 0.04, "overlong_buffer": 0}}, new, defaults=defaults) == []
+    assert diff_configs({"grpo": {"beta": 0.04, "overlong_buffer": 4}}, new,
+                        defaults=defaults) == ["grpo.overlong_buffer"]
+    assert diff_configs({"grpo": {"beta": 0.04}}, {"grpo": {"beta": 0.04,
+                                                            "token_budget_share": 0.5}},
+                        defaults=defaults) == ["grpo.token_budget_share"]
+    # without the schema's defaults every one-sided key is a change
+    assert diff_configs({"grpo": {"beta": 0.04}}, new) == ["grpo.token_budget_share"]

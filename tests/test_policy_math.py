@@ -8,7 +8,8 @@ import torch
 from policy.advantages import (outcome_advantages, process_advantages,
                                rejection_sampling_advantages)
 from policy.logprobs import selective_log_softmax
-from policy.losses import POLICY_LOSSES, k3_kl, keep_informative_groups, overlong_penalty
+from policy.advantages import informative_groups
+from policy.losses import POLICY_LOSSES, k3_kl, overlong_penalty
 
 # The seed's worked example (003_69686f70371876c1.txt): G = 4, eps = 0.2, per-token old/new probs.
 OLD = [
@@ -196,8 +197,10 @@ def _variant_inputs():
     ("dapo", (1.2 + 1.0 - 0.8) / 3),                  # 1 / sum |o_i|
     # gpg: (log .6 + log .4) * 1 + log .2 * -1, over 3 tokens
     ("gpg", (math.log(0.6) + math.log(0.4) - math.log(0.2)) / 3),
-    # cispo: sg(clip(r)) A log pi: 1.2 log .6 + 1.0 log .4 - 0.8 log .2, over 3 tokens
-    ("cispo", (1.2 * math.log(0.6) + math.log(0.4) - 0.8 * math.log(0.2)) / 3),
+    # cispo: sg(min(r, 1 + eps_high)) A log pi, no lower bound: r = 1.5 -> 1.2, r = 0.5 stays
+    ("cispo", (1.2 * math.log(0.6) + math.log(0.4) - 0.5 * math.log(0.2)) / 3),
+    # c3po: the clipped objective over the budget's tokens, divided by Phi (num_tokens = 3 here)
+    ("c3po", (1.2 + 1.0 - 0.8) / 3),
 ])
 def test_variants_by_hand(name, expected_objective):
     logp, old, adv, mask = _variant_inputs()
@@ -212,7 +215,7 @@ def test_cispo_gradient_stops_through_weight():
     out = POLICY_LOSSES["cispo"].fn(x, old, None, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2,
                                     beta=0.0, num_sequences=2, num_tokens=3, max_tokens=4)
     (-out.loss).backward()
-    assert x.grad.flatten().tolist() == pytest.approx([1.2 / 3, 1 / 3, -0.8 / 3, 0.0])
+    assert x.grad.flatten().tolist() == pytest.approx([1.2 / 3, 1 / 3, -0.5 / 3, 0.0])
 
 
 def test_clip_fraction_counts_active_clips():
@@ -240,7 +243,7 @@ def test_microbatch_sum_equals_full_batch():
 
 
 def test_dapo_options():
-    assert keep_informative_groups(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2).tolist() == [False, True]
+    assert informative_groups(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2).tolist() == [False, True]
     pen = overlong_penalty(torch.tensor([10, 16, 18, 20]), max_tokens=20, buffer=4, penalty=1.0)
     assert pen.tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0])
 

@@ -143,7 +143,7 @@ def test_grpo_resumes_after_crash(tmp_path):
 
 @pytest.mark.parametrize("loss", ["r1", "dr_grpo", "dapo", "gpg", "cispo"])
 def test_every_loss_variant_runs_a_step(tmp_path, loss):
-    extra = ["grpo.dynamic_sampling=true", "grpo.overlong_buffer=4"] if loss == "dapo" else []
+    extra = ["grpo.dynamic_sampling=true", "grpo.overlong_buffer_share=0.2"] if loss == "dapo" else []
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=1",
                                             "grpo.eval_every=0", f"grpo.loss={loss}",
                                             "grpo.mu=2", "run.wandb_mode=disabled",

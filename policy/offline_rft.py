@@ -1,0 +1,138 @@
+"""Offline rejection-sampling fine-tuning (DeepSeekMath §5.2.1), the paper's RFT baseline.
+
+The starting policy is sampled once: the questions `grpo.steps` GRPO steps would draw, G samples
+each, as many samples as GRPO generates but all from the starting policy. The reward (the rule:
+final answer against the gold one) keeps the right ones, and the policy is fine-tuned on them with
+the SFT loss in one pass, at GRPO's batch size (questions_per_step x G sequences) and learning
+rate. `<out>/samples.jsonl` holds every sample with its grade, written a step's samples at a
+time, so a resumed run draws only the steps still missing; `<out>/final` is the result.
+Selected by `grpo.algorithm=offline_rft` (the `offline_rft` recipe) wherever GRPO runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from configs.batching import plan_batch
+from policy.rewards import RewardFn
+from policy.rollout import generate_groups
+from policy.sft import sft_tensors, token_nll_sum
+from runtime.data import MathRecord
+from runtime.engine import (broadcast_from_main, build_engine, current_lr, global_sum, is_main,
+                            world)
+from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+from runtime.training import Trainer, epoch_slice, stage_done
+
+
+def _finished_steps(path: Path, per_step: int) -> dict[int, list[dict]]:
+    """The steps of `samples.jsonl` written whole (a crash can cut the last one short)."""
+    steps: dict[int, list[dict]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            steps.setdefault(row["step"], []).append(row)
+    return {step: rows for step, rows in steps.items() if len(rows) == per_step}
+
+
+def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
+                rl_records: list[MathRecord]) -> list[dict]:
+    """Every sample of the starting policy with its grade (main rank; every rank gets the rows)."""
+    from policy.grpo import step_questions
+
+    g = cfg.grpo
+    rows = None
+    if is_main():
+        path = out / "samples.jsonl"
+        done = _finished_steps(path, g.questions_per_step * g.group_size)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for s in sorted(done) for r in done[s]))
+        missing = [s for s in range(g.steps) if s not in done]
+        if missing:
+            tokenizer = load_tokenizer(policy_path, cfg.model)
+            model = load_causal_lm(policy_path, cfg.model)
+            fmt = prompt_format(cfg.data)
+            for step in tqdm(missing, desc="offline RFT: sampling"):
+                records = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
+                torch.manual_seed(cfg.run.seed * 1_000_003 + step)
+                rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, records),
+                                          g.group_size, max_new_tokens=g.max_new_tokens,
+                                          temperature=g.temperature, top_p=g.top_p)
+                per_sample = [r for r in records for _ in range(g.group_size)]
+                right = reward_fn(per_sample, rollout).rewards >= 0.5
+                lines = [{"step": step, "question": r.question, "answer": r.answer,
+                          "source_id": r.source_id, "text": text, "right": bool(ok)}
+                         for r, text, ok in zip(per_sample, rollout.texts, right.tolist())]
+                with path.open("a") as f:
+                    f.write("".join(json.dumps(row) + "\n" for row in lines))
+                done[step] = lines
+        rows = [r for s in sorted(done) for r in done[s]]
+    return broadcast_from_main(rows)
+
+
+def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
+                      rl_records: list[MathRecord], logger, config_yaml: str,
+                      out_name: str = "grpo") -> Path:
+    """Sample the starting policy once, keep the right solutions, fine-tune on them; returns
+    the export's folder (`<run>/<out_name>/final`)."""
+    g = cfg.grpo
+    out = run_path / out_name
+    if stage_done(out):
+        return out / "final"
+    rows = sample_once(cfg, out, policy_path, reward_fn, rl_records)
+    kept = [MathRecord(r["question"], r["answer"], (r["text"],), r["source_id"])
+            for r in rows if r["right"]]
+    if not kept:
+        raise ValueError(f"offline RFT ({out}): none of the {len(rows)} samples of the starting "
+                         "policy is right; there is nothing to fine-tune on")
+    rank, world_size = world()
+    unit = cfg.deepspeed.micro_batch_size * world_size
+    per_step = g.questions_per_step * g.group_size
+    if len(kept) < per_step:  # a batch no larger than the kept set, in whole micro-batches
+        per_step = len(kept) // unit * unit or len(kept) // world_size * world_size
+    if per_step == 0:
+        raise ValueError(f"offline RFT ({out}): {len(kept)} right samples cannot be shared "
+                         f"over {world_size} ranks")
+    plan = plan_batch(per_step, cfg.deepspeed.micro_batch_size, world_size,
+                      f"offline RFT batch of {per_step}")
+    total_steps = max(1, len(kept) // plan.global_sequences)
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
+                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    trainer = Trainer(out, engine, logger, total_steps, desc=f"{out_name} (offline RFT)")
+    fmt = prompt_format(cfg.data)
+    engine.train()
+    while trainer.running():
+        step = trainer.step
+        ids = epoch_slice(len(kept), step, plan.global_sequences, cfg.run.seed * 7_919)[1]
+        mine = ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
+        tensors = sft_tensors(tokenizer, [kept[i] for i in mine], fmt)
+        tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
+        losses = []
+
+        def loss_of(rows_: slice, mb: int):
+            batch = (t[rows_].to(engine.device) for t in tensors)
+            loss = token_nll_sum(engine, *batch)[0] / tokens * world_size
+            losses.append(loss.item())
+            return loss
+
+        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                     f"offline RFT step {step + 1}")
+        trainer.advance()
+        trainer.log({"train/loss": global_sum(sum(losses)) / world_size,
+                     "train/grad_norm": grad_norm, "train/lr": current_lr(engine),
+                     "rft/samples": float(len(rows)), "rft/kept": float(len(kept)),
+                     "reward/accuracy": len(kept) / len(rows)})
+        if trainer.due(g.save_every):
+            trainer.save()
+    trainer.finish(tokenizer, out / "final", config_yaml,
+                   {"steps": total_steps, "samples": len(rows), "kept": len(kept)})
+    return out / "final"
