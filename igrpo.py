@@ -135,7 +135,9 @@ RESUMABLE = {"sft": lambda cfg: "sft", "grpo": lambda cfg: "grpo", "label": lamb
              "demo": lambda cfg: "iterate"}
 
 # Keys that change how a run executes, not what it computes: a run may resume with them changed.
-RESUME_FREE = ("run.threads", "run.wandb_mode", "run.wandb_project", "run.wandb_log_checkpoints")
+# (run.root: the run folder was moved; its manifest's paths are relative.)
+RESUME_FREE = ("run.root", "run.threads", "run.wandb_mode", "run.wandb_project",
+               "run.wandb_log_checkpoints")
 
 
 class Session:

@@ -240,6 +240,10 @@ class GRPOConfig:
     """Steps between held-out evaluations (0 = only at start and end)."""
     save_every: int = 50
     """Steps between resumable checkpoints."""
+    max_minutes: float = 0.0
+    """A wall-clock budget: training stops after the step that spends it, whatever `steps`
+    says (0 = off). For comparisons at equal time (docs/recipes.md); the step count then
+    depends on the machine. Offline RFT spends it sampling."""
     shuffle_rewards: bool = False
     """Control experiment: permute rewards within each step's batch (learning should stop)."""
     zero_advantages: bool = False

@@ -156,7 +156,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
             cfg.deepspeed)
     fmt = prompt_format(cfg.data)
-    trainer = Trainer(out, engine, logger, g.steps, desc=out_name)
+    trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60)
     evaluate = _evaluator(cfg, engine, tokenizer, eval_records, fmt)
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
@@ -204,7 +204,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         trainer.log(metrics, media)
         if trainer.due(g.save_every):
             trainer.save()
-    trainer.finish(tokenizer, out / "final", config_yaml, {"steps": g.steps})
+    trainer.finish(tokenizer, out / "final", config_yaml,
+                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
 
 

@@ -1,7 +1,8 @@
 """Offline rejection-sampling fine-tuning (DeepSeekMath §5.2.1), the paper's RFT baseline.
 
 The starting policy is sampled once: the questions `grpo.steps` GRPO steps would draw, G samples
-each, as many samples as GRPO generates but all from the starting policy. The reward (the rule:
+each, as many samples as GRPO generates but all from the starting policy (or as many steps' as
+`grpo.max_minutes` allows). The reward (the rule:
 final answer against the gold one) keeps the right ones, and the policy is fine-tuned on them with
 the SFT loss in one pass, at GRPO's batch size (questions_per_step x G sequences) and learning
 rate. `<out>/samples.jsonl` holds every sample with its grade, written a step's samples at a
@@ -12,6 +13,7 @@ Selected by `grpo.algorithm=offline_rft` (the `offline_rft` recipe) wherever GRP
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -55,11 +57,17 @@ def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for s in sorted(done) for r in done[s]))
         missing = [s for s in range(g.steps) if s not in done]
-        if missing:
+        # grpo.max_minutes: sampling stops once it has spent the budget (its steps' seconds)
+        spent = sum(rows_[0].get("seconds", 0.0) for rows_ in done.values())
+        budget = g.max_minutes * 60 or float("inf")
+        if missing and spent < budget:
             tokenizer = load_tokenizer(policy_path, cfg.model)
             model = load_causal_lm(policy_path, cfg.model)
             fmt = prompt_format(cfg.data)
             for step in tqdm(missing, desc="offline RFT: sampling"):
+                if spent >= budget:
+                    break
+                started = time.perf_counter()
                 records = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
                 torch.manual_seed(cfg.run.seed * 1_000_003 + step)
                 rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, records),
@@ -67,8 +75,11 @@ def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
                                           temperature=g.temperature, top_p=g.top_p)
                 per_sample = [r for r in records for _ in range(g.group_size)]
                 right = reward_fn(per_sample, rollout).rewards >= 0.5
+                seconds = time.perf_counter() - started
+                spent += seconds
                 lines = [{"step": step, "question": r.question, "answer": r.answer,
-                          "source_id": r.source_id, "text": text, "right": bool(ok)}
+                          "source_id": r.source_id, "text": text, "right": bool(ok),
+                          "seconds": seconds}
                          for r, text, ok in zip(per_sample, rollout.texts, right.tolist())]
                 with path.open("a") as f:
                     f.write("".join(json.dumps(row) + "\n" for row in lines))

@@ -10,13 +10,14 @@ passes, saves, exports and writes the done file; the trainers supply the losses 
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
 
 from runtime.checkpoint import export, load_training_state, save_training_state
-from runtime.engine import checked_backward, engine_step, is_main
+from runtime.engine import broadcast_from_main, checked_backward, engine_step, is_main
 from runtime.rundir import atomic_write_json
 
 
@@ -59,10 +60,14 @@ class Trainer:
     """
 
     def __init__(self, out: Path, engine, logger, total_steps: int, *, desc: str,
-                 fresh_state: dict | None = None):
+                 fresh_state: dict | None = None, max_seconds: float = 0.0):
+        """`max_seconds` > 0: a wall-clock budget; the stage stops after the step that spends
+        it (the seconds are part of the saved state, so a resumed stage spends what is left)."""
         self.out, self.engine, self.logger, self.total_steps = out, engine, logger, total_steps
         self.state = load_training_state(engine, out / "state") or {"step": 0,
                                                                     **(fresh_state or {})}
+        self.max_seconds = max_seconds
+        self._clock = time.perf_counter()
         # Rows a crash logged past the saved state are redone: drop them.
         logger.rewind(self.state["step"] if self.state["step"] else -1)
         self.bar = tqdm(total=total_steps, initial=self.state["step"], desc=desc,
@@ -74,7 +79,8 @@ class Trainer:
         return self.state["step"]
 
     def running(self) -> bool:
-        return self.state["step"] < self.total_steps and not self.stopped
+        over = self.max_seconds and self.state.get("seconds", 0.0) >= self.max_seconds
+        return self.state["step"] < self.total_steps and not self.stopped and not over
 
     def backward(self, micro_batches: int, micro_batch_size: int,
                  loss_of: Callable[[slice, int], object], where: str,
@@ -92,6 +98,11 @@ class Trainer:
 
     def advance(self) -> int:
         """One optimizer step done: returns the new step count."""
+        now = time.perf_counter()
+        # every rank counts rank 0's seconds, so that all stop after the same step
+        self.state["seconds"] = self.state.get("seconds", 0.0) + broadcast_from_main(
+            now - self._clock)
+        self._clock = now
         self.state["step"] += 1
         self.bar.update(1)
         return self.state["step"]

@@ -43,6 +43,14 @@ def test_config_show_prints_the_resolved_config(capsys):
     assert shown["grpo"]["lr"] == 3e-6 and shown["grpo"]["group_size"] == 64
     # bundled: paths are resolved to the shipped folder.
     assert shown["model"]["policy_path"].endswith("runtime/bundled/tiny_warm_start")
+    # --recipe applies a named algorithm over the file; overrides still win
+    assert igrpo.main(["config", "show", "--config", "configs/tiny.yaml", "--recipe", "dapo",
+                       "grpo.clip_eps=0.1"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)["grpo"]
+    assert (shown["loss"], shown["clip_eps"], shown["clip_eps_high"], shown["beta"]) == \
+        ("dapo", 0.1, 0.28, 0.0)
+    assert igrpo.main(["config", "show", "--recipe", "nope"]) == 2
+    assert "the recipes are c3po, cispo, dapo" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override,suggestion", [("grpo.grop_size=8", "grpo.group_size"),

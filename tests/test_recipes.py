@@ -401,3 +401,22 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
     (tmp_path / "grpo" / "done.json").unlink()
     train_grpo(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
     assert calls == [8, 8]
+
+
+def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeypatch):
+    """grpo.max_minutes: with 10 s per step and a 25 s budget, three steps run (10, 20, 30 s),
+    and the seconds spent are part of the state a checkpoint saves."""
+    import runtime.training as training
+    from runtime.tracking import MetricsLogger
+
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(training.time, "perf_counter", lambda: float(next(clock)))
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    trainer = training.Trainer(tmp_path / "stage", None, logger, 100, desc="t", max_seconds=25)
+    while trainer.running():
+        trainer.advance()
+    assert trainer.step == 3 and trainer.state["seconds"] == 30.0
+    unlimited = training.Trainer(tmp_path / "other", None, logger, 4, desc="t")
+    while unlimited.running():
+        unlimited.advance()
+    assert unlimited.step == 4

@@ -141,9 +141,10 @@ def test_grpo_resumes_after_crash(tmp_path):
     assert (tmp_path / "grpo" / "final" / "config.json").exists()
 
 
-@pytest.mark.parametrize("loss", ["r1", "dr_grpo", "dapo", "gpg", "cispo"])
+@pytest.mark.parametrize("loss", ["r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po"])
 def test_every_loss_variant_runs_a_step(tmp_path, loss):
-    extra = ["grpo.dynamic_sampling=true", "grpo.overlong_buffer_share=0.2"] if loss == "dapo" else []
+    extra = {"dapo": ["grpo.dynamic_sampling=true", "grpo.overlong_buffer_share=0.2"],
+             "c3po": ["grpo.token_budget_share=0.5"]}.get(loss, [])
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=1",
                                             "grpo.eval_every=0", f"grpo.loss={loss}",
                                             "grpo.mu=2", "run.wandb_mode=disabled",
