@@ -36,6 +36,9 @@ class VLLMEngine:
                  gpu_memory_fraction: float = 0.3, kv_cache_gb: float = 0.0,
                  prefix_caching: bool = True, sleep_between: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # In-process on the CPU backend, vLLM would pin this process's OpenMP threads: the
+        # training code shares them, so the threads stay as run.threads set them.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         try:
             from vllm import LLM
         except ImportError as err:

@@ -92,3 +92,34 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
     assert all(0 <= r["rollout/logprob_diff"] < 1e-3 for r in rows)
     assert not torch.equal(load_causal_lm(start).lm_head.weight,
                            load_causal_lm(final).lm_head.weight)
+
+
+def test_labels_through_vllm_agree_with_the_truth_as_the_hf_path_does(setting):
+    """Math-Shepherd hard labels of 60 solutions whose first wrong step is known by construction
+    (half right, half with one slip), completed N = 8 times per step prefix by the warm start
+    through transformers and through the engine (prefix caching on): their agreement with the
+    true step correctness is within 2 points (measured on 150 solutions: 0.985 and 0.987)."""
+    from process_supervision.label import Labeller, Solution
+    from reward_model.examples import synthetic_step_examples
+
+    cfg, engine = setting
+    path = cfg.model.policy_path
+    tokenizer = load_tokenizer(path, cfg.model)
+    engine.push(load_causal_lm(path, cfg.model))  # the first test left other weights in it
+    records = load_splits(cfg.data, 0).eval[:60]
+    examples = synthetic_step_examples(records, seed=5)
+    solutions = [Solution(r, ex.steps) for r, ex in zip(records, examples)]
+
+    def agreement(completer) -> float:
+        torch.manual_seed(0)
+        labeller = Labeller(completer, tokenizer, prompt_format(cfg.data), 8,
+                            cfg.label.max_new_tokens, 1.0, prefixes_per_batch=64)
+        labelled = labeller.label(solutions)
+        inner = [(h, t) for x, ex in zip(labelled, examples)
+                 for h, t in list(zip(x.hard, ex.labels))[:-1]]
+        return sum(h == t for h, t in inner) / len(inner)
+
+    hf = agreement(load_causal_lm(path, cfg.model).eval())
+    ours = agreement(engine)
+    print(f"label agreement with the truth: hf {hf:.3f}, vllm {ours:.3f}")
+    assert hf > 0.8 and abs(hf - ours) <= 0.02
