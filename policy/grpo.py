@@ -162,20 +162,10 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
     per_rank = g.questions_per_step // world_size
-
-    def sample(records: list[MathRecord]) -> Sampled:
-        records = records[rank * per_rank:(rank + 1) * per_rank]
-        started = time.perf_counter()
-        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g)
-        rolled = time.perf_counter()
-        scored = score_step(reward_fn, records, rollout, g)
-        timing["rollout"] += rolled - started
-        timing["scoring"] += time.perf_counter() - rolled
-        return Sampled(records, rollout, *scored)
-
     while trainer.running():
         step = trainer.step
         timing = {"rollout": 0.0, "scoring": 0.0}
+        sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
         sampled = sample(step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
         if g.dynamic_sampling:
             sampled = refill_step(sampled, lambda round_: sample(refill_questions(
@@ -208,6 +198,22 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def _sample_fn(sampler, tokenizer, fmt, reward_fn: RewardFn, g, rank: int, per_rank: int,
+               timing: dict) -> Callable[[list[MathRecord]], "Sampled"]:
+    """sample(step's questions) -> this rank's share rolled out and scored; the seconds spent
+    are added to `timing`."""
+    def sample(records: list[MathRecord]) -> Sampled:
+        records = records[rank * per_rank:(rank + 1) * per_rank]
+        started = time.perf_counter()
+        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g)
+        rolled = time.perf_counter()
+        scored = score_step(reward_fn, records, rollout, g)
+        timing["rollout"] += rolled - started
+        timing["scoring"] += time.perf_counter() - rolled
+        return Sampled(records, rollout, *scored)
+    return sample
 
 
 class Sampler:
