@@ -32,7 +32,7 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def measure(name: str, path: str, repeats: int) -> list[str]:
+def measure(name: str, path: str, repeats: int, solutions: int) -> list[str]:
     from configs import load_config
     from policy.rollout import generate_groups
     from policy.vllm_engine import engine_for
@@ -46,7 +46,8 @@ def measure(name: str, path: str, repeats: int) -> list[str]:
     tokenizer = load_tokenizer(path)
     fmt = prompt_format(cfg.data)
     prompts = fmt.prompts(tokenizer, load_splits(cfg.data, 0).eval[:8])
-    solutions = [Solution(r, r.solution_steps) for r in synthetic_records(7, 32, 2, 4)]
+    solutions = [Solution(r, r.solution_steps)
+                 for r in synthetic_records(7, solutions, 2, 4)]
     hf = load_causal_lm(path).eval()
     started = time.perf_counter()
     engine = engine_for(cfg, path)
@@ -73,6 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--models", default="tiny,20m", help="tiny, 20m or both")
+    parser.add_argument("--solutions", type=int, default=32, help="solutions to label")
     args = parser.parse_args()
     import torch
 
@@ -81,14 +84,16 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     root = Path(__file__).resolve().parents[1]
-    big = build_tiny(Path(tempfile.mkdtemp()) / "tiny20m",
-                     TinyModelConfig(hidden_size=512, num_layers=6, num_heads=8,
-                                     intermediate_size=1536), seed=0)
     rows = ["| model | backend | rollout tokens/s | labelling prefixes/s |",
             "| --- | --- | --- | --- |"]
-    rows += measure("tiny warm start (2.6M)", str(root / "runtime/bundled/tiny_warm_start"),
-                    args.repeats)
-    rows += measure("tiny Llama (~20M, random)", str(big), args.repeats)
+    if "tiny" in args.models:
+        rows += measure("tiny warm start (2.6M)", str(root / "runtime/bundled/tiny_warm_start"),
+                        args.repeats, args.solutions)
+    if "20m" in args.models:
+        big = build_tiny(Path(tempfile.mkdtemp()) / "tiny20m",
+                         TinyModelConfig(hidden_size=512, num_layers=6, num_heads=8,
+                                         intermediate_size=1536), seed=0)
+        rows += measure("tiny Llama (~20M, random)", str(big), args.repeats, args.solutions)
     print("\n".join(rows))
 
 
