@@ -31,22 +31,23 @@ from configs.loader import diff_configs, schema_defaults
 
 
 # What each command does and the config sections it reads (its `--help` lists them).
-ALL_SECTIONS = ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "label", "rm", "iterate")
+ALL_SECTIONS = ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "label", "rm", "iterate",
+                "rollout")
 COMMAND_HELP = {
     "build-tiny": ("build the tiny random model and its tokenizer into <run>/base",
                    ("run", "model")),
     "sft": ("supervised fine-tuning on worked solutions -> <run>/sft/best",
             ("run", "data", "model", "deepspeed", "sft")),
     "grpo": ("GRPO alone from the warm start, rewarded by grpo.reward -> <run>/grpo/final",
-             ("run", "data", "model", "deepspeed", "sft", "grpo", "eval")),
+             ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "rollout")),
     "eval": ("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of eval.checkpoint "
-             "(default: the run's newest policy)", ("run", "data", "model", "sft", "eval")),
+             "(default: the run's newest policy)", ("run", "data", "model", "sft", "eval", "rollout")),
     "label": ("Math-Shepherd step labels of the policy's samples -> <run>/labels",
-              ("run", "data", "model", "sft", "label", "rm")),
+              ("run", "data", "model", "sft", "label", "rm", "rollout")),
     "train-rm": ("train an outcome or process reward model (rm.kind) -> <run>/rm-<kind>/final",
                  ("run", "data", "model", "deepspeed", "sft", "label", "rm")),
     "eval-rm": ("step metrics and best-of-N of the run's newest reward models",
-                ("run", "data", "model", "sft", "eval", "rm")),
+                ("run", "data", "model", "sft", "eval", "rm", "rollout")),
     "iterate": ("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS),
     "demo": ("the main job: = iterate (make demo runs it on configs/tiny.yaml)", ALL_SECTIONS),
     "plan": ("memory per GPU of one GRPO iteration of the config; nothing is run",

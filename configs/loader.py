@@ -25,6 +25,7 @@ CHOICES = {
     "grpo.supervision": ("outcome", "process", "rft"),
     "grpo.reward": ("rule", "step_oracle"),
     "rm.kind": ("prm", "orm"),
+    "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
     "model.attn_implementation": ("", "sdpa", "eager", "flash_attention_2"),

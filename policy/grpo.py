@@ -157,24 +157,15 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
             cfg.deepspeed)
     fmt = prompt_format(cfg.data)
     trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60)
-    evaluate = _evaluator(cfg, engine, tokenizer, eval_records, fmt)
+    sampler = Sampler(engine, trainer, cfg, policy_path)
+    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt)
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
     per_rank = g.questions_per_step // world_size
-
-    def sample(records: list[MathRecord]) -> Sampled:
-        records = records[rank * per_rank:(rank + 1) * per_rank]
-        started = time.perf_counter()
-        rollout = rollout_step(engine, tokenizer, fmt.prompts(tokenizer, records), g)
-        rolled = time.perf_counter()
-        scored = score_step(reward_fn, records, rollout, g)
-        timing["rollout"] += rolled - started
-        timing["scoring"] += time.perf_counter() - rolled
-        return Sampled(records, rollout, *scored)
-
     while trainer.running():
         step = trainer.step
         timing = {"rollout": 0.0, "scoring": 0.0}
+        sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
         sampled = sample(step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
         if g.dynamic_sampling:
             sampled = refill_step(sampled, lambda round_: sample(refill_questions(
@@ -209,14 +200,50 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     return out / "final"
 
 
-def _evaluator(cfg, engine, tokenizer, eval_records: list[MathRecord], fmt):
+def _sample_fn(sampler, tokenizer, fmt, reward_fn: RewardFn, g, rank: int, per_rank: int,
+               timing: dict) -> Callable[[list[MathRecord]], "Sampled"]:
+    """sample(step's questions) -> this rank's share rolled out and scored; the seconds spent
+    are added to `timing`."""
+    def sample(records: list[MathRecord]) -> Sampled:
+        records = records[rank * per_rank:(rank + 1) * per_rank]
+        started = time.perf_counter()
+        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g)
+        rolled = time.perf_counter()
+        scored = score_step(reward_fn, records, rollout, g)
+        timing["rollout"] += rolled - started
+        timing["scoring"] += time.perf_counter() - rolled
+        return Sampled(records, rollout, *scored)
+    return sample
+
+
+class Sampler:
+    """Who generates for the training engine: its own module (`rollout.backend=hf`), or a
+    colocated vLLM engine that is handed the current weights once per optimizer step
+    (`rollout.backend=vllm`, policy/vllm_engine.py). Use inside `gathered_for_generation`."""
+
+    def __init__(self, engine, trainer: Trainer, cfg, policy_path):
+        self.engine, self.trainer = engine, trainer
+        self.vllm = None
+        if cfg.rollout.backend == "vllm":
+            from policy.vllm_engine import engine_for
+
+            self.vllm = engine_for(cfg, policy_path)
+
+    def model(self):
+        if self.vllm is None:
+            return self.engine.module
+        return self.vllm.sync(self.engine.module, self.trainer.step)
+
+
+def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt):
     """evaluate(sampled) -> held-out metrics, measured on rank 0; every rank joins the gather."""
     def evaluate(sampled: bool) -> dict:
         metrics = None
-        with gathered_for_generation(engine):
+        with gathered_for_generation(sampler.engine):
+            model = sampler.model()
             if is_main():
                 metrics = evaluate_policy(
-                    engine.module, tokenizer, eval_records, fmt,
+                    model, tokenizer, eval_records, fmt,
                     k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
                     timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
@@ -224,13 +251,14 @@ def _evaluator(cfg, engine, tokenizer, eval_records: list[MathRecord], fmt):
     return evaluate
 
 
-def rollout_step(engine, tokenizer, prompts: list[str], g) -> Rollout:
+def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g) -> Rollout:
     """pi_old <- pi: the current weights sample G completions per prompt (in chunks of
     `grpo.rollout_questions` prompts where their KV cache would not fit at once)."""
     chunk = g.rollout_questions or len(prompts)
-    with gathered_for_generation(engine):
+    with gathered_for_generation(sampler.engine):
+        model = sampler.model()
         return concat_rollouts([
-            generate_groups(engine.module, tokenizer, prompts[i:i + chunk], g.group_size,
+            generate_groups(model, tokenizer, prompts[i:i + chunk], g.group_size,
                             max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                             top_p=g.top_p, greedy=g.temperature == 0)
             for i in range(0, len(prompts), chunk)], tokenizer.pad_token_id)
@@ -385,14 +413,16 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
     entropy = torch.zeros_like(batch.loss_mask)
     if not has_signal(batch, reference is not None and g.beta > 0):
         # Nothing to learn: AdamW's momentum would still move the weights on a zero gradient.
-        return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "grad_norm": 0.0,
-                "entropy": entropy, "skipped": 1.0}
+        return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0,
+                "grad_norm": 0.0, "entropy": entropy, "skipped": 1.0}
     loss_fn = POLICY_LOSSES[g.loss].fn
     ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
         if reference is not None else None
     old_logprobs = _forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
         if g.mu > 1 else None
-    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0}
+    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0}
+    sampled = rollout.sampler_logprobs
+    all_tokens = global_sum(float(rollout.completion_mask.sum()))
     grad_norm = 0.0
     engine.train()
     for update in range(g.mu):
@@ -401,6 +431,10 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
                 engine, rollout.input_ids[rows], rollout.attention_mask[rows],
                 rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if update == 0 else None)
             old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+            if sampled is not None and update == 0:  # how far the sampler's numbers drift
+                drift = (logprobs.detach() - sampled[rows].to(logprobs)).abs()
+                stats["logprob_diff"] += float((drift * rollout.completion_mask[rows]).sum()) \
+                    / max(all_tokens, 1.0)
             ref = ref_logprobs[rows] if ref_logprobs is not None else None
             result = loss_fn(logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
                              clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high,
@@ -440,6 +474,8 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
         "train/kept_groups": float(batch.keep.float().mean()),
         "train/skipped_step": stats["skipped"],
         "train/clip_high": stats["clip_high"],
+        **({"rollout/logprob_diff": stats["logprob_diff"]}
+           if rollout.sampler_logprobs is not None else {}),
         # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
         "reward/no_signal_groups": float(
             (normalised.reshape(-1, g.group_size * normalised.shape[1]) == 0)

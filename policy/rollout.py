@@ -27,6 +27,9 @@ class Rollout:
     truncated: torch.Tensor
     """[N] bool: the sample hit max_new_tokens without EOS."""
     group_size: int
+    sampler_logprobs: torch.Tensor | None = None
+    """[N, T] the sampler's own log-probs of the sampled tokens (vLLM backend), for the drift
+    check `rollout/logprob_diff` only: the loss recomputes them with the training model."""
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -44,7 +47,8 @@ class Rollout:
         """The samples at `index` ([M] row indices), in that order."""
         return Rollout(self.prompt_ids[index], self.prompt_mask[index], self.completion_ids[index],
                        self.completion_mask[index], [self.texts[i] for i in index.tolist()],
-                       self.truncated[index], self.group_size)
+                       self.truncated[index], self.group_size,
+                       None if self.sampler_logprobs is None else self.sampler_logprobs[index])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -66,10 +70,12 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    torch.cat([right(r.completion_ids, width_c, pad_id) for r in parts]),
                    torch.cat([right(r.completion_mask, width_c, 0) for r in parts]),
                    [t for r in parts for t in r.texts], torch.cat([r.truncated for r in parts]),
-                   parts[0].group_size)
+                   parts[0].group_size,
+                   None if any(r.sampler_logprobs is None for r in parts) else
+                   torch.cat([right(r.sampler_logprobs, width_c, 0.0) for r in parts]))
 
 
-def _completion_mask(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_after_eos(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """1 up to and including the first EOS; also whether each row never produced EOS."""
     is_eos = completion_ids == eos_id
     has_eos = is_eos.any(-1)
@@ -83,7 +89,13 @@ def _completion_mask(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.T
 def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                     greedy: bool = False, share_prefill: bool = True) -> Rollout:
-    """Sample `group_size` completions for each prompt; rows are grouped prompt by prompt."""
+    """Sample `group_size` completions for each prompt; rows are grouped prompt by prompt.
+    `model` is a transformers model, or an engine with its own `generate_groups` (the vLLM
+    backend, policy/vllm_engine.py)."""
+    if hasattr(model, "generate_groups"):
+        return model.generate_groups(tokenizer, prompts, group_size,
+                                     max_new_tokens=max_new_tokens, temperature=temperature,
+                                     top_p=top_p, greedy=greedy)
     from transformers import DynamicCache
 
     from runtime.prompts import encode_prompts
@@ -118,7 +130,7 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
     completion = out[:, ids.shape[1]:]
     if completion.shape[1] == 0:
         completion = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, device=device)
-    completion_mask, truncated = _completion_mask(completion, tokenizer.eos_token_id)
+    completion_mask, truncated = mask_after_eos(completion, tokenizer.eos_token_id)
     completion = torch.where(completion_mask.bool(), completion,
                              torch.full_like(completion, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)

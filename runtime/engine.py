@@ -28,11 +28,6 @@ def init_distributed() -> None:
     import deepspeed
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
         # DeepSpeed would JIT-load its CPU shared-memory all-reduce op here, under a file lock in
@@ -41,6 +36,14 @@ def init_distributed() -> None:
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if dist.is_available() and dist.is_initialized():
+        # Someone else started it (an in-process vLLM engine): a single process is rank 0 of 1.
+        if dist.get_world_size() == 1:
+            os.environ.setdefault("LOCAL_RANK", "0")
+        return
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 

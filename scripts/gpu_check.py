@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--small", action="store_true", help="tiny sizes: a CPU smoke run")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                        help="rollout.backend: transformers generate or a colocated vLLM engine")
     args = parser.parse_args()
     import torch
 
@@ -65,7 +67,7 @@ def main() -> None:
         f"grpo.group_size={args.group}", f"grpo.max_new_tokens={args.max_new_tokens}",
         f"deepspeed.micro_batch_size={args.micro_batch}", "grpo.supervision=outcome",
         "grpo.eval_every=0", "grpo.inspect_every=0", f"grpo.save_every={args.steps}",
-        "grpo.lr=1e-6", "run.threads=0"])
+        "grpo.lr=1e-6", "run.threads=0", f"rollout.backend={args.backend}"])
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(work / "metrics.jsonl", config={}, mode="disabled", project="", name="")
     started = time.perf_counter()
@@ -79,6 +81,7 @@ def main() -> None:
     update_flops = 6 * params * median["train/tokens_per_s"]
     report = {
         "device": torch.cuda.get_device_name() if cuda else str(accelerator()),
+        "backend": args.backend,
         "params": params, "dtype": cfg.model.dtype,
         "samples_per_step": args.questions * args.group, "max_new_tokens": args.max_new_tokens,
         **median,
@@ -90,5 +93,5 @@ def main() -> None:
     print(json.dumps(report, indent=2))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # vLLM's engine may spawn processes: keep the entry guarded
     main()

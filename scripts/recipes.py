@@ -15,7 +15,6 @@ Runs resume: re-running the command continues where it stopped.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from configs import load_config, to_yaml  # noqa: E402
 from configs.loader import recipes  # noqa: E402
 from iteration.summary import change_from  # noqa: E402
+from replicate import study_parser, write_doc  # noqa: E402
 
 CONFIG = "configs/tiny.yaml"
 # arm -> (recipe, overrides of its own)
@@ -182,25 +182,11 @@ def report(root: Path, arms: list[str], seeds: list[int], minutes: float, second
     return "\n".join(lines) + "\n"
 
 
-def write_doc(doc: Path, text: str) -> Path:
-    marker = "<!-- reading: kept by scripts/recipes.py -->"
-    reading = doc.read_text().split(marker, 1)[1] if doc.exists() and marker in doc.read_text() \
-        else "\n## Reading\n\n(what the numbers say)\n"
-    doc.write_text(text + "\n" + marker + reading)
-    return doc
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, default=ROOT / "runs" / "recipes")
-    parser.add_argument("--seeds", default="0,1", help="comma-separated run seeds")
-    parser.add_argument("--recipes", default=",".join(ARMS),
-                        help=f"comma-separated arms of {', '.join(ARMS)}")
+    parser = study_parser(__doc__.split("\n\n")[0], ROOT / "runs" / "recipes", "--recipes", ARMS,
+                          2)
     parser.add_argument("--minutes", type=float, default=3.0,
                         help="training wall clock per arm (grpo.max_minutes)")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="arms at a time, the CPU cores shared among them")
-    parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "recipes.md")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every arm")
     args = parser.parse_intermixed_args()
@@ -219,7 +205,7 @@ def main() -> int:
     command = " ".join(["python scripts/recipes.py", *sys.argv[1:]])
     text = report(args.root, arms, seeds, args.minutes, seconds, command, args.overrides,
                   args.jobs)
-    print(f"wrote {write_doc(args.doc, text)}")
+    print(f"wrote {write_doc(args.doc, text, script='scripts/recipes.py')}")
     return 0
 
 

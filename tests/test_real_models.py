@@ -99,7 +99,10 @@ FEW = ["grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=4", "grpo.m
        "eval.k=2", "eval.batch_size=8", "data.eval_questions=4", "label.questions=3",
        "label.samples_per_question=2", "label.num_completions=2", "label.max_new_tokens=16",
        "rm.batch_size=4", "rm.bon_questions=2", "rm.bon_samples=2", "iterate.iterations=1",
-       "run.wandb_mode=disabled", "run.threads=2"]
+       "run.wandb_mode=disabled", "run.threads=2",
+       # the GPU configs sample with vLLM; the stand-ins here run on transformers (the vllm
+       # backend has its own tests, tests/test_vllm.py)
+       "rollout.backend=hf"]
 
 
 def test_every_shipped_model_config_has_a_tiny_stand_in():

@@ -1,0 +1,148 @@
+"""Rollout on vLLM (`rollout.backend=vllm`): a colocated engine in the training process that
+samples from the policy's current weights.
+
+`VLLMEngine` holds an in-process `vllm.LLM` (V1 multiprocessing off, so the engine's worker lives
+in this process and `collective_rpc` reaches it). Weights reach it without a disk round-trip:
+`push(model)` streams the training model's HF-named tensors into the live engine
+(`model_runner.reload_weights`); the model's own `load_weights` is not used because the CPU backend
+re-lays out its weights after loading. Prompts go in as token ids encoded exactly as the `hf`
+backend encodes them, and completions come back as token ids, so a `Rollout` is the same object
+whichever backend made it; `generate_groups(engine, ...)` in policy/rollout.py dispatches here.
+
+What vLLM's sampler returns never reaches the loss: the loss's log-probs are recomputed by the
+training model. The log-probs vLLM reports for its sampled tokens (`Rollout.sampler_logprobs`) serve only the
+drift check `rollout/logprob_diff` (mean |vLLM - training| over completion tokens).
+
+Sampling is seeded once, when the engine starts (per-request seeds fail on the CPU backend), so a
+resumed run samples from a fresh engine state: with `vllm`, resume redoes nothing finished but is
+not bitwise identical to an uninterrupted run (the `hf` backend is).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from policy.rollout import Rollout, mask_after_eos
+
+
+class VLLMEngine:
+    """A vLLM engine over `model_path` for sampling G completions per prompt."""
+
+    def __init__(self, model_path: str | Path, *, dtype: str, max_model_len: int, seed: int,
+                 gpu_memory_fraction: float = 0.3, kv_cache_gb: float = 0.0,
+                 prefix_caching: bool = True, sleep_between: bool = False):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # In-process on the CPU backend, vLLM would pin this process's OpenMP threads: the
+        # training code shares them, so the threads stay as run.threads set them.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise ImportError("rollout.backend=vllm needs vLLM: pip install -e '.[vllm]' "
+                              "(README: Rollout on vLLM)") from err
+        # On the CPU backend the memory fraction is of the machine's RAM (despite its name).
+        kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
+                      enforce_eager=True, enable_prefix_caching=prefix_caching,
+                      gpu_memory_utilization=gpu_memory_fraction)
+        if kv_cache_gb:
+            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
+        if torch.cuda.is_available():
+            kwargs.update(enable_sleep_mode=sleep_between)
+        self.llm = LLM(**kwargs)
+        self.sleep_between = sleep_between and torch.cuda.is_available()
+        self.version = None
+
+    def sync(self, model, version) -> "VLLMEngine":
+        """Push `model`'s weights unless the engine already holds `version` of them."""
+        if version != self.version:
+            self.push(model)
+            self.version = version
+        return self
+
+    def push(self, model) -> None:
+        """Load the training model's current weights into the engine (in memory)."""
+        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+
+        def reload(worker):
+            worker.model_runner.reload_weights(weights_iterator=iter(weights))
+
+        self.llm.collective_rpc(reload)
+        try:
+            self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys/values
+        except AttributeError:
+            pass
+
+    def generate_groups(self, tokenizer, prompts: list[str], group_size: int, *,
+                        max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                        greedy: bool = False) -> Rollout:
+        """`group_size` completions per prompt, grouped prompt by prompt, as a `Rollout`."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from runtime.prompts import encode_prompts
+
+        if self.sleep_between:
+            self.llm.wake_up()
+        ids = encode_prompts(tokenizer, prompts)
+        params = SamplingParams(n=group_size, max_tokens=max_new_tokens,
+                                temperature=0.0 if greedy else temperature,
+                                top_p=1.0 if greedy else top_p, top_k=-1 if not greedy else 1,
+                                stop_token_ids=[tokenizer.eos_token_id], logprobs=0,
+                                detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params,
+                                    use_tqdm=False)
+        if self.sleep_between:
+            self.llm.sleep(level=1)
+        rows, logprobs = [], []
+        eos = tokenizer.eos_token_id
+        for out in outputs:
+            for sample in out.outputs:
+                tokens = list(sample.token_ids)
+                entries = list(sample.logprobs or [])
+                if sample.finish_reason == "stop" and (not tokens or tokens[-1] != eos):
+                    tokens.append(eos)  # stopped at EOS without returning it
+                rows.append(tokens)
+                logprobs.append([entry[token].logprob if entry and token in entry else 0.0
+                                 for token, entry in zip(tokens, entries + [None])])
+        rollout = _as_rollout(ids, rows, tokenizer, group_size)
+        width = rollout.completion_ids.shape[1]
+        sampled = torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs])
+        return replace(rollout, sampler_logprobs=sampled * rollout.completion_mask)
+
+
+def _as_rollout(prompt_ids: list[list[int]], completions: list[list[int]], tokenizer,
+                group_size: int) -> Rollout:
+    """Left-padded prompts (each repeated G times) and right-padded completions."""
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    width_p = max(len(p) for p in prompt_ids)
+    width_c = max(1, max(len(c) for c in completions))
+    prompts = [p for p in prompt_ids for _ in range(group_size)]
+    prompt = torch.tensor([[pad] * (width_p - len(p)) + p for p in prompts])
+    prompt_mask = torch.tensor([[0] * (width_p - len(p)) + [1] * len(p) for p in prompts])
+    completion = torch.tensor([c + [pad] * (width_c - len(c)) for c in completions])
+    mask, truncated = mask_after_eos(completion, eos)
+    real = torch.tensor([[1] * len(c) + [0] * (width_c - len(c)) for c in completions])
+    mask = mask * real
+    completion = torch.where(mask.bool(), completion, torch.full_like(completion, pad))
+    texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
+    return Rollout(prompt, prompt_mask, completion, mask, texts, truncated, group_size)
+
+
+def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
+    """The configured engine over `model_path`, long enough for a prompt and the longest
+    continuation any stage asks for (a Math-Shepherd prefix plus its completion included)."""
+    from transformers import AutoConfig
+
+    longest = max(cfg.grpo.max_new_tokens, cfg.eval.max_new_tokens, cfg.label.max_new_tokens)
+    wanted = cfg.data.max_prompt_tokens + cfg.grpo.max_new_tokens + longest
+    positions = getattr(AutoConfig.from_pretrained(
+        str(model_path), trust_remote_code=cfg.model.trust_remote_code),
+        "max_position_embeddings", None) or wanted
+    return VLLMEngine(model_path, dtype=cfg.model.dtype, max_model_len=min(wanted, positions),
+                      seed=cfg.run.seed, gpu_memory_fraction=cfg.rollout.memory_fraction,
+                      kv_cache_gb=cfg.rollout.kv_cache_gb,
+                      prefix_caching=cfg.rollout.prefix_caching, sleep_between=cfg.rollout.sleep)
