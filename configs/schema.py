@@ -243,7 +243,11 @@ class GRPOConfig:
     max_minutes: float = 0.0
     """A wall-clock budget: training stops after the step that spends it, whatever `steps`
     says (0 = off). For comparisons at equal time (docs/recipes.md); the step count then
-    depends on the machine. Offline RFT spends it sampling."""
+    depends on the machine. Offline RFT shares it between sampling and fine-tuning
+    (`offline_rft_sampling_share`)."""
+    offline_rft_sampling_share: float = 0.5
+    """Offline RFT under `max_minutes`: the share of the budget its sampling may spend; the
+    fine-tuning gets the rest."""
     shuffle_rewards: bool = False
     """Control experiment: permute rewards within each step's batch (learning should stop)."""
     zero_advantages: bool = False

@@ -1,19 +1,22 @@
 """Offline rejection-sampling fine-tuning (DeepSeekMath §5.2.1), the paper's RFT baseline.
 
 The starting policy is sampled once: the questions `grpo.steps` GRPO steps would draw, G samples
-each, as many samples as GRPO generates but all from the starting policy (or as many steps' as
-`grpo.max_minutes` allows). The reward (the rule:
+each, as many samples as GRPO generates but all from the starting policy. The reward (the rule:
 final answer against the gold one) keeps the right ones, and the policy is fine-tuned on them with
 the SFT loss in one pass, at GRPO's batch size (questions_per_step x G sequences) and learning
 rate. `<out>/samples.jsonl` holds every sample with its grade, written a step's samples at a
 time, so a resumed run draws only the steps still missing; `<out>/final` is the result.
 Selected by `grpo.algorithm=offline_rft` (the `offline_rft` recipe) wherever GRPO runs.
+
+Under a wall-clock budget (`grpo.max_minutes`) the sampling and the fine-tuning share it, as GRPO's
+steps share theirs between rollout and update: sampling stops after the step that spends
+`grpo.offline_rft_sampling_share` of it, and the fine-tuning gets what sampling left.
 """
 
 from __future__ import annotations
 
 import json
-import time
+from time import perf_counter
 from pathlib import Path
 
 import torch
@@ -44,6 +47,22 @@ def _finished_steps(path: Path, per_step: int) -> dict[int, list[dict]]:
     return {step: rows for step, rows in steps.items() if len(rows) == per_step}
 
 
+def budget_split(max_minutes: float, sampling_share: float,
+                 sampled_seconds: float) -> tuple[float, float]:
+    """(seconds sampling may spend, seconds left to fine-tuning) of a `max_minutes` budget that
+    sampling shares by `sampling_share`; (inf, 0) without a budget (0 = no limit for Trainer).
+    Fine-tuning always gets some time: at worst the one step a Trainer runs before it stops."""
+    if not max_minutes:
+        return float("inf"), 0.0
+    budget = max_minutes * 60
+    return budget * sampling_share, max(budget - sampled_seconds, 1e-3)
+
+
+def sampled_seconds(rows: list[dict]) -> float:
+    """Wall clock the sampled steps took (each row carries its step's seconds)."""
+    return sum({r["step"]: r.get("seconds", 0.0) for r in rows}.values())
+
+
 def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
                 rl_records: list[MathRecord]) -> list[dict]:
     """Every sample of the starting policy with its grade (main rank; every rank gets the rows)."""
@@ -57,9 +76,8 @@ def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for s in sorted(done) for r in done[s]))
         missing = [s for s in range(g.steps) if s not in done]
-        # grpo.max_minutes: sampling stops once it has spent the budget (its steps' seconds)
-        spent = sum(rows_[0].get("seconds", 0.0) for rows_ in done.values())
-        budget = g.max_minutes * 60 or float("inf")
+        spent = sampled_seconds([r for rows_ in done.values() for r in rows_])
+        budget = budget_split(g.max_minutes, g.offline_rft_sampling_share, spent)[0]
         if missing and spent < budget:
             tokenizer = load_tokenizer(policy_path, cfg.model)
             model = load_causal_lm(policy_path, cfg.model)
@@ -67,7 +85,7 @@ def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
             for step in tqdm(missing, desc="offline RFT: sampling"):
                 if spent >= budget:
                     break
-                started = time.perf_counter()
+                started = perf_counter()
                 records = step_questions(rl_records, step, g.questions_per_step, cfg.run.seed)
                 torch.manual_seed(cfg.run.seed * 1_000_003 + step)
                 rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, records),
@@ -75,7 +93,7 @@ def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
                                           temperature=g.temperature, top_p=g.top_p)
                 per_sample = [r for r in records for _ in range(g.group_size)]
                 right = reward_fn(per_sample, rollout).rewards >= 0.5
-                seconds = time.perf_counter() - started
+                seconds = perf_counter() - started
                 spent += seconds
                 lines = [{"step": step, "question": r.question, "answer": r.answer,
                           "source_id": r.source_id, "text": text, "right": bool(ok),
@@ -118,7 +136,10 @@ def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: R
     engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
                           lr=g.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
-    trainer = Trainer(out, engine, logger, total_steps, desc=f"{out_name} (offline RFT)")
+    sampling = sampled_seconds(rows)
+    trainer = Trainer(out, engine, logger, total_steps, desc=f"{out_name} (offline RFT)",
+                      max_seconds=budget_split(g.max_minutes, g.offline_rft_sampling_share,
+                                               sampling)[1])
     fmt = prompt_format(cfg.data)
     engine.train()
     while trainer.running():
@@ -141,9 +162,12 @@ def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: R
         trainer.log({"train/loss": global_sum(sum(losses)) / world_size,
                      "train/grad_norm": grad_norm, "train/lr": current_lr(engine),
                      "rft/samples": float(len(rows)), "rft/kept": float(len(kept)),
+                     "rft/sampling_seconds": sampling,
                      "reward/accuracy": len(kept) / len(rows)})
         if trainer.due(g.save_every):
             trainer.save()
     trainer.finish(tokenizer, out / "final", config_yaml,
-                   {"steps": total_steps, "samples": len(rows), "kept": len(kept)})
+                   {"steps": trainer.step, "samples": len(rows), "kept": len(kept),
+                    "sampling_seconds": sampling,
+                    "fine_tune_seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"

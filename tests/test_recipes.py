@@ -420,3 +420,34 @@ def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeyp
     while unlimited.running():
         unlimited.advance()
     assert unlimited.step == 4
+
+
+def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path, monkeypatch):
+    """A 4-minute budget, half of it for sampling: at 50 s a sampled step, sampling stops after
+    the step that reaches 120 s (3 steps, 150 s) and the fine-tuning gets the 90 s left."""
+    import json
+
+    import policy.offline_rft as offline_rft
+    from policy.rewards import RuleReward
+    from runtime.data import load_splits
+    from small_config import SMALL
+
+    assert offline_rft.budget_split(4, 0.5, 150.0) == (120.0, 90.0)
+    assert offline_rft.budget_split(4, 0.5, 300.0)[1] == 1e-3  # overspent: one step still runs
+    assert offline_rft.budget_split(0, 0.5, 999.0) == (float("inf"), 0.0)  # no budget
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=6",
+                                            "model.policy_path=bundled:tiny_warm_start",
+                                            "grpo.max_minutes=4", "run.wandb_mode=disabled"],
+                      recipe="offline_rft")
+    clock = iter(range(0, 100_000, 50))  # a step reads the clock twice: 50 s each
+    monkeypatch.setattr(offline_rft, "perf_counter", lambda: float(next(clock)))
+    rows = offline_rft.sample_once(cfg, tmp_path, cfg.model.policy_path, RuleReward(),
+                                   load_splits(cfg.data, 0).rl)
+    assert sorted({r["step"] for r in rows}) == [0, 1, 2]
+    assert offline_rft.sampled_seconds(rows) == 150.0
+    # resumed: the seconds already spent count, so nothing more is drawn
+    again = offline_rft.sample_once(cfg, tmp_path, cfg.model.policy_path, RuleReward(),
+                                    load_splits(cfg.data, 0).rl)
+    assert again == rows
+    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == len(rows)
+    assert json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])["seconds"] == 50.0
