@@ -21,7 +21,8 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
     "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po"),
-    "grpo.algorithm": ("grpo", "offline_rft"),
+    "grpo.algorithm": ("grpo", "offline_rft", "ppo"),
+    "ppo.critic_init": ("policy", "reward_model"),
     "grpo.supervision": ("outcome", "process", "rft"),
     "grpo.reward": ("rule", "step_oracle"),
     "rm.kind": ("prm", "orm"),
@@ -40,7 +41,10 @@ RECIPE_DIR = CONFIG_DIR / "recipes"
 RECIPE_KEYS = tuple(f"grpo.{key}" for key in (
     "algorithm", "loss", "beta", "clip_eps", "clip_eps_high", "scale_by_std", "mu",
     "dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "overlong_buffer_share",
-    "overlong_penalty", "zero_group_correction", "token_budget_share"))
+    "overlong_penalty", "zero_group_correction", "token_budget_share")) + tuple(
+    f"ppo.{key}" for key in ("gamma", "lam_actor", "lam_critic", "length_adaptive_alpha",
+                             "value_clip", "whiten_advantages", "value_pretrain_steps",
+                             "positive_nll_weight"))
 
 
 def recipes() -> list[str]:

@@ -185,8 +185,9 @@ class GRPOConfig:
     loss: str = "grpo"
     """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po (see policy/losses.py)."""
     algorithm: str = "grpo"
-    """grpo (every loss above, online RFT included) or offline_rft (DeepSeekMath §5.2.1: sample
-    the starting policy once, keep its right solutions, fine-tune on them)."""
+    """grpo (every loss above, online RFT included), offline_rft (DeepSeekMath §5.2.1: sample
+    the starting policy once, keep its right solutions, fine-tune on them) or ppo (a critic and
+    GAE in place of the group baseline, DeepSeekMath §4.1; the `ppo` section)."""
     supervision: str = "outcome"
     """outcome (one reward per sample) or process (one reward per step); rft is the paper's
     online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
@@ -398,6 +399,33 @@ class RolloutConfig:
 
 
 @dataclass
+class PPOConfig:
+    """The value-based family (grpo.algorithm=ppo; recipes ppo, vc_ppo, vapo): the policy side
+    (loss, clip, lr, mu, beta as the KL penalty in the reward, G samples per question) comes
+    from `grpo`."""
+    critic_init: str = "policy"
+    """The critic's backbone: policy (the starting policy) or reward_model (the reward model
+    GRPO is rewarded by; its scalar head starts as the reward model's P(+) logit margin)."""
+    critic_lr: float = 1e-5
+    gamma: float = 1.0
+    lam_actor: float = 0.95
+    """GAE lambda of the policy's advantages."""
+    lam_critic: float = 0.95
+    """GAE lambda of the critic's targets (VC-PPO decouples them: 1.0, Monte Carlo returns)."""
+    length_adaptive_alpha: float = 0.0
+    """VAPO's length-adaptive policy lambda, 1 - 1/(alpha * length) (VAPO: 0.05); 0 = off."""
+    value_clip: float = 0.2
+    """Clip range of the value loss around the rollout's values (0 = plain squared error)."""
+    whiten_advantages: bool = True
+    """Normalise the policy's advantages over the step's tokens (mean 0, std 1)."""
+    value_pretrain_steps: int = 0
+    """VC-PPO's value pretraining: critic-only steps on the starting policy's samples (lambda
+    1.0 targets) before PPO starts; 0 = off."""
+    positive_nll_weight: float = 0.0
+    """VAPO's positive-example LM loss weight on right samples (VAPO: 0.1); 0 = off."""
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -410,3 +438,4 @@ class Config:
     label: LabelConfig = field(default_factory=LabelConfig)
     iterate: IterateConfig = field(default_factory=IterateConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)

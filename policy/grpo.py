@@ -143,6 +143,11 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
 
         return train_offline_rft(cfg, run_path, policy_path, reward_fn, rl_records, logger,
                                  config_yaml, out_name)
+    if g.algorithm == "ppo":
+        from policy.ppo import train_ppo
+
+        return train_ppo(cfg, run_path, policy_path, reward_fn, rl_records, eval_records, logger,
+                         config_yaml, out_name, reference_path, evaluate_ends)
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, cfg.model)
     plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,

@@ -140,3 +140,35 @@ def load_training_state(engine, state_dir: Path) -> dict | None:
     ours = dict(client_state["igrpo"])
     set_rng_state(ours.pop("rng"))
     return ours
+
+
+def save_companion_state(engine, state_dir: Path, step: int) -> None:
+    """A second engine of a stage (PPO's critic), saved under the tag of `step` before the main
+    state moves to it; the main state's step picks the tag back (`load_companion_state`), so a
+    kill between the two saves resumes both from the earlier step."""
+    state_dir = Path(state_dir)
+    engine.save_checkpoint(str(state_dir), tag=f"{step:06d}", save_latest=False,
+                           client_state={"igrpo": {"step": step}})
+    _barrier()
+
+
+def prune_companion_state(state_dir: Path, step: int) -> None:
+    """Drop a companion's tags other than `step`'s (once the main state has moved to it)."""
+    from runtime.engine import is_main
+
+    if is_main() and Path(state_dir).exists():
+        for old in Path(state_dir).iterdir():
+            if old.is_dir() and old.name != f"{step:06d}":
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def load_companion_state(engine, state_dir: Path, step: int) -> None:
+    """Restore a companion engine to the main state's `step`."""
+    tag = f"{step:06d}"
+    if not (Path(state_dir) / tag).exists():
+        raise CheckpointError(f"{state_dir}: no saved state for step {step} (the stage's main "
+                              "state is at that step); the run folder is incomplete")
+    _weights_only_loads(engine)
+    engine.load_checkpoint(str(state_dir), tag=tag)
+

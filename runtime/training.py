@@ -16,7 +16,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from runtime.checkpoint import export, load_training_state, save_training_state
+from runtime.checkpoint import (export, load_companion_state, load_training_state,
+                                prune_companion_state, save_companion_state, save_training_state)
 from runtime.engine import broadcast_from_main, checked_backward, engine_step, is_main
 from runtime.rundir import atomic_write_json
 
@@ -60,12 +61,19 @@ class Trainer:
     """
 
     def __init__(self, out: Path, engine, logger, total_steps: int, *, desc: str,
-                 fresh_state: dict | None = None, max_seconds: float = 0.0):
+                 fresh_state: dict | None = None, max_seconds: float = 0.0,
+                 companions: dict | None = None):
         """`max_seconds` > 0: a wall-clock budget; the stage stops after the step that spends
-        it (the seconds are part of the saved state, so a resumed stage spends what is left)."""
+        it (the seconds are part of the saved state, so a resumed stage spends what is left).
+        `companions`: name -> a second training engine (PPO's critic), saved and restored with
+        the main one (`<out>/state-<name>`)."""
         self.out, self.engine, self.logger, self.total_steps = out, engine, logger, total_steps
+        self.companions = dict(companions or {})
         self.state = load_training_state(engine, out / "state") or {"step": 0,
                                                                     **(fresh_state or {})}
+        if self.state["step"]:
+            for name, other in self.companions.items():
+                load_companion_state(other, out / f"state-{name}", self.state["step"])
         self.max_seconds = max_seconds
         self._clock = time.perf_counter()
         # Rows a crash logged past the saved state are redone: drop them.
@@ -84,15 +92,17 @@ class Trainer:
 
     def backward(self, micro_batches: int, micro_batch_size: int,
                  loss_of: Callable[[slice, int], object], where: str,
-                 grad_norm: float = 0.0) -> float:
+                 grad_norm: float = 0.0, engine=None) -> float:
         """For each micro-batch: `loss_of(rows, index)`, a checked backward pass and the engine
         step (DeepSpeed steps the optimizer at the accumulation boundary). Returns the last
-        gradient norm reported (`grad_norm` if none was)."""
+        gradient norm reported (`grad_norm` if none was). `engine`: a companion instead of the
+        main engine."""
+        engine = engine or self.engine
         for mb in range(micro_batches):
             rows = slice(mb * micro_batch_size, (mb + 1) * micro_batch_size)
             at = f"{where}, micro-batch {mb + 1}"
-            checked_backward(self.engine, loss_of(rows, mb), at)
-            norm = engine_step(self.engine, at)
+            checked_backward(engine, loss_of(rows, mb), at)
+            norm = engine_step(engine, at)
             grad_norm = norm if norm is not None else grad_norm
         return grad_norm
 
@@ -112,7 +122,11 @@ class Trainer:
         return (every and self.step % every == 0) or self.step == self.total_steps
 
     def save(self) -> None:
+        for name, other in self.companions.items():
+            save_companion_state(other, self.out / f"state-{name}", self.step)
         save_training_state(self.engine, self.out / "state", self.state)
+        for name in self.companions:
+            prune_companion_state(self.out / f"state-{name}", self.step)
 
     def log(self, metrics: dict, media: dict | None = None, step: int | None = None) -> None:
         self.logger.log(metrics, step=self.step if step is None else step, media=media)

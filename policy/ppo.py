@@ -1,0 +1,341 @@
+"""PPO with a critic (DeepSeekMath §4.1, the baseline GRPO replaces) and its value-based
+successors VC-PPO and VAPO, on DeepSpeed engines for the actor and the critic.
+
+Selected by `grpo.algorithm=ppo` (recipes ppo, vc_ppo, vapo) wherever GRPO runs. Each step draws
+the questions GRPO would, G samples each, scored by the same reward callable. The token rewards
+are the reward at the last token (process supervision: each step's reward at the step's last
+token) plus the KL penalty -beta * log(pi/pi_ref) on every token (eq. 2); the critic values
+every state; GAE gives the policy's advantages (`ppo.lam_actor`, or VAPO's length-adaptive
+lambda) and the critic's targets (`ppo.lam_critic`). Then `grpo.mu` passes, each one optimizer
+step of the policy (the clipped surrogate of `grpo.loss`, no KL term: it is in the reward) and
+one of the critic (the clipped value loss). VC-PPO pretrains the critic on the starting policy's
+samples first (`ppo.value_pretrain_steps`), VAPO adds an LM loss on right samples.
+The critic is exported beside the policy (`<out>/critic`); resume restores both engines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from configs.batching import plan_grpo_batch
+from policy.grpo import Sampler, _evaluator, _forward_logprobs, _sample_fn, step_questions
+from policy.logprobs import completion_logprobs
+from policy.losses import POLICY_LOSSES
+from policy.rewards import RewardFn
+from policy.rollout import Rollout
+from policy.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
+                          length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
+from runtime.data import MathRecord
+from runtime.engine import (build_engine, build_inference_engine, current_lr, global_sum,
+                            world)
+from runtime.models import accelerator, load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+from runtime.tracking import MetricsLogger
+from runtime.training import Trainer, stage_done
+
+
+def critic_from(lm, score: torch.Tensor | None = None):
+    """A value model: `lm`'s backbone under a scalar head per token (transformers'
+    `*ForTokenClassification` with one label, no dropout). The head starts at `score` ([H], e.g.
+    a reward model's P(+) logit direction) or at zero (no opinion yet)."""
+    from transformers import AutoModelForTokenClassification
+
+    config = lm.config.__class__.from_dict(lm.config.to_dict())
+    config.num_labels, config.classifier_dropout = 1, 0.0
+    critic = AutoModelForTokenClassification.from_config(config, dtype=lm.dtype)
+    critic.base_model.load_state_dict(lm.base_model.state_dict())
+    with torch.no_grad():
+        critic.score.weight.zero_()
+        if score is not None:
+            critic.score.weight[0] = score.to(critic.score.weight)
+        if getattr(critic.score, "bias", None) is not None:
+            critic.score.bias.zero_()
+    return critic
+
+
+def load_critic(cfg, policy_path, reward_fn: RewardFn, path: Path | None = None):
+    """The critic: a saved one (`path`: value pretraining's export), else built as
+    `ppo.critic_init` says, from the starting policy or from the reward model GRPO is rewarded
+    by (its head: the lm_head rows of '+' minus '-', so V starts as the RM's logit margin)."""
+    from transformers import AutoModelForTokenClassification
+
+    if path is not None:
+        return AutoModelForTokenClassification.from_pretrained(
+            str(path), dtype=getattr(torch, cfg.model.dtype)).to(accelerator())
+    if cfg.ppo.critic_init == "policy":
+        return critic_from(load_causal_lm(policy_path, cfg.model, device="cpu")).to(accelerator())
+    scorer = getattr(reward_fn, "scorer", None)
+    if scorer is None:
+        raise ValueError("ppo.critic_init=reward_model: the reward here is not a reward model "
+                         "(grpo.reward rule or step_oracle); use ppo.critic_init=policy, or "
+                         "`igrpo iterate`, whose GRPO is rewarded by the reward models")
+    head = scorer.model.get_output_embeddings().weight
+    return critic_from(scorer.model, head[scorer.tags.plus_id] - head[scorer.tags.minus_id]
+                       ).to(accelerator())
+
+
+def state_values(critic, rollout: Rollout) -> torch.Tensor:
+    """[N, T] the critic's value of the state before each completion token (read where the
+    policy's logits for that token are), float32."""
+    ids, mask = rollout.input_ids, rollout.attention_mask
+    start = rollout.prompt_ids.shape[1]
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = critic(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[..., 0]
+    return out[:, start - 1:-1].float()
+
+
+@torch.no_grad()
+def _forward_values(critic, rollout: Rollout, micro: int) -> torch.Tensor:
+    return torch.cat([state_values(critic, rollout.rows(torch.arange(
+        s, min(s + micro, rollout.prompt_ids.shape[0])))) for s in
+        range(0, rollout.prompt_ids.shape[0], micro)])
+
+
+@dataclass
+class Targets:
+    """A step's fixed quantities: the token rewards, the rollout's log-probs and values, the
+    policy's advantages and the critic's returns, [N, T] each, and the global token count."""
+    rewards: torch.Tensor
+    old_logprobs: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    num_tokens: float
+
+
+def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, ref_logprobs,
+                values: torch.Tensor, cfg, lam_critic: float | None = None) -> Targets:
+    """Token rewards (eq. 2), GAE advantages (whitened over the step) and critic targets
+    (`lam_critic` in place of `ppo.lam_critic`: value pretraining's 1.0)."""
+    g, p = cfg.grpo, cfg.ppo
+    mask = rollout.completion_mask.float()
+    width = mask.shape[1]
+    if g.supervision == "process":
+        placed = step_end_rewards(scores.step_rewards, scores.step_mask, scores.step_end_index,
+                                  width)
+    else:
+        placed = last_token_rewards(rewards, mask)
+    token_rewards = placed + kl_penalty_rewards(old_logprobs, ref_logprobs, mask, g.beta)
+    lam = length_adaptive_lambda(rollout.lengths, p.length_adaptive_alpha) \
+        if p.length_adaptive_alpha else p.lam_actor
+    advantages, _ = gae(token_rewards, values, mask, p.gamma, lam)
+    _, returns = gae(token_rewards, values, mask, p.gamma,
+                     p.lam_critic if lam_critic is None else lam_critic)
+    num_tokens = global_sum(float(mask.sum()))
+    if p.whiten_advantages:
+        mean = global_sum(float((advantages * mask).sum())) / max(num_tokens, 1.0)
+        var = global_sum(float((((advantages - mean) * mask) ** 2).sum())) / max(num_tokens, 1.0)
+        advantages = whiten(advantages, mask, mean, var ** 0.5)
+    return Targets(token_rewards, old_logprobs, values, advantages, returns, num_tokens)
+
+
+def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p, plan,
+                where: str) -> dict:
+    """One optimizer step of the critic on the clipped value loss."""
+    stats = {"value_loss": 0.0}
+    mask = rollout.completion_mask.float()
+
+    def loss_of(rows: slice, mb: int):
+        values = state_values(critic, rollout.rows(torch.arange(rows.start, min(
+            rows.stop, mask.shape[0]))))
+        loss = clipped_value_loss(values, targets.old_values[rows], targets.returns[rows],
+                                  mask[rows], p.value_clip, max(targets.num_tokens, 1.0))
+        stats["value_loss"] += loss.item()
+        return loss * world()[1]
+
+    grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                 f"{where} (critic)", engine=critic)
+    return {"value_loss": global_sum(stats["value_loss"]), "critic_grad_norm": grad_norm}
+
+
+def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torch.Tensor, g, p,
+               plan, where: str) -> dict:
+    """One optimizer step of the policy: `grpo.loss`'s clipped surrogate on the GAE advantages
+    (no KL term: it is in the rewards), plus VAPO's LM loss on right samples."""
+    engine, world_size = trainer.engine, world()[1]
+    mask = rollout.completion_mask.float()
+    right_tokens = global_sum(float((mask * right.float()[:, None]).sum()))
+    num_sequences = global_sum(float(mask.shape[0]))
+    stats = {"loss": 0.0, "clip": 0.0, "clip_high": 0.0, "nll": 0.0}
+
+    def loss_of(rows: slice, mb: int):
+        logprobs = completion_logprobs(engine, rollout.input_ids[rows],
+                                       rollout.attention_mask[rows], rollout.prompt_ids.shape[1])
+        result = POLICY_LOSSES[g.loss].fn(
+            logprobs, targets.old_logprobs[rows], None, targets.advantages[rows], mask[rows],
+            clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=0.0,
+            num_sequences=num_sequences, num_tokens=max(targets.num_tokens, 1.0),
+            max_tokens=g.max_new_tokens)
+        loss = result.loss
+        if p.positive_nll_weight:
+            nll = positive_nll(logprobs, mask[rows], right[rows], right_tokens)
+            stats["nll"] += nll.item()
+            loss = loss + p.positive_nll_weight * nll
+        share = float(mask[rows].sum()) / max(targets.num_tokens, 1.0)
+        stats["loss"] += loss.item()
+        stats["clip"] += result.clip_fraction.item() * share
+        stats["clip_high"] += result.clip_high.item() * share
+        return loss * world_size
+
+    grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of, where)
+    return {**{k: global_sum(v) for k, v in stats.items()}, "grad_norm": grad_norm}
+
+
+def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
+              rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
+              config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
+              evaluate_ends: bool = True) -> Path:
+    """`grpo.steps` PPO steps from `policy_path` (train_grpo's contract); returns the policy's
+    export (`<run>/<out_name>/final`)."""
+    g, p = cfg.grpo, cfg.ppo
+    out = run_path / out_name
+    if stage_done(out):
+        return out / "final"
+    rank, world_size = world()
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
+                           world_size)
+    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
+                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    sampler = Sampler(engine, None, cfg, policy_path)
+    pretrained = pretrain_values(cfg, out, sampler, policy_path, reward_fn, rl_records, plan) \
+        if p.value_pretrain_steps else None
+    critic = build_engine(load_critic(cfg, policy_path, reward_fn, pretrained), cfg.deepspeed,
+                          lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    reference = build_inference_engine(load_causal_lm(reference_path or policy_path, cfg.model,
+                                                      device=engine.device), cfg.deepspeed) \
+        if g.beta > 0 else None
+    fmt = prompt_format(cfg.data)
+    trainer = Trainer(out, engine, logger, g.steps, desc=f"{out_name} (ppo)",
+                      max_seconds=g.max_minutes * 60, companions={"critic": critic})
+    sampler.trainer = trainer
+    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt)
+    if trainer.step == 0 and evaluate_ends:
+        trainer.log(evaluate(sampled=False))
+    per_rank = g.questions_per_step // world_size
+    while trainer.running():
+        step = trainer.step
+        timing = {"rollout": 0.0, "scoring": 0.0}
+        sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
+            step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
+        updating = time.perf_counter()
+        metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan,
+                             f"{out_name} step {step + 1}")
+        timing["update"] = time.perf_counter() - updating
+        trainer.advance()
+        metrics.update({"train/lr": current_lr(engine), "time/rollout": timing["rollout"],
+                        "time/scoring": timing["scoring"], "time/update": timing["update"]})
+        if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
+            metrics.update(evaluate(sampled=False))
+        if trainer.step == g.steps and evaluate_ends:
+            metrics.update(evaluate(sampled=True))
+        trainer.log(metrics)
+        if trainer.due(g.save_every):
+            trainer.save()
+    from runtime.checkpoint import export
+
+    export(critic, tokenizer, out / "critic", config_yaml)
+    trainer.finish(tokenizer, out / "final", config_yaml,
+                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
+    return out / "final"
+
+
+def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: str) -> dict:
+    """The rollout's log-probs and values, the targets, then `grpo.mu` passes of one policy and
+    one critic step each; returns the step's metrics."""
+    g, p = cfg.grpo, cfg.ppo
+    rollout = sampled.rollout
+    critic.eval()
+    old_logprobs = _forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
+    ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
+        if reference is not None else None
+    values = _forward_values(critic.module, rollout, plan.micro_batch_size)
+    targets = ppo_targets(rollout, sampled.scores, sampled.rewards, old_logprobs, ref_logprobs,
+                          values, cfg)
+    right = sampled.scores.correct if sampled.scores.correct is not None \
+        else sampled.rewards >= 0.5
+    trainer.engine.train()
+    critic.train()
+    stats: dict = {}
+    for update in range(g.mu):
+        at = f"{where}, update {update + 1}"
+        for key, value in {**actor_step(trainer, rollout, targets, right, g, p, plan, at),
+                           **critic_step(trainer, critic, rollout, targets, p, plan, at)}.items():
+            stats[key] = stats.get(key, 0.0) + value / g.mu
+    return value_metrics(rollout, sampled, targets, ref_logprobs, stats)
+
+
+def value_metrics(rollout: Rollout, sampled, targets: Targets, ref_logprobs, stats: dict) -> dict:
+    """The step's metrics: rewards, the losses, clipping, the critic's fit (explained variance
+    of its targets) and the KL to the reference (mean log-ratio per token)."""
+    mask = rollout.completion_mask.float()
+    tokens = max(float(mask.sum()), 1.0)
+    residual = ((targets.returns - targets.old_values) * mask)
+    centred = (targets.returns - (targets.returns * mask).sum() / tokens) * mask
+    explained = 1.0 - float((residual ** 2).sum()) / max(float((centred ** 2).sum()), 1e-12)
+    metrics = {
+        "reward/mean": float(sampled.rewards.mean()),
+        "rollout/length_mean": float(rollout.lengths.float().mean()),
+        "rollout/truncation_rate": float(rollout.truncated.float().mean()),
+        "train/loss": stats["loss"], "train/clip_fraction": stats["clip"],
+        "train/clip_high": stats["clip_high"], "train/grad_norm": stats["grad_norm"],
+        "train/positive_nll": stats["nll"],
+        "critic/value_loss": stats["value_loss"], "critic/grad_norm": stats["critic_grad_norm"],
+        "critic/value_mean": float((targets.old_values * mask).sum()) / tokens,
+        "critic/explained_variance": explained,
+    }
+    if ref_logprobs is not None:
+        metrics["train/kl"] = float(((targets.old_logprobs - ref_logprobs) * mask).sum()) / tokens
+    if sampled.scores.correct is not None:
+        metrics["reward/accuracy"] = float(sampled.scores.correct.float().mean())
+    return metrics
+
+
+def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: RewardFn,
+                    rl_records: list[MathRecord], plan) -> Path:
+    """VC-PPO's value pretraining (Yuan et al. 2025, §4.1): `ppo.value_pretrain_steps` critic
+    steps on samples of the starting policy (`sampler`, not trained meanwhile), fit to lambda =
+    1 targets (Monte Carlo returns). Its own resumable stage `<out>/value-pretrain`, on
+    questions of a stream the PPO steps do not draw from; returns the critic's export."""
+    g, p = cfg.grpo, cfg.ppo
+    stage = out / "value-pretrain"
+    if stage_done(stage):
+        return stage / "critic"
+    rank, world_size = world()
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    critic = build_engine(load_critic(cfg, policy_path, reward_fn), cfg.deepspeed,
+                          lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    # its metrics go to a file of its own: the PPO stage's logger rewinds to PPO's steps
+    own = MetricsLogger(stage / "metrics.jsonl", config={}, mode="disabled", project="",
+                        name="value-pretrain")
+    trainer = Trainer(stage, critic, own, p.value_pretrain_steps, desc="value pretraining")
+    sampler.trainer = trainer
+    fmt = prompt_format(cfg.data)
+    sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank,
+                        g.questions_per_step // world_size, {"rollout": 0.0, "scoring": 0.0})
+    while trainer.running():
+        step = trainer.step
+        sampled = sample(step_questions(rl_records, step, g.questions_per_step,
+                                        cfg.run.seed + 31_337))
+        critic.eval()
+        values = _forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
+        targets = ppo_targets(sampled.rollout, sampled.scores, sampled.rewards,
+                              torch.zeros_like(values), None, values, cfg, lam_critic=1.0)
+        critic.train()
+        stats = critic_step(trainer, critic, sampled.rollout, targets, p, plan,
+                            f"value pretraining step {step + 1}")
+        trainer.advance()
+        trainer.log({"critic/pretrain_value_loss": stats["value_loss"],
+                     "critic/pretrain_grad_norm": stats["critic_grad_norm"]})
+        if trainer.due(g.save_every):
+            trainer.save()
+    trainer.finish(tokenizer, stage / "critic", "", {"steps": trainer.step})
+    own.close()
+    return stage / "critic"
