@@ -44,7 +44,7 @@ RECIPE_KEYS = tuple(f"grpo.{key}" for key in (
     "overlong_penalty", "zero_group_correction", "token_budget_share")) + tuple(
     f"ppo.{key}" for key in ("gamma", "lam_actor", "lam_critic", "length_adaptive_alpha",
                              "value_clip", "whiten_advantages", "value_pretrain_steps",
-                             "positive_nll_weight"))
+                             "positive_nll_weight", "window_share"))
 
 
 def recipes() -> list[str]:
@@ -169,6 +169,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if value not in allowed:
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
     _check_lengths(cfg, where)
+    _check_value_family(cfg, where)
     data = cfg.data
     if not (1 <= data.min_ops <= data.max_ops) or not (
             data.sft_max_ops == 0 or data.min_ops <= data.sft_max_ops <= data.max_ops):
@@ -181,6 +182,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                           "share in [0, 1)")
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _check_value_family(cfg, where: str) -> None:
+    """What the PPO family cannot combine with (checked before any work starts)."""
+    g, p = cfg.grpo, cfg.ppo
+    if g.algorithm != "ppo":
+        return
+    if g.supervision == "rft":
+        raise ConfigError(f"{where}: grpo.algorithm=ppo with grpo.supervision=rft: online RFT "
+                          "has no critic; use outcome or process supervision")
+    if p.window_share > 0 and (g.supervision != "outcome" or cfg.rollout.backend != "hf"):
+        raise ConfigError(f"{where}: ppo.window_share={p.window_share} (T-PPO) runs with "
+                          "grpo.supervision=outcome and rollout.backend=hf; got "
+                          f"{g.supervision} / {cfg.rollout.backend}")
+    if not 0.0 <= p.lam_actor <= 1.0 or not 0.0 <= p.lam_critic <= 1.0:
+        raise ConfigError(f"{where}: ppo.lam_actor / lam_critic = {p.lam_actor} / "
+                          f"{p.lam_critic}; expected values in [0, 1]")
 
 
 def _check_lengths(cfg, where: str) -> None:

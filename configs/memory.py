@@ -1,4 +1,5 @@
-"""`igrpo plan`: per-GPU memory of a GRPO run at a given scale, and whether it fits.
+"""`igrpo plan`: per-GPU memory of a GRPO (or PPO: the critic counted) run at a given scale,
+and whether it fits.
 
     igrpo plan --config configs/deepseekmath_7b.yaml --gpus 8 --nodes 1 --gpu-gb 80 141
 
@@ -153,26 +154,38 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
     reward = "PRM" if g.supervision == "process" else "ORM"
     gathered = value_bytes * params if ds.zero_stage == 3 else 0.0
-    rows = [
-        PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB"),
-        frozen("reference model"),
-        # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
-        PlanRow(f"{reward} (scoring)", value_bytes * params, "replicated weights (scoring)"),
+    weight_rows = [
+        PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB")]
+    if g.algorithm == "ppo":
+        # The critic: the policy's backbone under a one-output head (no LM head), trained by its
+        # own DeepSpeed engine: its model states count like the policy's.
+        critic_params = params - (0 if arch.tied else arch.vocab * arch.hidden) + arch.hidden
+        critic_gpu, critic_cpu, _ = model_states(critic_params, largest, ds, gpus, nodes)
+        weight_rows.append(PlanRow("critic model states", critic_gpu,
+                                   f"{critic_params / 1e9:.2f}B params (PPO family); CPU "
+                                   f"{critic_cpu / GB:.1f} GiB"))
+    if g.beta > 0:  # without the KL term no reference model is loaded
+        weight_rows.append(frozen("reference model"))
+    # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
+    weight_rows.append(PlanRow(f"{reward} (scoring)", value_bytes * params,
+                               "replicated weights (scoring)"))
+    rollout_rows = [
         PlanRow("rollout: gathered policy", gathered,
                 "ZeRO-3: the full weights, gathered once per rollout" if gathered else
                 "not partitioned: nothing to gather"),
         PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
-                f"{rollout_seqs:g} sequences x {tokens} tokens"),
-        PlanRow("update: activations", activations + logits,
-                f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
-                f"{'gradient checkpointing' if recompute else 'no recompute'}, "
-                "flash attention, + logits"),
-    ]
-    weights = sum(r.gpu_bytes for r in rows[:3])
-    rollout = rows[3].gpu_bytes + rows[4].gpu_bytes
-    peak = weights + max(rollout, rows[5].gpu_bytes)
+                f"{rollout_seqs:g} sequences x {tokens} tokens")]
+    # The critic's update (after the policy's, not beside it) keeps no vocabulary logits.
+    update = PlanRow("update: activations", activations + logits,
+                     f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
+                     f"{'gradient checkpointing' if recompute else 'no recompute'}, "
+                     "flash attention, + logits")
+    rows = [*weight_rows, *rollout_rows, update]
+    weights = sum(r.gpu_bytes for r in weight_rows)
+    rollout = sum(r.gpu_bytes for r in rollout_rows)
+    peak = weights + max(rollout, update.gpu_bytes)
     numbers = {"params": params, "largest_layer_params": largest, "weights": weights,
-               "gathered": gathered, "update": rows[5].gpu_bytes, "peak": peak,
+               "gathered": gathered, "update": update.gpu_bytes, "peak": peak,
                "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
                "group_size": g.group_size, "total_gpus": total_gpus}
     return rows, numbers

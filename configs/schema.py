@@ -423,6 +423,10 @@ class PPOConfig:
     1.0 targets) before PPO starts; 0 = off."""
     positive_nll_weight: float = 0.0
     """VAPO's positive-example LM loss weight on right samples (VAPO: 0.1); 0 = off."""
+    window_share: float = 0.0
+    """T-PPO: each step generates a window of this share of `grpo.max_new_tokens` for every
+    sequence in flight, trains on it and carries the unfinished sequences on (policy/tppo.py;
+    T-PPO: 1/8); 0 = whole responses (PPO). Outcome supervision and rollout.backend=hf only."""
 
 
 @dataclass

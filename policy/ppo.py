@@ -78,39 +78,47 @@ def load_critic(cfg, policy_path, reward_fn: RewardFn, path: Path | None = None)
                        ).to(accelerator())
 
 
-def state_values(critic, rollout: Rollout) -> torch.Tensor:
+def state_values(critic, rollout: Rollout, with_last: bool = False) -> torch.Tensor:
     """[N, T] the critic's value of the state before each completion token (read where the
-    policy's logits for that token are), float32."""
+    policy's logits for that token are), float32; `with_last`: [N, T + 1], column `length` of
+    each row being the state after its last token (T-PPO's bootstrap)."""
     ids, mask = rollout.input_ids, rollout.attention_mask
     start = rollout.prompt_ids.shape[1]
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     out = critic(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[..., 0]
-    return out[:, start - 1:-1].float()
+    return out[:, start - 1:].float() if with_last else out[:, start - 1:-1].float()
 
 
 @torch.no_grad()
-def _forward_values(critic, rollout: Rollout, micro: int) -> torch.Tensor:
+def _forward_values(critic, rollout: Rollout, micro: int, with_last: bool = False
+                    ) -> torch.Tensor:
     return torch.cat([state_values(critic, rollout.rows(torch.arange(
-        s, min(s + micro, rollout.prompt_ids.shape[0])))) for s in
+        s, min(s + micro, rollout.prompt_ids.shape[0]))), with_last) for s in
         range(0, rollout.prompt_ids.shape[0], micro)])
 
 
 @dataclass
 class Targets:
     """A step's fixed quantities: the token rewards, the rollout's log-probs and values, the
-    policy's advantages and the critic's returns, [N, T] each, and the global token count."""
+    policy's advantages and the critic's returns, [N, T] each, the tokens both losses train on
+    (`mask`: the completion, or T-PPO's window) and their global count."""
     rewards: torch.Tensor
     old_logprobs: torch.Tensor
     old_values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    mask: torch.Tensor
     num_tokens: float
 
 
 def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, ref_logprobs,
-                values: torch.Tensor, cfg, lam_critic: float | None = None) -> Targets:
-    """Token rewards (eq. 2), GAE advantages (whitened over the step) and critic targets
-    (`lam_critic` in place of `ppo.lam_critic`: value pretraining's 1.0)."""
+                values: torch.Tensor, cfg, lam_critic: float | None = None,
+                last_values: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None) -> Targets:
+    """Token rewards (eq. 2), GAE advantages (whitened over the trained tokens) and critic
+    targets. `lam_critic`: in place of `ppo.lam_critic` (value pretraining's 1.0);
+    `last_values`: T-PPO's bootstrap for unfinished rows; `loss_mask`: the tokens trained
+    (default: every completion token)."""
     g, p = cfg.grpo, cfg.ppo
     mask = rollout.completion_mask.float()
     width = mask.shape[1]
@@ -122,22 +130,25 @@ def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, r
     token_rewards = placed + kl_penalty_rewards(old_logprobs, ref_logprobs, mask, g.beta)
     lam = length_adaptive_lambda(rollout.lengths, p.length_adaptive_alpha) \
         if p.length_adaptive_alpha else p.lam_actor
-    advantages, _ = gae(token_rewards, values, mask, p.gamma, lam)
+    advantages, _ = gae(token_rewards, values, mask, p.gamma, lam, last_values)
     _, returns = gae(token_rewards, values, mask, p.gamma,
-                     p.lam_critic if lam_critic is None else lam_critic)
-    num_tokens = global_sum(float(mask.sum()))
+                     p.lam_critic if lam_critic is None else lam_critic, last_values)
+    trained = mask if loss_mask is None else loss_mask.float()
+    num_tokens = global_sum(float(trained.sum()))
     if p.whiten_advantages:
-        mean = global_sum(float((advantages * mask).sum())) / max(num_tokens, 1.0)
-        var = global_sum(float((((advantages - mean) * mask) ** 2).sum())) / max(num_tokens, 1.0)
-        advantages = whiten(advantages, mask, mean, var ** 0.5)
-    return Targets(token_rewards, old_logprobs, values, advantages, returns, num_tokens)
+        mean = global_sum(float((advantages * trained).sum())) / max(num_tokens, 1.0)
+        var = global_sum(float((((advantages - mean) * trained) ** 2).sum())) \
+            / max(num_tokens, 1.0)
+        advantages = whiten(advantages, trained, mean, var ** 0.5)
+    return Targets(token_rewards, old_logprobs, values, advantages * trained, returns, trained,
+                   num_tokens)
 
 
 def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p, plan,
                 where: str) -> dict:
     """One optimizer step of the critic on the clipped value loss."""
     stats = {"value_loss": 0.0}
-    mask = rollout.completion_mask.float()
+    mask = targets.mask
 
     def loss_of(rows: slice, mb: int):
         values = state_values(critic, rollout.rows(torch.arange(rows.start, min(
@@ -157,7 +168,7 @@ def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torc
     """One optimizer step of the policy: `grpo.loss`'s clipped surrogate on the GAE advantages
     (no KL term: it is in the rewards), plus VAPO's LM loss on right samples."""
     engine, world_size = trainer.engine, world()[1]
-    mask = rollout.completion_mask.float()
+    mask = targets.mask
     right_tokens = global_sum(float((mask * right.float()[:, None]).sum()))
     num_sequences = global_sum(float(mask.shape[0]))
     stats = {"loss": 0.0, "clip": 0.0, "clip_high": 0.0, "nll": 0.0}
@@ -165,8 +176,9 @@ def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torc
     def loss_of(rows: slice, mb: int):
         logprobs = completion_logprobs(engine, rollout.input_ids[rows],
                                        rollout.attention_mask[rows], rollout.prompt_ids.shape[1])
+        old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
         result = POLICY_LOSSES[g.loss].fn(
-            logprobs, targets.old_logprobs[rows], None, targets.advantages[rows], mask[rows],
+            logprobs, old, None, targets.advantages[rows], mask[rows],
             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=0.0,
             num_sequences=num_sequences, num_tokens=max(targets.num_tokens, 1.0),
             max_tokens=g.max_new_tokens)
@@ -191,6 +203,8 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
               evaluate_ends: bool = True) -> Path:
     """`grpo.steps` PPO steps from `policy_path` (train_grpo's contract); returns the policy's
     export (`<run>/<out_name>/final`)."""
+    from policy.tppo import tppo_step
+
     g, p = cfg.grpo, cfg.ppo
     out = run_path / out_name
     if stage_done(out):
@@ -221,13 +235,17 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
     per_rank = g.questions_per_step // world_size
     while trainer.running():
         step = trainer.step
-        timing = {"rollout": 0.0, "scoring": 0.0}
-        sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
-            step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
-        updating = time.perf_counter()
-        metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan,
-                             f"{out_name} step {step + 1}")
-        timing["update"] = time.perf_counter() - updating
+        started = time.perf_counter()
+        where = f"{out_name} step {step + 1}"
+        if p.window_share:  # T-PPO: the pool of sequences in flight lives in trainer.state
+            metrics, timing = tppo_step(trainer, critic, reference, sampler, tokenizer, fmt,
+                                        reward_fn, rl_records, cfg, plan, where)
+        else:
+            timing = {"rollout": 0.0, "scoring": 0.0}
+            sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
+                step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
+            metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan, where)
+        timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
         trainer.advance()
         metrics.update({"train/lr": current_lr(engine), "time/rollout": timing["rollout"],
                         "time/scoring": timing["scoring"], "time/update": timing["update"]})
@@ -246,13 +264,21 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
     return out / "final"
 
 
+def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, plan):
+    """The policy's log-probs of the rollout before the update, where something needs them: the
+    KL penalty (a reference) or the ratio of later passes (mu > 1). Otherwise None: with one
+    pass the ratio is exactly 1 and the loss detaches its own log-probs."""
+    if reference is None and mu == 1:
+        return None
+    return _forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
+
+
 def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: str) -> dict:
     """The rollout's log-probs and values, the targets, then `grpo.mu` passes of one policy and
     one critic step each; returns the step's metrics."""
-    g, p = cfg.grpo, cfg.ppo
     rollout = sampled.rollout
     critic.eval()
-    old_logprobs = _forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
+    old_logprobs = rollout_logprobs(trainer, rollout, reference, cfg.grpo.mu, plan)
     ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
         if reference is not None else None
     values = _forward_values(critic.module, rollout, plan.micro_batch_size)
@@ -260,6 +286,15 @@ def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: s
                           values, cfg)
     right = sampled.scores.correct if sampled.scores.correct is not None \
         else sampled.rewards >= 0.5
+    stats = train_passes(trainer, critic, rollout, targets, right, cfg, plan, where)
+    return value_metrics(rollout, sampled.rewards, sampled.scores.correct, targets,
+                         ref_logprobs, stats)
+
+
+def train_passes(trainer: Trainer, critic, rollout: Rollout, targets: Targets,
+                 right: torch.Tensor, cfg, plan, where: str) -> dict:
+    """`grpo.mu` passes of one policy and one critic step each; their stats averaged."""
+    g, p = cfg.grpo, cfg.ppo
     trainer.engine.train()
     critic.train()
     stats: dict = {}
@@ -268,19 +303,20 @@ def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: s
         for key, value in {**actor_step(trainer, rollout, targets, right, g, p, plan, at),
                            **critic_step(trainer, critic, rollout, targets, p, plan, at)}.items():
             stats[key] = stats.get(key, 0.0) + value / g.mu
-    return value_metrics(rollout, sampled, targets, ref_logprobs, stats)
+    return stats
 
 
-def value_metrics(rollout: Rollout, sampled, targets: Targets, ref_logprobs, stats: dict) -> dict:
+def value_metrics(rollout: Rollout, rewards: torch.Tensor, correct: torch.Tensor | None,
+                  targets: Targets, ref_logprobs, stats: dict) -> dict:
     """The step's metrics: rewards, the losses, clipping, the critic's fit (explained variance
     of its targets) and the KL to the reference (mean log-ratio per token)."""
-    mask = rollout.completion_mask.float()
+    mask = targets.mask
     tokens = max(float(mask.sum()), 1.0)
     residual = ((targets.returns - targets.old_values) * mask)
     centred = (targets.returns - (targets.returns * mask).sum() / tokens) * mask
     explained = 1.0 - float((residual ** 2).sum()) / max(float((centred ** 2).sum()), 1e-12)
     metrics = {
-        "reward/mean": float(sampled.rewards.mean()),
+        "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
         "rollout/length_mean": float(rollout.lengths.float().mean()),
         "rollout/truncation_rate": float(rollout.truncated.float().mean()),
         "train/loss": stats["loss"], "train/clip_fraction": stats["clip"],
@@ -292,8 +328,8 @@ def value_metrics(rollout: Rollout, sampled, targets: Targets, ref_logprobs, sta
     }
     if ref_logprobs is not None:
         metrics["train/kl"] = float(((targets.old_logprobs - ref_logprobs) * mask).sum()) / tokens
-    if sampled.scores.correct is not None:
-        metrics["reward/accuracy"] = float(sampled.scores.correct.float().mean())
+    if correct is not None and len(correct):
+        metrics["reward/accuracy"] = float(correct.float().mean())
     return metrics
 
 

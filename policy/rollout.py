@@ -135,3 +135,27 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
                              torch.full_like(completion, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
     return Rollout(ids, mask, completion, completion_mask, texts, truncated, group_size)
+
+
+@torch.no_grad()
+def continue_rows(model, tokenizer, prefixes: list[list[int]], max_new_tokens: list[int], *,
+                  temperature: float = 1.0, top_p: float = 1.0) -> list[list[int]]:
+    """T-PPO's windowed generation: each row of token ids (a prompt and what it has generated so
+    far) continued by up to its own `max_new_tokens`, sampled; returns the new tokens of each
+    row, ending at its EOS where one came (transformers `generate`, left padding)."""
+    enc = tokenizer.pad({"input_ids": prefixes}, padding=True, return_tensors="pt")
+    device = next(model.parameters()).device
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    was_training = model.training
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(max_new_tokens),
+                             pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, use_cache=True,
+                             synced_gpus=False, do_sample=True, temperature=temperature,
+                             top_p=top_p, top_k=0)
+    model.train(was_training)
+    new = out[:, ids.shape[1]:]
+    keep, _ = mask_after_eos(new, tokenizer.eos_token_id)
+    return [row[:int(k.sum())][:limit].tolist() for row, k, limit in zip(new, keep, max_new_tokens)]

@@ -207,6 +207,17 @@ def broadcast_from_main(obj):
     return holder[0]
 
 
+def gather_objects(obj) -> list:
+    """[rank 0's obj, rank 1's, ...] on every rank (`[obj]` in one process)."""
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return [obj]
+    out = [None] * world()[1]
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def checked_backward(engine, loss, where: str) -> None:
     """`engine.backward(loss)` after checking the loss is finite; a NaN/inf loss stops the run
     with `where` (stage, step, micro-batch) named, before any gradient reaches the optimizer."""

@@ -26,17 +26,23 @@ from runtime.prompts import prompt_format
 from runtime.stats import paired_difference
 from runtime.tracking import MetricsLogger
 
-GRPO = ["grpo.steps=60", "grpo.questions_per_step=8", "grpo.group_size=8", "grpo.lr=5e-5",
+GRPO = ["grpo.steps=20", "grpo.questions_per_step=8", "grpo.group_size=8", "grpo.lr=5e-5",
         "grpo.eval_every=0", "grpo.save_every=1000", "data.eval_questions=200",
         "run.wandb_mode=disabled", "run.threads=2", "eval.k=4", "grpo.supervision=outcome"]
 
 
-def _grpo(warm_start: Path, out: Path, *extra: str) -> Path:
-    cfg = load_config("configs/tiny.yaml", [f"run.root={out}", *GRPO, *extra])
+def _grpo(warm_start: Path, out: Path, *extra: str, recipe: str | None = None) -> Path:
+    cfg = load_config("configs/tiny.yaml", [f"run.root={out}", *GRPO, *extra], recipe=recipe)
     splits = load_splits(cfg.data, cfg.run.seed)
     logger = MetricsLogger(out / "metrics.jsonl", config={}, mode="disabled", project="", name="")
     return train_grpo(cfg, out, warm_start, RuleReward(), splits.rl, splits.eval, logger, "",
                       evaluate_ends=False)
+
+
+@pytest.fixture(scope="module")
+def before(warm_start, tmp_path_factory) -> list[float]:
+    """The warm start's held-out mean@4 outcomes, shared by the learning tests."""
+    return _mean_at_k(warm_start, tmp_path_factory.mktemp("before") / "before.json")
 
 
 def _mean_at_k(policy: Path, out: Path) -> list[float]:
@@ -57,9 +63,9 @@ VLLM_LEARNING = pytest.mark.skipif(os.environ.get("IGRPO_VLLM_LEARNING") != "1",
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=VLLM_LEARNING)])
-def test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, tmp_path, backend):
+def test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, before, tmp_path,
+                                                                 backend):
     sampling = [f"rollout.backend={backend}", "rollout.kv_cache_gb=1"]
-    before = _mean_at_k(warm_start, tmp_path / "before.json")
     after = _mean_at_k(_grpo(warm_start, tmp_path / "grpo", *sampling), tmp_path / "after.json")
     control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "grpo.shuffle_rewards=true",
                                *sampling), tmp_path / "control.json")
@@ -69,3 +75,20 @@ def test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, tm
     assert gain["diff"] >= 0.03 and gain["lo"] > 0
     assert drift["lo"] <= 0  # the control does not raise mean@4 beyond its interval
     assert paired_difference(control, after)["lo"] > 0  # GRPO ends above the control
+
+
+@pytest.mark.slow
+def test_ppo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, before, tmp_path):
+    """PPO with a critic (the ppo recipe: GAE, KL penalty in the reward, clipped value loss)
+    on the same task and steps as GRPO above, against PPO with shuffled rewards. Measured:
+    mean@4 0.626 -> 0.761 [+9.9, +17.3 points], the control 0.583."""
+    after = _mean_at_k(_grpo(warm_start, tmp_path / "ppo", recipe="ppo"), tmp_path / "after.json")
+    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "grpo.shuffle_rewards=true",
+                               recipe="ppo"),
+                         tmp_path / "control.json")
+    gain, drift = paired_difference(before, after), paired_difference(before, control)
+    print(f"mean@4 {sum(before) / 200:.3f} -> PPO {sum(after) / 200:.3f} ({gain}), "
+          f"shuffled-reward control {sum(control) / 200:.3f} ({drift})")
+    assert gain["diff"] >= 0.03 and gain["lo"] > 0
+    assert drift["lo"] <= 0
+    assert paired_difference(control, after)["lo"] > 0

@@ -61,3 +61,23 @@ def test_one_gpu_plan_for_the_qwen_config(capsys):
     assert igrpo.main(["plan", "--config", "configs/qwen25_math_1p5b.yaml", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "80 GB GPU (90% usable): fits" in out
+
+
+def test_ppo_plan_counts_the_critic():
+    """The PPO family's critic: the 7B backbone without its untied LM head (6.91B - 102,400 x
+    4,096 + a 4,096-wide value head = 6.49B params), with DeepSpeed's ZeRO-3 states; a recipe
+    without the KL term (vc_ppo: beta 0) loads no reference."""
+    grpo = load_config("configs/deepseekmath_7b.yaml")
+    ppo = load_config("configs/deepseekmath_7b.yaml", recipe="ppo")
+    by_grpo = {r.item: r.gpu_bytes for r in plan(grpo, 8, 1)[0]}
+    rows, numbers = plan(ppo, 8, 1)
+    by_ppo = {r.item: r.gpu_bytes for r in rows}
+    critic = 6_910_365_696 - 102_400 * 4096 + 4096
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(critic, 102_400 * 4096, 8, 1,
+                                                      cpu_offload=False, cpu_offload_params=False)
+    assert by_ppo["critic model states"] == gpu
+    assert numbers["peak"] == plan(grpo, 8, 1)[1]["peak"] + gpu
+    assert by_ppo.keys() - by_grpo.keys() == {"critic model states"}
+    vc = {r.item for r in plan(load_config("configs/deepseekmath_7b.yaml", recipe="vc_ppo"),
+                               8, 1)[0]}
+    assert "reference model" not in vc and "critic model states" in vc

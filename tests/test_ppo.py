@@ -45,25 +45,30 @@ def _run(tmp_path, recipe: str, *extra: str, reward=None):
     return base, final
 
 
-@pytest.mark.parametrize("recipe", ["ppo", "vc_ppo", "vapo"])
+@pytest.mark.parametrize("recipe", ["ppo", "vc_ppo", "vapo", "t_ppo"])
 def test_every_value_recipe_trains_the_policy_and_the_critic(tmp_path, recipe):
     base, final = _run(tmp_path, recipe, "grpo.steps=2", "ppo.value_pretrain_steps=2"
-                       if recipe != "ppo" else "ppo.value_pretrain_steps=0")
+                       if recipe in ("vc_ppo", "vapo") else "ppo.value_pretrain_steps=0",
+                       "ppo.window_share=0.5" if recipe == "t_ppo" else "run.threads=2")
     rows = read_metrics(tmp_path / "m.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        assert row["train/grad_norm"] > 0 and row["critic/grad_norm"] > 0
+        # T-PPO's first window (6 of 12 tokens) may end no sequence: no reward, a zero critic,
+        # nothing to learn yet; by the second every sequence has ended
+        if recipe != "t_ppo" or row["step"] == 2:
+            assert row["train/grad_norm"] > 0 and row["critic/grad_norm"] > 0
         assert torch.isfinite(torch.tensor([row["train/loss"], row["critic/value_loss"]])).all()
         # VAPO's LM loss on right samples acts; the others have none
         assert (row["train/positive_nll"] > 0) == (recipe == "vapo")
         assert ("train/kl" in row) == (recipe == "ppo")  # beta 0.04 only in plain PPO
+        assert ("tppo/ended" in row) == (recipe == "t_ppo")
     assert not torch.equal(load_causal_lm(base).lm_head.weight,
                            load_causal_lm(final).lm_head.weight)
     critic = load_file(str(final.parent / "critic" / "model.safetensors"))
     assert critic["score.weight"].abs().sum() > 0  # the zero-initialised head learned
     pretrain = tmp_path / "grpo" / "value-pretrain"
-    assert (pretrain / "done.json").exists() == (recipe != "ppo")
-    if recipe != "ppo":
+    assert (pretrain / "done.json").exists() == (recipe in ("vc_ppo", "vapo"))
+    if recipe in ("vc_ppo", "vapo"):
         losses = [r["critic/pretrain_value_loss"] for r in read_metrics(pretrain / "metrics.jsonl")]
         assert len(losses) == 2 and all(v > 0 for v in losses)
 
@@ -111,3 +116,52 @@ def test_critic_from_the_reward_model_starts_at_its_logit_margin(tmp_path):
         logits = lm(input_ids=ids).logits
         values = critic(input_ids=ids).logits[..., 0]
     assert torch.allclose(values, logits[..., plus] - logits[..., minus], atol=1e-5)
+
+
+def test_tppo_windows_carry_unfinished_sequences_and_filter_ended_ones(tmp_path):
+    """T-PPO with a 4-token window of a 12-token budget: each step trains only its window's
+    tokens, sequences still running carry over (with their tokens) and ended ones leave; the
+    pool is saved with the state, so a crash resumes the same sequences bitwise."""
+    from policy.tppo import fill_pool, window_rollout
+
+    pool, nxt = fill_pool([{"k": 0, "tokens": [5, 6]}], 3, 7)
+    assert pool == [{"k": 0, "tokens": [5, 6]}, {"k": 7, "tokens": []}, {"k": 8, "tokens": []}]
+    assert nxt == 9
+    # a row that ended with EOS (id 1), one that ran out of tokens (budget 4), one running on
+    rollout, window, ended = window_rollout(0, 1, [[9, 9], [9], [9, 9]], [[5, 6], [], [7]],
+                                            [[8, 1], [4, 4, 4, 4], [3]], ["a", "b", "c"], 4, 1)
+    assert ended.tolist() == [True, True, False]
+    assert rollout.truncated.tolist() == [False, True, False]
+    assert window.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 0, 0]]
+    assert rollout.completion_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]]
+    assert rollout.prompt_ids.tolist() == [[9, 9], [0, 9], [9, 9]]
+
+    window_args = ("grpo.steps=3", "ppo.window_share=0.34")  # 4 tokens of 12
+    _, final_a = _run(tmp_path / "straight", "t_ppo", *window_args)
+    rows = read_metrics(tmp_path / "straight" / "m.jsonl")
+    assert all(0 < r["tppo/window_tokens"] <= 8 * 4 for r in rows)
+    assert sum(r["tppo/ended"] for r in rows) > 0 and rows[0]["tppo/carried"] > 0
+    crashed = tmp_path / "crashed"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(crashed, "t_ppo", *window_args, reward=_CountingCrash(rows, crash_step=3))
+    _, final_b = _run(crashed, "t_ppo", *window_args, reward=_CountingCrash(rows, skip=2))
+    for name in ("final", "critic"):
+        a = load_file(str(final_a.parent / name / "model.safetensors"))
+        b = load_file(str(final_b.parent / name / "model.safetensors"))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+class _CountingCrash(_Reward):
+    """_Reward's stream, called only for steps where some sequence ended: crashes at the call
+    of step `crash_step`, or starts `skip` steps into the stream (the calls those steps made,
+    found from the straight run's metrics)."""
+
+    def __init__(self, rows, crash_step: int = 0, skip: int = 0):
+        super().__init__()
+        calls = [(r["step"], int(r["tppo/ended"])) for r in rows if r["tppo/ended"] > 0]
+        steps = [step for step, _ in calls]
+        self.crash_at = steps.index(crash_step) + 1 if crash_step in steps else 0
+        for step, ended in calls:
+            if step <= skip:  # the draws those steps made: one per ended sequence
+                self(["q"] * ended, None)
+        self.calls = 0
