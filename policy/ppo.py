@@ -226,8 +226,12 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
                                                       device=engine.device), cfg.deepspeed) \
         if g.beta > 0 else None
     fmt = prompt_format(cfg.data)
+    # grpo.max_minutes covers value pretraining too: PPO gets what it left
+    budget = g.max_minutes * 60
+    if budget and pretrained is not None:
+        budget = max(budget - pretrain_seconds(pretrained), 1e-3)
     trainer = Trainer(out, engine, logger, g.steps, desc=f"{out_name} (ppo)",
-                      max_seconds=g.max_minutes * 60, companions={"critic": critic})
+                      max_seconds=budget, companions={"critic": critic})
     sampler.trainer = trainer
     evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt)
     if trainer.step == 0 and evaluate_ends:
@@ -333,6 +337,13 @@ def value_metrics(rollout: Rollout, rewards: torch.Tensor, correct: torch.Tensor
     return metrics
 
 
+def pretrain_seconds(critic_path: Path) -> float:
+    """Wall clock value pretraining spent (its done.json)."""
+    import json
+
+    return json.loads((Path(critic_path).parent / "done.json").read_text()).get("seconds", 0.0)
+
+
 def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: RewardFn,
                     rl_records: list[MathRecord], plan) -> Path:
     """VC-PPO's value pretraining (Yuan et al. 2025, §4.1): `ppo.value_pretrain_steps` critic
@@ -351,7 +362,8 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
     # its metrics go to a file of its own: the PPO stage's logger rewinds to PPO's steps
     own = MetricsLogger(stage / "metrics.jsonl", config={}, mode="disabled", project="",
                         name="value-pretrain")
-    trainer = Trainer(stage, critic, own, p.value_pretrain_steps, desc="value pretraining")
+    trainer = Trainer(stage, critic, own, p.value_pretrain_steps, desc="value pretraining",
+                      max_seconds=g.max_minutes * 60)
     sampler.trainer = trainer
     fmt = prompt_format(cfg.data)
     sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank,
@@ -372,6 +384,7 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
                      "critic/pretrain_grad_norm": stats["critic_grad_norm"]})
         if trainer.due(g.save_every):
             trainer.save()
-    trainer.finish(tokenizer, stage / "critic", "", {"steps": trainer.step})
+    trainer.finish(tokenizer, stage / "critic", "",
+                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     own.close()
     return stage / "critic"

@@ -122,7 +122,9 @@ def arm_row(root: Path, arm: str, seed: int) -> dict | None:
             "steps": done.get("steps", 0), "samples": done.get("samples"),
             "kept": done.get("kept"), "extra": extra, "skipped": skipped,
             "split": (done["sampling_seconds"], done["fine_tune_seconds"])
-            if "sampling_seconds" in done else None}
+            if "sampling_seconds" in done else None,
+            "pretrain": json.loads((run / "grpo" / "value-pretrain" / "done.json").read_text())
+            if (run / "grpo" / "value-pretrain" / "done.json").exists() else None}
 
 
 def _cell(metrics: dict, key: str) -> str:
@@ -165,7 +167,8 @@ def report(root: Path, arms: list[str], seeds: list[int], minutes: float, extra:
               "Mean and 95% bootstrap interval over the held-out questions; `change` is paired "
               "over the same questions against the warm start; `steps` the optimizer steps the "
               "budget allowed (offline RFT: fine-tuning steps in what its sampling left of the "
-              "budget).", "",
+              "budget; VC-PPO and VAPO: PPO steps after value pretraining, which spends part of "
+              "the budget).", "",
               "| arm | seed | steps | mean@k | change | greedy | change | maj@k | pass@k |",
               "|---|---|---|---|---|---|---|---|---|"]
     for s in seeds:
@@ -193,6 +196,9 @@ def report(root: Path, arms: list[str], seeds: list[int], minutes: float, extra:
             if row["kept"] is not None:
                 notes.append(f"{arm} seed {s}: {row['kept']} right samples kept of "
                              f"{row['samples']}")
+            if row["pretrain"]:
+                notes.append(f"{arm} seed {s}: {row['pretrain']['steps']} value-pretraining "
+                             f"steps ({row['pretrain']['seconds']:.0f} s of the budget)")
             if row["split"]:
                 notes.append(f"{arm} seed {s}: {row['split'][0]:.0f} s sampling, "
                              f"{row['split'][1]:.0f} s fine-tuning")
