@@ -149,23 +149,11 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         return train_ppo(cfg, run_path, policy_path, reward_fn, rl_records, eval_records, logger,
                          config_yaml, out_name, reference_path, evaluate_ends)
     rank, world_size = world()
-    tokenizer = load_tokenizer(policy_path, cfg.model)
-    plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
-                           world_size)
-    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
-                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
-                          grad_accum=plan.grad_accum)
-    reference = None
-    if g.beta > 0:  # frozen; ZeRO-3 partitions it like the policy
-        reference = build_inference_engine(
-            load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
-            cfg.deepspeed)
+    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
     fmt = prompt_format(cfg.data)
     trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60)
     sampler = Sampler(engine, trainer, cfg, policy_path)
-    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt)
-    if trainer.step == 0 and evaluate_ends:
-        trainer.log(evaluate(sampled=False))
+    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
     per_rank = g.questions_per_step // world_size
     while trainer.running():
         step = trainer.step
@@ -187,11 +175,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                            timing)
         metrics.update(sampled.stats)
         metrics["train/lr"] = current_lr(engine)
-        if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
-            metrics.update(evaluate(sampled=False))
-            trainer.bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
-        if trainer.step == g.steps and evaluate_ends:
-            metrics.update(evaluate(sampled=True))
+        metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
         media = None
         if g.inspect_every and trainer.step % g.inspect_every == 0 and is_main():
             media = _inspect(out / "inspect", trainer.step, g, tokenizer, sampled.records,
@@ -203,6 +187,37 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def due_evaluation(trainer: Trainer, g, evaluate, evaluate_ends: bool) -> dict:
+    """The held-out metrics due after this step: greedy every `grpo.eval_every` steps, and
+    (`evaluate_ends`) the sampled ones after the last step."""
+    metrics = {}
+    if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
+        metrics.update(evaluate(sampled=False))
+        trainer.bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
+    if trainer.step == g.steps and evaluate_ends:
+        metrics.update(evaluate(sampled=True))
+    return metrics
+
+
+def policy_engines(cfg, policy_path, reference_path=None):
+    """(tokenizer, batch plan, the policy's training engine, the frozen reference or None) of a
+    policy stage; the reference (default: the starting policy) is loaded only when beta > 0,
+    and ZeRO-3 partitions it like the policy."""
+    g = cfg.grpo
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
+                           world()[1])
+    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
+                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    reference = None
+    if g.beta > 0:
+        reference = build_inference_engine(
+            load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
+            cfg.deepspeed)
+    return tokenizer, plan, engine, reference
 
 
 def _sample_fn(sampler, tokenizer, fmt, reward_fn: RewardFn, g, rank: int, per_rank: int,
@@ -240,8 +255,10 @@ class Sampler:
         return self.vllm.sync(self.engine.module, self.trainer.step)
 
 
-def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt):
-    """evaluate(sampled) -> held-out metrics, measured on rank 0; every rank joins the gather."""
+def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt,
+               trainer: Trainer, evaluate_ends: bool):
+    """evaluate(sampled) -> held-out metrics, measured on rank 0; every rank joins the gather.
+    A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics first."""
     def evaluate(sampled: bool) -> dict:
         metrics = None
         with gathered_for_generation(sampler.engine):
@@ -253,6 +270,8 @@ def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord],
                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
                     timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
         return broadcast_from_main(metrics)
+    if trainer.step == 0 and evaluate_ends:
+        trainer.log(evaluate(sampled=False))
     return evaluate
 
 

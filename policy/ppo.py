@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from configs.batching import plan_grpo_batch
-from policy.grpo import Sampler, _evaluator, _forward_logprobs, _sample_fn, step_questions
+from policy.grpo import (Sampler, _evaluator, _forward_logprobs, _sample_fn, due_evaluation,
+                         policy_engines, step_questions)
 from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES
 from policy.rewards import RewardFn
@@ -30,8 +30,7 @@ from policy.rollout import Rollout
 from policy.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                           length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from runtime.data import MathRecord
-from runtime.engine import (build_engine, build_inference_engine, current_lr, global_sum,
-                            world)
+from runtime.engine import build_engine, current_lr, global_sum, world
 from runtime.models import accelerator, load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
 from runtime.tracking import MetricsLogger
@@ -210,21 +209,13 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
     if stage_done(out):
         return out / "final"
     rank, world_size = world()
-    tokenizer = load_tokenizer(policy_path, cfg.model)
-    plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
-                           world_size)
-    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
-                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
-                          grad_accum=plan.grad_accum)
+    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
     sampler = Sampler(engine, None, cfg, policy_path)
     pretrained = pretrain_values(cfg, out, sampler, policy_path, reward_fn, rl_records, plan) \
         if p.value_pretrain_steps else None
     critic = build_engine(load_critic(cfg, policy_path, reward_fn, pretrained), cfg.deepspeed,
                           lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
-    reference = build_inference_engine(load_causal_lm(reference_path or policy_path, cfg.model,
-                                                      device=engine.device), cfg.deepspeed) \
-        if g.beta > 0 else None
     fmt = prompt_format(cfg.data)
     # grpo.max_minutes covers value pretraining too: PPO gets what it left
     budget = g.max_minutes * 60
@@ -233,9 +224,7 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
     trainer = Trainer(out, engine, logger, g.steps, desc=f"{out_name} (ppo)",
                       max_seconds=budget, companions={"critic": critic})
     sampler.trainer = trainer
-    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt)
-    if trainer.step == 0 and evaluate_ends:
-        trainer.log(evaluate(sampled=False))
+    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
     per_rank = g.questions_per_step // world_size
     while trainer.running():
         step = trainer.step
@@ -253,10 +242,7 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
         trainer.advance()
         metrics.update({"train/lr": current_lr(engine), "time/rollout": timing["rollout"],
                         "time/scoring": timing["scoring"], "time/update": timing["update"]})
-        if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
-            metrics.update(evaluate(sampled=False))
-        if trainer.step == g.steps and evaluate_ends:
-            metrics.update(evaluate(sampled=True))
+        metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
         trainer.log(metrics)
         if trainer.due(g.save_every):
             trainer.save()
@@ -320,7 +306,6 @@ def value_metrics(rollout: Rollout, rewards: torch.Tensor, correct: torch.Tensor
     centred = (targets.returns - (targets.returns * mask).sum() / tokens) * mask
     explained = 1.0 - float((residual ** 2).sum()) / max(float((centred ** 2).sum()), 1e-12)
     metrics = {
-        "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
         "rollout/length_mean": float(rollout.lengths.float().mean()),
         "rollout/truncation_rate": float(rollout.truncated.float().mean()),
         "train/loss": stats["loss"], "train/clip_fraction": stats["clip"],
@@ -332,6 +317,8 @@ def value_metrics(rollout: Rollout, rewards: torch.Tensor, correct: torch.Tensor
     }
     if ref_logprobs is not None:
         metrics["train/kl"] = float(((targets.old_logprobs - ref_logprobs) * mask).sum()) / tokens
+    if len(rewards):  # (T-PPO: the sequences that ended this step; none may have)
+        metrics["reward/mean"] = float(rewards.mean())
     if correct is not None and len(correct):
         metrics["reward/accuracy"] = float(correct.float().mean())
     return metrics

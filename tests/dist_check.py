@@ -2,6 +2,7 @@
 tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on the same global batch.
 
     torchrun --nproc_per_node 2 tests/dist_check.py grpo OUT BASE ZERO_STAGE
+    torchrun --nproc_per_node 2 tests/dist_check.py ppo OUT BASE ZERO_STAGE
     torchrun --nproc_per_node 2 tests/dist_check.py rm OUT BASE ZERO_STAGE DATA.jsonl
 
 Rollouts are greedy (grpo.temperature=0), so they do not depend on how questions are spread over
@@ -70,7 +71,15 @@ def main() -> None:
     logger = MetricsLogger(out / "metrics.jsonl", config={}, mode="disabled", project="",
                            name="", enabled=is_main())
     torch.manual_seed(0)
-    if kind == "grpo":
+    if kind == "ppo":  # PPO with its critic, process rewards at the steps' last tokens
+        from policy.grpo import train_grpo
+        from runtime.data import load_splits
+
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "ppo.critic_lr=1e-3"],
+                          recipe="ppo")
+        splits = load_splits(cfg.data, 0)
+        train_grpo(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+    elif kind == "grpo":
         from policy import grpo as grpo_module
         from runtime.data import load_splits
 

@@ -83,6 +83,25 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
 
 
 @pytest.mark.slow
+def test_ppo_step_two_processes_equal_one(tmp_path, base):
+    """PPO's step over 2 processes (ZeRO-2): the advantages are whitened and both losses
+    normalised over the global batch, so the losses, the policy and the critic equal one
+    process's."""
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"p{nproc}"
+        _torchrun(nproc, "tests/dist_check.py", "ppo", out, base, 2)
+        runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0],
+                       out)
+    (one, out1), (two, out2) = runs[1], runs[2]
+    for key in ("train/loss", "critic/value_loss", "train/grad_norm", "critic/grad_norm"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    assert one["critic/grad_norm"] > 0 and one["train/grad_norm"] > 0
+    _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
+    _same_weights(out1 / "grpo" / "critic", out2 / "grpo" / "critic")
+
+
+@pytest.mark.slow
 def test_reward_model_step_two_processes_equal_one(tmp_path, base):
     data = tmp_path / "prm.jsonl"
     examples = [StepExample(f"Start with {i}. Add 1.", (f"Add 1: {i}+1={i + 1 + i % 2}",

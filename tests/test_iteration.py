@@ -190,3 +190,20 @@ def test_manifest_eta_counts_each_unfinished_unit_as_its_kind_took(tmp_path):
     assert Manifest(tmp_path / "other.json").eta(plan) is None
     m.units = {"sft": {"state": "done", "started": 0.0, "finished": 0.01}}  # nothing to do
     assert m.eta(plan) is None
+
+
+@pytest.mark.slow
+def test_iterate_runs_ppo_with_a_critic_from_the_reward_model(tmp_path):
+    """Algorithm 1 with PPO in GRPO's place: under `iterate` the reward is the PRM, and the
+    critic starts from it (its head the PRM's '+' minus '-' rows), refreshed each iteration."""
+    from safetensors.torch import load_file
+
+    assert _iterate(tmp_path, "--recipe", "ppo", "ppo.critic_init=reward_model",
+                    "iterate.iterations=1", "grpo.supervision=process") == 0
+    run = tmp_path / "tiny"
+    summary = json.loads((run / "summary.json").read_text())
+    assert [entry["iteration"] for entry in summary["iterations"]] == [0, 1]
+    metrics = [json.loads(line) for line in open(run / "grpo" / "iteration-1" / "metrics.jsonl")]
+    assert metrics and all("critic/value_loss" in row for row in metrics)
+    critic = load_file(str(run / "grpo" / "iteration-1" / "critic" / "model.safetensors"))
+    assert critic["score.weight"].abs().sum() > 0
