@@ -2,6 +2,7 @@
 measured side by side in one run, plus `igrpo plan`'s 7B figures with and without the critic.
 
     python bench/ppo_vs_grpo.py [--models tiny,20m] [--steps 4] [--repeats 2]
+    python bench/ppo_vs_grpo.py --models none        # the plan's figures only
 
 Both sides: `configs/tiny.yaml` with the rule reward, outcome supervision, 8 questions x G = 8
 a step, the same completion limit, one update per step (mu = 1), beta 0.04 (the `grpo` and `ppo`
@@ -86,7 +87,8 @@ def plan_rows() -> list[str]:
 
     rows = ["| 7B config, 8 GPUs | peak GiB/GPU | critic model states GiB/GPU |", "| --- | --- | --- |"]
     for recipe in ("grpo", "ppo"):
-        items, numbers = plan(load_config("configs/deepseekmath_7b.yaml", recipe=recipe), 8, 1)
+        cfg = load_config("configs/deepseekmath_7b.yaml", recipe=recipe)
+        items, numbers = plan(cfg, 8, 1, cfg.data.max_prompt_tokens)  # as `igrpo plan` does
         critic = sum(r.gpu_bytes for r in items if r.item == "critic model states")
         rows.append(f"| {recipe} | {numbers['peak'] / GB:.1f} | {critic / GB:.1f} |")
     return rows

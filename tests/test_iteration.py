@@ -196,7 +196,10 @@ def test_manifest_eta_counts_each_unfinished_unit_as_its_kind_took(tmp_path):
 def test_iterate_runs_ppo_with_a_critic_from_the_reward_model(tmp_path):
     """Algorithm 1 with PPO in GRPO's place: under `iterate` the reward is the PRM, and the
     critic starts from it (its head the PRM's '+' minus '-' rows), refreshed each iteration."""
+    import torch
     from safetensors.torch import load_file
+
+    from runtime.models import load_tokenizer
 
     assert _iterate(tmp_path, "--recipe", "ppo", "ppo.critic_init=reward_model",
                     "iterate.iterations=1", "grpo.supervision=process") == 0
@@ -205,5 +208,12 @@ def test_iterate_runs_ppo_with_a_critic_from_the_reward_model(tmp_path):
     assert [entry["iteration"] for entry in summary["iterations"]] == [0, 1]
     metrics = [json.loads(line) for line in open(run / "grpo" / "iteration-1" / "metrics.jsonl")]
     assert metrics and all("critic/value_loss" in row for row in metrics)
-    critic = load_file(str(run / "grpo" / "iteration-1" / "critic" / "model.safetensors"))
-    assert critic["score.weight"].abs().sum() > 0
+    head = load_file(str(run / "grpo" / "iteration-1" / "critic" / "model.safetensors"))[
+        "score.weight"][0]
+    # the PRM the GRPO stage was rewarded by: its '+' minus '-' rows, where the head started
+    prm = run / "rm-prm" / "iteration-0" / "final"
+    tokenizer = load_tokenizer(prm)
+    rows = load_file(str(prm / "model.safetensors"))["model.embed_tokens.weight"]  # tied head
+    start = rows[tokenizer.convert_tokens_to_ids("+")] - rows[tokenizer.convert_tokens_to_ids("-")]
+    assert torch.nn.functional.cosine_similarity(head, start, dim=0) > 0.9
+    assert not torch.equal(head, start)  # and the critic trained
