@@ -165,3 +165,16 @@ class _CountingCrash(_Reward):
             if step <= skip:  # the draws those steps made: one per ended sequence
                 self(["q"] * ended, None)
         self.calls = 0
+
+
+def test_what_the_value_family_cannot_combine_with_fails_at_load():
+    from configs import ConfigError
+
+    assert load_config("configs/tiny.yaml", recipe="t_ppo").grpo.supervision == "outcome"
+    with pytest.raises(ConfigError, match="window_share=0.125 .T-PPO. runs with grpo.supervision"
+                                          "=outcome and rollout.backend=hf; got process"):
+        load_config("configs/tiny.yaml", ["grpo.supervision=process"], recipe="t_ppo")
+    with pytest.raises(ConfigError, match="online RFT has no critic"):
+        load_config("configs/tiny.yaml", ["grpo.supervision=rft"], recipe="ppo")
+    with pytest.raises(ConfigError, match="ppo.lam_actor / lam_critic = 1.5 / 0.95"):
+        load_config("configs/tiny.yaml", ["ppo.lam_actor=1.5"], recipe="ppo")
