@@ -32,14 +32,14 @@ from configs.loader import diff_configs, schema_defaults
 
 # What each command does and the config sections it reads (its `--help` lists them).
 ALL_SECTIONS = ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "label", "rm", "iterate",
-                "rollout")
+                "rollout", "ppo")
 COMMAND_HELP = {
     "build-tiny": ("build the tiny random model and its tokenizer into <run>/base",
                    ("run", "model")),
     "sft": ("supervised fine-tuning on worked solutions -> <run>/sft/best",
             ("run", "data", "model", "deepspeed", "sft")),
     "grpo": ("GRPO alone from the warm start, rewarded by grpo.reward -> <run>/grpo/final",
-             ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "rollout")),
+             ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "rollout", "ppo")),
     "eval": ("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of eval.checkpoint "
              "(default: the run's newest policy)", ("run", "data", "model", "sft", "eval", "rollout")),
     "label": ("Math-Shepherd step labels of the policy's samples -> <run>/labels",
