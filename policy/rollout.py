@@ -43,6 +43,15 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
 
+    def to(self, device) -> "Rollout":
+        """The same rollout on `device` (as `Scores.to`)."""
+        def moved(t):
+            return None if t is None else t.to(device)
+
+        return Rollout(moved(self.prompt_ids), moved(self.prompt_mask),
+                       moved(self.completion_ids), moved(self.completion_mask), self.texts,
+                       moved(self.truncated), self.group_size, moved(self.sampler_logprobs))
+
     def rows(self, index: torch.Tensor) -> "Rollout":
         """The samples at `index` ([M] row indices), in that order."""
         return Rollout(self.prompt_ids[index], self.prompt_mask[index], self.completion_ids[index],

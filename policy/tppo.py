@@ -94,7 +94,7 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
         tokenizer.pad_token_id, tokenizer.eos_token_id, prompts, [r["tokens"] for r in mine],
         new, texts, g.max_new_tokens, g.group_size)
     device = sampler.engine.device
-    rollout, window, ended = _to(rollout, device), window.to(device), ended.to(device)
+    rollout, window, ended = rollout.to(device), window.to(device), ended.to(device)
     rewards, correct = _score_ended(reward_fn, records, rollout, ended, g.shuffle_rewards)
     scored = time.perf_counter()
     critic.eval()
@@ -135,8 +135,3 @@ def _score_ended(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollou
         correct[index] = scores.correct if scores.correct is not None else scores.rewards >= 0.5
     return rewards, correct
 
-
-def _to(rollout: Rollout, device) -> Rollout:
-    return Rollout(rollout.prompt_ids.to(device), rollout.prompt_mask.to(device),
-                   rollout.completion_ids.to(device), rollout.completion_mask.to(device),
-                   rollout.texts, rollout.truncated.to(device), rollout.group_size)
