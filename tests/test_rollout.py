@@ -80,3 +80,56 @@ def test_completion_logprobs_match_full_forward(tmp_path):
     mask = r.completion_mask.bool()
     assert torch.allclose(got[mask], want[mask], atol=1e-5)
     assert selective_log_softmax(logits[:, p - 1:-1], r.completion_ids).shape == got.shape
+
+
+def _warm_start_prompts(warm_start, n):
+    from configs import load_config
+    from runtime.data import load_splits
+    from runtime.prompts import prompt_format
+
+    cfg = load_config("configs/tiny.yaml", [f"data.eval_questions={n}"])
+    tok = load_tokenizer(warm_start)
+    return load_causal_lm(warm_start).eval(), tok, prompt_format(cfg.data).prompts(
+        tok, load_splits(cfg.data, cfg.run.seed).eval[:n])
+
+
+def test_decoding_loop_equals_transformers_generate(warm_start):
+    """The lean loop (preallocated cache, shared prefill, ended rows leaving the batch) writes
+    the tokens `model.generate` writes: greedy, on questions whose answers end at different
+    lengths, so rows leave the batch along the way."""
+    model, tok, prompts = _warm_start_prompts(warm_start, 24)
+    ours = generate_groups(model, tok, prompts, 2, max_new_tokens=112, greedy=True)
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=112, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    theirs = out[:, enc["input_ids"].shape[1]:].repeat_interleave(2, 0)
+    lengths = ours.lengths
+    assert lengths.min() < lengths.max() - 10  # rows did end at different steps
+    for row, n in enumerate(lengths.tolist()):
+        assert ours.completion_ids[row, :n].tolist() == theirs[row, :n].tolist()
+
+
+def test_sampled_tokens_have_the_models_log_probs_after_rows_leave(warm_start):
+    """Sampling at temperature 1: each sampled token's log-prob in the loop equals the
+    teacher-forced log-prob of the full forward, row by row, so dropping ended rows from the
+    cache kept every row with its own keys and values. T-PPO's per-row limits stop rows early."""
+    from policy.rollout import continue_rows, decode, mask_after_eos
+    from runtime.prompts import encode_prompts
+
+    model, tok, prompts = _warm_start_prompts(warm_start, 16)
+    enc = tok.pad({"input_ids": encode_prompts(tok, prompts)}, padding=True, return_tensors="pt")
+    torch.manual_seed(3)
+    tokens, logprobs = decode(model, enc["input_ids"], enc["attention_mask"], 4, 112,
+                              tok.eos_token_id, tok.pad_token_id)
+    real, _ = mask_after_eos(tokens, tok.eos_token_id)
+    ids = torch.cat([enc["input_ids"].repeat_interleave(4, 0), tokens], 1)
+    mask = torch.cat([enc["attention_mask"].repeat_interleave(4, 0), real], 1)
+    with torch.no_grad():
+        want = completion_logprobs(model, ids, mask, enc["input_ids"].shape[1])
+    real = real.bool()
+    assert real.sum(-1).min() < real.sum(-1).max() - 10
+    assert torch.allclose(logprobs[real], want[real], atol=1e-4)
+    limits = [3, 50, 1, 112] * 4
+    new = continue_rows(model, tok, encode_prompts(tok, prompts), limits)
+    assert all(len(row) <= n for row, n in zip(new, limits)) and len(new[0]) >= 1
