@@ -168,7 +168,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
                                g, seed=cfg.run.seed * 1_000_003 + step)
         stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
-                            f"{out_name} step {step + 1}")
+                            f"{out_name} step {step + 1}",
+                            is_reference=step == 0 and starts_at(reference_path, policy_path))
         timing["update"] = time.perf_counter() - updating
         trainer.advance()
         metrics = log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
@@ -199,6 +200,20 @@ def due_evaluation(trainer: Trainer, g, evaluate, evaluate_ends: bool) -> dict:
     if trainer.step == g.steps and evaluate_ends:
         metrics.update(evaluate(sampled=True))
     return metrics
+
+
+def starts_at(reference_path, policy_path) -> bool:
+    """Whether a stage's reference is its starting policy (the default, and the outer loop's
+    reset): until its first optimizer step the policy's log-probs are the reference's."""
+    return reference_path is None or Path(reference_path) == Path(policy_path)
+
+
+def reference_logprobs(reference, rollout: Rollout, micro: int, is_reference: bool):
+    """The reference's log-probs of the rollout, or None: without a reference, and while the
+    policy still is the reference (`is_reference`), where the caller uses the policy's own."""
+    if reference is None or is_reference:
+        return None
+    return _forward_logprobs(reference, rollout, micro)
 
 
 def policy_engines(cfg, policy_path, reference_path=None):
@@ -429,10 +444,12 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
 
 
 def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g, plan,
-                where: str) -> dict:
+                where: str, is_reference: bool = False) -> dict:
     """`grpo.mu` passes over the batch, one optimizer step each, against log-probs of the
     reference and (mu > 1) of pi_old. Returns the global loss, KL and clip fraction, the gradient
-    norm and the per-token entropy of the first pass."""
+    norm and the per-token entropy of the first pass. `is_reference`: the policy still is the
+    reference (a stage's first step), so the reference's log-probs are pi_old's and no
+    reference forward runs."""
     engine, world_size = trainer.engine, world()[1]
     entropy = torch.zeros_like(batch.loss_mask)
     if not has_signal(batch, reference is not None and g.beta > 0):
@@ -440,8 +457,7 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
         return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0,
                 "grad_norm": 0.0, "entropy": entropy, "skipped": 1.0}
     loss_fn = POLICY_LOSSES[g.loss].fn
-    ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
-        if reference is not None else None
+    ref_logprobs = reference_logprobs(reference, rollout, plan.micro_batch_size, is_reference)
     old_logprobs = _forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
         if g.mu > 1 else None
     stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0}
@@ -459,7 +475,8 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
                 drift = (logprobs.detach() - sampled[rows].to(logprobs)).abs()
                 stats["logprob_diff"] += float((drift * rollout.completion_mask[rows]).sum()) \
                     / max(all_tokens, 1.0)
-            ref = ref_logprobs[rows] if ref_logprobs is not None else None
+            ref = ref_logprobs[rows] if ref_logprobs is not None else \
+                old if reference is not None else None
             result = loss_fn(logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
                              clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high,
                              beta=g.beta, num_sequences=max(batch.num_sequences, 1.0),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -29,18 +31,56 @@ def selective_log_softmax(logits: torch.Tensor, labels: torch.Tensor, chunk_toke
     return out.view(labels.shape)
 
 
+def prompt_runs(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of consecutive rows with the same prompt (a question's G samples): the first row of
+    each run, and each row's run index."""
+    starts = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    starts[1:] = (prompt_ids[1:] != prompt_ids[:-1]).any(-1)
+    return starts.nonzero().squeeze(-1), starts.cumsum(0) - 1
+
+
+def _checkpointing(model) -> bool:
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
+    return bool(getattr(module, "is_gradient_checkpointing", False)) and module.training
+
+
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_start: int, chunk_tokens: int = 4096,
-                        entropy_out: torch.Tensor | None = None) -> torch.Tensor:
+                        entropy_out: torch.Tensor | None = None,
+                        share_prompts: bool = True) -> torch.Tensor:
     """Log-probs of the completion tokens of left-padded `[prompt | completion]` rows.
 
     input_ids, attention_mask: [N, P + T], the completion starting at column `completion_start`
     (= P). Returns [N, T]: the log-prob of token `P + t` given everything before it.
+
+    With `share_prompts`, rows that repeat the row above's prompt (a question's G samples) share
+    one forward of it: the prompt runs once per question into a KV cache, which is fanned out to
+    its rows (`index_select`, so the gradient of every row flows back into the one prompt pass),
+    and only `[last prompt token | completion]` runs per row. Same values and gradients as the
+    plain forward (to float rounding), with the prompt's FLOPs paid once per group instead of G
+    times. Off under gradient checkpointing (which turns the cache off) and when no row repeats.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   logits_to_keep=input_ids.shape[1] - completion_start + 1).logits
+    start = completion_start
+    first, run = prompt_runs(input_ids[:, :start])
+    if not share_prompts or start < 2 or len(first) == len(run) or _checkpointing(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids,
+                       logits_to_keep=input_ids.shape[1] - start + 1).logits
+    else:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=getattr(model, "module", model).config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
+            model(input_ids=input_ids[first, :start - 1],
+                  attention_mask=attention_mask[first, :start - 1],
+                  position_ids=position_ids[first, :start - 1], past_key_values=cache,
+                  use_cache=True, logits_to_keep=1)
+            cache.batch_select_indices(run)
+            logits = model(input_ids=input_ids[:, start - 1:], attention_mask=attention_mask,
+                           position_ids=position_ids[:, start - 1:], past_key_values=cache,
+                           use_cache=True).logits
     # logits[:, j] predicts token j + 1; keep the positions that predict completion tokens.
     logits = logits[:, :-1]
-    return selective_log_softmax(logits, input_ids[:, completion_start:], chunk_tokens,
-                                 entropy_out)
+    return selective_log_softmax(logits, input_ids[:, start:], chunk_tokens, entropy_out)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from policy.grpo import (Sampler, _evaluator, _forward_logprobs, _sample_fn, due_evaluation,
-                         policy_engines, step_questions)
+                         policy_engines, reference_logprobs, starts_at, step_questions)
 from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES
 from policy.rewards import RewardFn
@@ -230,14 +230,16 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
         step = trainer.step
         started = time.perf_counter()
         where = f"{out_name} step {step + 1}"
+        is_reference = step == 0 and starts_at(reference_path, policy_path)
         if p.window_share:  # T-PPO: the pool of sequences in flight lives in trainer.state
             metrics, timing = tppo_step(trainer, critic, reference, sampler, tokenizer, fmt,
-                                        reward_fn, rl_records, cfg, plan, where)
+                                        reward_fn, rl_records, cfg, plan, where, is_reference)
         else:
             timing = {"rollout": 0.0, "scoring": 0.0}
             sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
                 step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
-            metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan, where)
+            metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan, where,
+                                 is_reference)
         timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
         trainer.advance()
         metrics.update({"train/lr": current_lr(engine), "time/rollout": timing["rollout"],
@@ -254,23 +256,26 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
     return out / "final"
 
 
-def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, plan):
-    """The policy's log-probs of the rollout before the update, where something needs them: the
-    KL penalty (a reference) or the ratio of later passes (mu > 1). Otherwise None: with one
-    pass the ratio is exactly 1 and the loss detaches its own log-probs."""
-    if reference is None and mu == 1:
-        return None
-    return _forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
+def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, plan,
+                     is_reference: bool = False):
+    """(pi_old, reference) log-probs of the rollout before the update, where something needs
+    them: the KL penalty (a reference) or the ratio of later passes (mu > 1); None otherwise
+    (with one pass the ratio is exactly 1 and the loss detaches its own log-probs). While the
+    policy still is the reference (`is_reference`) one forward serves both."""
+    old = None if reference is None and mu == 1 else \
+        _forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
+    ref = reference_logprobs(reference, rollout, plan.micro_batch_size, is_reference)
+    return old, old if reference is not None and ref is None else ref
 
 
-def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: str) -> dict:
+def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: str,
+               is_reference: bool = False) -> dict:
     """The rollout's log-probs and values, the targets, then `grpo.mu` passes of one policy and
     one critic step each; returns the step's metrics."""
     rollout = sampled.rollout
     critic.eval()
-    old_logprobs = rollout_logprobs(trainer, rollout, reference, cfg.grpo.mu, plan)
-    ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
-        if reference is not None else None
+    old_logprobs, ref_logprobs = rollout_logprobs(trainer, rollout, reference, cfg.grpo.mu, plan,
+                                                  is_reference)
     values = _forward_values(critic.module, rollout, plan.micro_batch_size)
     targets = ppo_targets(rollout, sampled.scores, sampled.rewards, old_logprobs, ref_logprobs,
                           values, cfg)

@@ -21,7 +21,6 @@ import torch
 
 from policy.ppo import (_forward_values, ppo_targets, rollout_logprobs, train_passes,
                         value_metrics)
-from policy.grpo import _forward_logprobs
 from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, continue_rows
 from runtime.data import MathRecord
@@ -69,7 +68,8 @@ def window_rollout(pad_id: int, eos_id: int, prompts: list[list[int]], before: l
 
 
 def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, reward_fn: RewardFn,
-              rl_records: list[MathRecord], cfg, plan, where: str) -> tuple[dict, dict]:
+              rl_records: list[MathRecord], cfg, plan, where: str,
+              is_reference: bool = False) -> tuple[dict, dict]:
     """One T-PPO step on the pool in `trainer.state` (updated in place); returns the metrics
     and the seconds of rollout, scoring and update."""
     g = cfg.grpo
@@ -98,9 +98,8 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
     rewards, correct = _score_ended(reward_fn, records, rollout, ended, g.shuffle_rewards)
     scored = time.perf_counter()
     critic.eval()
-    old_logprobs = rollout_logprobs(trainer, rollout, reference, g.mu, plan)
-    ref_logprobs = _forward_logprobs(reference, rollout, plan.micro_batch_size) \
-        if reference is not None else None
+    old_logprobs, ref_logprobs = rollout_logprobs(trainer, rollout, reference, g.mu, plan,
+                                                  is_reference)
     values = _forward_values(critic.module, rollout, plan.micro_batch_size, with_last=True)
     last = values.gather(1, rollout.lengths[:, None].long())[:, 0] * (~ended).float()
     targets = ppo_targets(rollout, Scores(rewards), rewards, old_logprobs, ref_logprobs,

@@ -133,3 +133,36 @@ def test_sampled_tokens_have_the_models_log_probs_after_rows_leave(warm_start):
     limits = [3, 50, 1, 112] * 4
     new = continue_rows(model, tok, encode_prompts(tok, prompts), limits)
     assert all(len(row) <= n for row, n in zip(new, limits)) and len(new[0]) >= 1
+
+
+def test_prompt_shared_update_equals_the_plain_one(warm_start):
+    """The update's forward with each question's prompt run once for its G samples gives the
+    plain forward's log-probs, GRPO loss and gradients (1e-5), with and without gradient."""
+    from policy.losses import grpo_loss
+
+    model, tok, prompts = _warm_start_prompts(warm_start, 4)
+    torch.manual_seed(0)
+    r = generate_groups(model, tok, prompts, 8, max_new_tokens=112)
+    advantages = torch.randn(r.completion_ids.shape[0], 1).expand_as(r.completion_mask)
+    results = []
+    for share in (True, False):
+        model.zero_grad()
+        logprobs = completion_logprobs(model, r.input_ids, r.attention_mask,
+                                       r.prompt_ids.shape[1], share_prompts=share)
+        with torch.no_grad():
+            ref = completion_logprobs(model, r.input_ids, r.attention_mask,
+                                      r.prompt_ids.shape[1], share_prompts=share) - 0.1
+        loss = grpo_loss(logprobs, logprobs.detach(), ref, advantages, r.completion_mask,
+                         clip_eps_low=0.2, clip_eps_high=0.2, beta=0.04, num_sequences=32.0,
+                         num_tokens=1.0, max_tokens=112).loss
+        loss.backward()
+        results.append((logprobs.detach(), ref, loss.detach(),
+                        [p.grad.clone() for p in model.parameters()]))
+    (lp_a, ref_a, loss_a, grads_a), (lp_b, ref_b, loss_b, grads_b) = results
+    mask = r.completion_mask.bool()
+    assert torch.allclose(lp_a[mask], lp_b[mask], atol=1e-5)
+    assert torch.allclose(ref_a[mask], ref_b[mask], atol=1e-5)
+    assert torch.allclose(loss_a, loss_b, atol=1e-5)
+    for a, b in zip(grads_a, grads_b):
+        assert (a - b).abs().max() <= 1e-5 * max(b.abs().max(), 1.0)
+    assert any(g.abs().sum() > 0 for g in grads_a)

@@ -179,3 +179,48 @@ def test_cli_label_train_rm_eval_rm(tmp_path):
     report = json.loads((tmp_path / "tiny" / "eval" / "reward_models.json").read_text())
     assert {"prm/step_accuracy", "orm/step_accuracy", "bon/prm_pick", "bon/orm_pick",
             "bon/majority", "bon/random"} <= set(report)
+
+
+@pytest.mark.parametrize("extra", [["grpo.mu=1"], ["grpo.mu=2"], ["grpo.algorithm=ppo"]],
+                         ids=["grpo", "grpo-mu2", "ppo"])
+def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extra):
+    """A stage's first step, from its reference, runs no reference forward (the policy's own
+    log-probs are the reference's) and ends where the run with the reference forward ends: the
+    same losses and KL, weights within 1e-6. Later steps do run it."""
+    import shutil
+
+    import policy.grpo as grpo
+
+    calls = {"reference": 0}
+    forward = grpo._forward_logprobs
+
+    def counting(model, rollout, micro):  # the reference's forwards (and pi_old's: mu = 2)
+        calls["reference"] += 1
+        return forward(model, rollout, micro)
+
+    monkeypatch.setattr(grpo, "_forward_logprobs", counting)
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
+                                            "grpo.eval_every=0", "run.wandb_mode=disabled",
+                                            "grpo.supervision=outcome", *extra])
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    copy = shutil.copytree(base, tmp_path / "copy")
+    rows, finals, counts = [], [], []
+    for name, reference in (("same", base), ("copy", copy)):
+        calls["reference"] = 0
+        logger = MetricsLogger(tmp_path / f"{name}.jsonl", config={}, mode="disabled",
+                               project="", name="")
+        torch.manual_seed(0)
+        finals.append(train_grpo(cfg, tmp_path, base, _RandomReward(), splits.rl, splits.eval[:2],
+                                 logger, "", out_name=name, reference_path=reference,
+                                 evaluate_ends=False))
+        rows.append([r for r in read_metrics(tmp_path / f"{name}.jsonl") if "train/loss" in r])
+        counts.append(calls["reference"])
+    assert counts[1] - counts[0] == 1  # the first step's reference forward, skipped
+    assert len(rows[0]) == len(rows[1]) == 2
+    for a, b in zip(*rows):
+        for key in ("train/loss", "train/kl"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    wa, wb = load_causal_lm(finals[0]).state_dict(), load_causal_lm(finals[1]).state_dict()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert _weights_differ(base, finals[0])
