@@ -1,9 +1,10 @@
 """A GRPO optimizer step, ours vs TRL's `GRPOTrainer`, on the same model, prompts and settings.
 
     pip install -e ".[bench]"        # TRL is a benchmark-only extra
-    python bench/grpo_vs_trl.py [--policy runs/learning/seed0/sft/best] [--steps 6 --repeats 3]
+    python bench/grpo_vs_trl.py [--models tiny,20m] [--steps 5 --repeats 2]
 
-Both sides: the same tiny Llama and character tokenizer, the same synthetic prompts, the same
+Models: the shipped tiny warm start (2.6M) and a ~20M tiny Llama (random weights, so its
+samples mostly run to the length limit). Both sides: the same model and character tokenizer, the same synthetic prompts, the same
 rule-based reward (final answer vs gold), G = 8 samples x 8 questions a step, the same maximum
 completion length, temperature 1.0, learning rate 5e-5, beta 0.04, one update per step (mu = 1),
 fp32 on CPU. TRL is set to its fastest fair CPU setting: no gradient checkpointing, no vLLM,
@@ -117,39 +118,52 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--policy", default="", help="checkpoint (default: a fresh tiny model)")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--max-tokens", type=int, default=112)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    policy = args.policy
-    if not policy:
-        from configs.schema import TinyModelConfig
-        from runtime.tiny_model import build_tiny
-
-        policy = str(build_tiny(Path(tempfile.mkdtemp()) / "tiny", TinyModelConfig(), 0))
+def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int) -> list[str]:
+    """Both sides `repeats` times, alternating; markdown rows of their medians and the ratios."""
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for side in runs:
-            runs[side].append(run_side(side, policy, args.steps, args.max_tokens))
+            runs[side].append(run_side(side, policy, steps, max_tokens))
     med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
            for side, rs in runs.items()}
-    print(f"policy {policy}; {Q} questions x G={G}, max {args.max_tokens} completion tokens, "
-          f"{args.steps} steps (first is warm-up), medians of {args.repeats} runs per side")
-    print(f"{'side':<6}{'s/step':>8}{'rollout':>9}{'scoring':>9}{'update':>8}"
-          f"{'compl tok/s':>13}{'peak RSS GiB':>14}")
+    rows = []
     for side, m in med.items():
-        split = [f"{m[k]:>9.2f}" if k in m else f"{'-':>9}" for k in
-                 ("rollout_s", "scoring_s", "update_s")]
-        print(f"{side:<6}{m['step_s']:>8.2f}{''.join(split)}"
-              f"{m['completion_tokens'] / m['step_s']:>13.0f}{m['peak_rss'] / 1024 ** 3:>14.2f}")
+        split = [f"{m[k]:.2f}" if k in m else "-" for k in ("rollout_s", "update_s")]
+        rows.append(f"| {label} | {'ours' if side == 'ours' else 'TRL'} | {m['step_s']:.2f} | "
+                    f"{' | '.join(split)} | {m['completion_tokens'] / m['step_s']:,.0f} | "
+                    f"{m['peak_rss'] / 2**30:.2f} |")
     speed = (med["ours"]["completion_tokens"] / med["ours"]["step_s"]) / \
         (med["trl"]["completion_tokens"] / med["trl"]["step_s"])
-    print(f"throughput ours / TRL (completion tokens per second): {speed:.2f}x; "
-          f"step time TRL / ours: {med['trl']['step_s'] / med['ours']['step_s']:.2f}x; "
-          f"peak RSS ours / TRL: {med['ours']['peak_rss'] / med['trl']['peak_rss']:.2f}x")
+    rows.append(f"| {label} | **ours / TRL** | | | | **{speed:.2f}x** | "
+                f"**{med['ours']['peak_rss'] / med['trl']['peak_rss']:.2f}x** |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,20m", help="tiny, 20m or both")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=112)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from configs.schema import TinyModelConfig
+    from runtime.tiny_model import build_tiny
+
+    rows = ["| model | side | s/step | rollout s | update s | completion tok/s | peak RSS GiB |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    if "tiny" in args.models:
+        rows += measure("tiny warm start (2.6M)", str(ROOT / "runtime/bundled/tiny_warm_start"),
+                        args.steps, args.max_tokens, args.repeats)
+    if "20m" in args.models:
+        big = build_tiny(Path(tempfile.mkdtemp()) / "tiny20m",
+                         TinyModelConfig(hidden_size=512, num_layers=6, num_heads=8,
+                                         intermediate_size=1536), seed=0)
+        rows += measure("tiny Llama (~20M, random)", str(big), args.steps, args.max_tokens,
+                        args.repeats)
+    print(f"{Q} questions x G={G}, at most {args.max_tokens} completion tokens, {args.steps} "
+          f"steps a run (the first a warm-up), medians of {args.repeats} runs per side")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":
