@@ -1,0 +1,155 @@
+"""Each speed lever of the GRPO step alone, against what it replaced, side by side in one run.
+
+    python bench/levers.py [--repeats 3]
+
+On the shipped tiny warm start (2.6M), 2 threads, medians of `--repeats`:
+- rollout: 8 questions x G = 8 and 64 questions x k = 4 (the evaluation's batch), sampled, up to
+  112 tokens: transformers `generate` with the prompt prefilled once (what rollout used),
+  `generate` with a static cache, and `policy.rollout.decode` (preallocated cache read up to its
+  filled length, shared prefill, ended rows leaving the batch);
+- update: forward + backward and a no-gradient forward of a 64-row rollout: the plain padded
+  forward, the prompt-shared one (`completion_logprobs(share_prompts=True)`), and packing (each
+  row's real tokens concatenated, 2 sequences a row, position ids restarting: no FLOPs on
+  padding, attention masked block-diagonally by transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def generate_shared(model, ids, mask, repeat, max_new):
+    """The rollout before `decode`: prompt prefilled once into a DynamicCache, then generate."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+          past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(repeat)
+    return model.generate(input_ids=ids.repeat_interleave(repeat, 0),
+                          attention_mask=mask.repeat_interleave(repeat, 0),
+                          past_key_values=cache, max_new_tokens=max_new, do_sample=True,
+                          top_k=0, pad_token_id=0, eos_token_id=1)
+
+
+def packed_forward(model, ids, mask, per_row: int):
+    import torch
+
+    seqs = [row[m.bool()] for row, m in zip(ids, mask)]
+    rows = [seqs[i:i + per_row] for i in range(0, len(seqs), per_row)]
+    width = max(sum(len(s) for s in r) for r in rows)
+    inp = torch.zeros(len(rows), width, dtype=torch.long)
+    pos = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        at = 0
+        for s in r:
+            inp[i, at:at + len(s)], pos[i, at:at + len(s)] = s, torch.arange(len(s))
+            at += len(s)
+        pos[i, at:] = torch.arange(width - at)  # the tail is a sequence of its own
+    return model(input_ids=inp, position_ids=pos).logits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    import torch
+
+    from configs import load_config
+    from policy.logprobs import completion_logprobs
+    from policy.rollout import decode, generate_groups
+    from runtime.data import load_splits
+    from runtime.models import load_causal_lm, load_tokenizer
+    from runtime.prompts import encode_prompts, prompt_format
+
+    torch.set_num_threads(2)
+    policy = ROOT / "runtime/bundled/tiny_warm_start"
+    cfg = load_config(str(ROOT / "configs/tiny.yaml"), ["data.eval_questions=64"])
+    splits = load_splits(cfg.data, cfg.run.seed)
+    model, tok = load_causal_lm(policy).eval(), load_tokenizer(policy)
+    fmt = prompt_format(cfg.data)
+    rows = ["| lever | setting | before s | after s | after / before |", "| --- | --- | --- | --- | --- |"]
+
+    for label, records, repeat in (("8 questions x G = 8", splits.rl[:8], 8),
+                                   ("64 questions x k = 4", splits.eval[:64], 4)):
+        enc = tok.pad({"input_ids": encode_prompts(tok, fmt.prompts(tok, records))},
+                      padding=True, return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        with torch.no_grad():
+            before = median_time(lambda: generate_shared(model, ids, mask, repeat, 112),
+                                 args.repeats)
+            static = median_time(lambda: model.generate(
+                input_ids=ids.repeat_interleave(repeat, 0),
+                attention_mask=mask.repeat_interleave(repeat, 0), max_new_tokens=112,
+                do_sample=True, top_k=0, pad_token_id=0, eos_token_id=1,
+                cache_implementation="static"), args.repeats)
+            ours = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
+                                              tok.pad_token_id), args.repeats)
+        rows.append(f"| rollout: generate, static cache | {label} | {before:.2f} | {static:.2f} "
+                    f"| {static / before:.2f}x |")
+        rows.append(f"| rollout: `decode` | {label} | {before:.2f} | {ours:.2f} | "
+                    f"{ours / before:.2f}x |")
+
+    torch.manual_seed(0)
+    r = generate_groups(model, tok, fmt.prompts(tok, splits.rl[:8]), 8, max_new_tokens=112)
+    start = r.prompt_ids.shape[1]
+
+    def backward(share: bool):
+        model.zero_grad()
+        lp = completion_logprobs(model, r.input_ids, r.attention_mask, start,
+                                 share_prompts=share)
+        (lp * r.completion_mask).sum().backward()
+
+    def packed(per_row: int):
+        model.zero_grad()
+        packed_forward(model, r.input_ids, r.attention_mask, per_row).logsumexp(-1).sum() \
+            .backward()
+
+    model.train()
+    plain = median_time(lambda: backward(False), args.repeats)
+    shared = median_time(lambda: backward(True), args.repeats)
+    pack1 = median_time(lambda: packed(1), args.repeats)
+    pack2 = median_time(lambda: packed(2), args.repeats)
+    with torch.no_grad():
+        plain_ng = median_time(lambda: completion_logprobs(
+            model, r.input_ids, r.attention_mask, start, share_prompts=False), args.repeats)
+        shared_ng = median_time(lambda: completion_logprobs(
+            model, r.input_ids, r.attention_mask, start), args.repeats)
+    real = float(r.attention_mask.float().mean())
+    setting = f"64 rows, {real:.0%} of the padded tokens real"
+    rows += [
+        f"| update: prompt-shared forward + backward | {setting} | {plain:.2f} | {shared:.2f} | "
+        f"{shared / plain:.2f}x |",
+        f"| update: prompt-shared forward, no gradient (reference) | {setting} | {plain_ng:.2f} "
+        f"| {shared_ng:.2f} | {shared_ng / plain_ng:.2f}x |",
+        f"| update: padding trimmed (1 sequence a row) | {setting} | {plain:.2f} | {pack1:.2f} | "
+        f"{pack1 / plain:.2f}x |",
+        f"| update: packed, 2 sequences a row | {setting} | {plain:.2f} | {pack2:.2f} | "
+        f"{pack2 / plain:.2f}x |"]
+    print(f"tiny warm start, 2 threads, medians of {args.repeats}")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
