@@ -41,7 +41,9 @@ def prompt_runs(prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _checkpointing(model) -> bool:
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
-    return bool(getattr(module, "is_gradient_checkpointing", False)) and module.training
+    name = "is_activation_checkpointing" if hasattr(module, "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"  # renamed in transformers 5
+    return bool(getattr(module, name, False)) and module.training
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
