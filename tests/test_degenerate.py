@@ -11,7 +11,6 @@ from configs.schema import DeepSpeedConfig
 from policy import grpo as grpo_module
 from policy.advantages import outcome_advantages, process_advantages
 from policy.grpo import drop_nonfinite, train_grpo
-from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES, k3_kl
 from policy.rewards import Scores
 from runtime.data import load_splits

@@ -1,11 +1,10 @@
 """`igrpo plan`: the paper-scale memory table, checked against DeepSpeed's estimator and by hand."""
 
-import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
 import igrpo
 from configs import load_config
-from configs.memory import GB, KNOWN, plan, verdict
+from configs.memory import KNOWN, plan, verdict
 
 
 def test_seven_b_plan_by_hand(capsys, tmp_path):

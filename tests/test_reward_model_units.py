@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from configs.schema import TinyModelConfig
 from process_supervision.formats import (StepExample, example_from_row, load_step_examples,
                                          parse_math_shepherd, to_math_shepherd,
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
