@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +67,6 @@ def measure(name: str, path: str, repeats: int, solutions: int) -> list[str]:
     rows.append(f"| {name} | vllm / hf | {rates['vllm'][0] / rates['hf'][0]:.2f}x | "
                 f"{rates['vllm'][1] / rates['hf'][1]:.2f}x |")
     print(f"{name}: vLLM engine start-up {start_up:.0f} s", flush=True)
-    del engine
     return rows
 
 
@@ -77,6 +77,21 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,20m", help="tiny, 20m or both")
     parser.add_argument("--solutions", type=int, default=32, help="solutions to label")
     args = parser.parse_args()
+    header = ["| model | backend | rollout tokens/s | labelling prefixes/s |",
+              "| --- | --- | --- | --- |"]
+    models = [m for m in ("tiny", "20m") if m in args.models.split(",")]
+    if len(models) > 1:  # a process holds one vLLM engine: a child process per model
+        rows = []
+        for model in models:
+            out = subprocess.run([sys.executable, __file__, "--models", model,
+                                  "--threads", str(args.threads), "--repeats", str(args.repeats),
+                                  "--solutions", str(args.solutions)],
+                                 check=True, stdout=subprocess.PIPE, text=True).stdout
+            print(out, end="", flush=True)
+            rows += [line for line in out.splitlines()
+                     if line.startswith("| ") and line not in header]
+        print("\n".join(["", *header, *rows]))
+        return
     import torch
 
     from configs.schema import TinyModelConfig
@@ -84,17 +99,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     root = Path(__file__).resolve().parents[1]
-    rows = ["| model | backend | rollout tokens/s | labelling prefixes/s |",
-            "| --- | --- | --- | --- |"]
-    if "tiny" in args.models:
-        rows += measure("tiny warm start (2.6M)", str(root / "runtime/bundled/tiny_warm_start"),
-                        args.repeats, args.solutions)
-    if "20m" in args.models:
+    if models == ["tiny"]:
+        rows = measure("tiny warm start (2.6M)", str(root / "runtime/bundled/tiny_warm_start"),
+                       args.repeats, args.solutions)
+    else:
         big = build_tiny(Path(tempfile.mkdtemp()) / "tiny20m",
                          TinyModelConfig(hidden_size=512, num_layers=6, num_heads=8,
                                          intermediate_size=1536), seed=0)
-        rows += measure("tiny Llama (~20M, random)", str(big), args.repeats, args.solutions)
-    print("\n".join(rows))
+        rows = measure("tiny Llama (~20M, random)", str(big), args.repeats, args.solutions)
+    print("\n".join([*header, *rows]), flush=True)
 
 
 if __name__ == "__main__":

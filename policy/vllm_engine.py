@@ -13,6 +13,14 @@ What vLLM's sampler returns never reaches the loss: the loss's log-probs are rec
 training model. The log-probs vLLM reports for its sampled tokens (`Rollout.sampler_logprobs`) serve only the
 drift check `rollout/logprob_diff` (mean |vLLM - training| over completion tokens).
 
+A process holds one engine (`engine_for`), which every stage reuses: vLLM keeps its parallel
+state in module globals, and an engine's shutdown tears it down, torch.distributed's process group
+included, under any other engine and under the training engine (on a GPU each engine would also
+claim its own memory share). A stage over another checkpoint of the
+same architecture loads that checkpoint's weights into the engine (`load`); another architecture
+or other settings (dtype, memory) are refused with an error naming them, since replacing the
+engine would shut the first one down.
+
 Sampling is seeded once, when the engine starts (per-request seeds fail on the CPU backend), so a
 resumed run samples from a fresh engine state: with `vllm`, resume redoes nothing finished but is
 not bitwise identical to an uninterrupted run (the `hf` backend is).
@@ -54,7 +62,9 @@ class VLLMEngine:
             kwargs.update(enable_sleep_mode=sleep_between)
         self.llm = LLM(**kwargs)
         self.sleep_between = sleep_between and torch.cuda.is_available()
-        self.version = None
+        self.asleep = self.weights_awake = False
+        self.made_for = None  # (architecture, settings), set by engine_for
+        self.version = ("checkpoint", str(model_path))
 
     def sync(self, model, version) -> "VLLMEngine":
         """Push `model`'s weights unless the engine already holds `version` of them."""
@@ -65,7 +75,18 @@ class VLLMEngine:
 
     def push(self, model) -> None:
         """Load the training model's current weights into the engine (in memory)."""
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        self._reload([(name, tensor.detach()) for name, tensor in model.state_dict().items()])
+        self.version = None
+
+    def load(self, model_path: str | Path) -> None:
+        """Load a saved checkpoint's weights (its safetensors files) into the engine."""
+        self._reload(_checkpoint_tensors(model_path))
+        self.version = ("checkpoint", str(model_path))
+
+    def _reload(self, weights: list) -> None:
+        if self.asleep and not self.weights_awake:
+            self.llm.wake_up(tags=["weights"])  # asleep, the weights are off the device
+            self.weights_awake = True
 
         def reload(worker):
             worker.model_runner.reload_weights(weights_iterator=iter(weights))
@@ -85,8 +106,9 @@ class VLLMEngine:
 
         from runtime.prompts import encode_prompts
 
-        if self.sleep_between:
-            self.llm.wake_up()
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"] if self.weights_awake else None)
+            self.asleep = self.weights_awake = False
         ids = encode_prompts(tokenizer, prompts)
         params = SamplingParams(n=group_size, max_tokens=max_new_tokens,
                                 temperature=0.0 if greedy else temperature,
@@ -96,7 +118,8 @@ class VLLMEngine:
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params,
                                     use_tqdm=False)
         if self.sleep_between:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=1)  # weights to host memory, KV cache freed, until the next call
+            self.asleep = True
         rows, logprobs = [], []
         eos = tokenizer.eos_token_id
         for out in outputs:
@@ -132,17 +155,79 @@ def _as_rollout(prompt_ids: list[list[int]], completions: list[list[int]], token
     return Rollout(prompt, prompt_mask, completion, mask, texts, truncated, group_size)
 
 
+def _checkpoint_tensors(model_path: str | Path) -> list:
+    """(HF name, tensor) of every weight of a saved checkpoint, from its safetensors files. A
+    weight saved once for two names (tied input and output embeddings) comes under both, as the
+    training model's `state_dict` gives it."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_path}: no *.safetensors weights to load into the vLLM "
+                                "engine (save the checkpoint with safe_serialization)")
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            tensors.update((name, handle.get_tensor(name)) for name in handle.keys())
+    with torch.device("meta"):  # the architecture's names, no weights
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_path)))
+    first = {}
+    for name, param in skeleton.state_dict(keep_vars=True).items():
+        source = first.setdefault(id(param), name)
+        if name not in tensors and source in tensors:
+            tensors[name] = tensors[source]
+    return list(tensors.items())
+
+
+_ENGINE: VLLMEngine | None = None  # this process's engine; see engine_for
+# What makes two checkpoints interchangeable in one engine.
+ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
+                     "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "vocab_size", "max_position_embeddings", "tie_word_embeddings")
+
+
 def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
-    """The configured engine over `model_path`, long enough for a prompt and the longest
-    continuation any stage asks for (a Math-Shepherd prefix plus its completion included)."""
+    """This process's engine, holding `model_path`'s weights: made on first use, long enough for a
+    prompt and the longest continuation any stage asks for (a Math-Shepherd prefix plus its
+    completion included), then reused by every later stage of the process, which loads its own
+    checkpoint into it. A checkpoint of another architecture, or other settings, is refused."""
+    global _ENGINE
     from transformers import AutoConfig
 
+    config = AutoConfig.from_pretrained(str(model_path),
+                                        trust_remote_code=cfg.model.trust_remote_code)
     longest = max(cfg.grpo.max_new_tokens, cfg.eval.max_new_tokens, cfg.label.max_new_tokens)
     wanted = cfg.data.max_prompt_tokens + cfg.grpo.max_new_tokens + longest
-    positions = getattr(AutoConfig.from_pretrained(
-        str(model_path), trust_remote_code=cfg.model.trust_remote_code),
-        "max_position_embeddings", None) or wanted
-    return VLLMEngine(model_path, dtype=cfg.model.dtype, max_model_len=min(wanted, positions),
-                      seed=cfg.run.seed, gpu_memory_fraction=cfg.rollout.memory_fraction,
-                      kv_cache_gb=cfg.rollout.kv_cache_gb,
-                      prefix_caching=cfg.rollout.prefix_caching, sleep_between=cfg.rollout.sleep)
+    positions = getattr(config, "max_position_embeddings", None) or wanted
+    architecture = {k: v for k, v in config.to_dict().items() if k in ARCHITECTURE_KEYS}
+    settings = dict(dtype=cfg.model.dtype, max_model_len=min(wanted, positions),
+                    seed=cfg.run.seed, gpu_memory_fraction=cfg.rollout.memory_fraction,
+                    kv_cache_gb=cfg.rollout.kv_cache_gb,
+                    prefix_caching=cfg.rollout.prefix_caching, sleep_between=cfg.rollout.sleep)
+    if _ENGINE is None:
+        _ENGINE = VLLMEngine(model_path, **settings)
+        _ENGINE.made_for = (architecture, settings)
+        return _ENGINE
+    differ = _differences(_ENGINE.made_for, (architecture, settings))
+    if differ:
+        raise RuntimeError(
+            f"rollout.backend=vllm: {model_path} needs a vLLM engine unlike this process's "
+            f"({'; '.join(differ)}). A process holds one engine for good: vLLM's shutdown tears "
+            "down torch.distributed under the training engine. Run it in a process of its own.")
+    if _ENGINE.version != ("checkpoint", str(model_path)):
+        _ENGINE.load(model_path)
+    return _ENGINE
+
+
+def _differences(made: tuple[dict, dict], wanted: tuple[dict, dict]) -> list[str]:
+    """What keeps an engine made for `made` from serving `wanted` (a longer max_model_len
+    serves a shorter one)."""
+    out = []
+    for have, need in zip(made, wanted):
+        for key in sorted(set(have) | set(need)):
+            if key == "max_model_len" and have[key] >= need[key]:
+                continue
+            if have.get(key) != need.get(key):
+                out.append(f"{key} {have.get(key)!r} here, {need.get(key)!r} wanted")
+    return out

@@ -4,6 +4,15 @@ import os
 
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest-xdist workers on CI's two cores. Each keeps one intra-op
+    # thread, whatever `run.threads` a test's config asks for: two workers at two threads each
+    # would oversubscribe the cores, and the tiny model's ops gain little from a second thread
+    # (the learning tests take about as long on one as on two; bench/README.md, "The test suite").
+    torch.set_num_threads(1)
+    _set_num_threads = torch.set_num_threads
+    torch.set_num_threads = lambda n: _set_num_threads(1)
+
 if not torch.cuda.is_available():  # on a GPU machine DeepSpeed finds CUDA itself
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

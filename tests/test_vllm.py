@@ -38,11 +38,13 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def test_pushed_weights_give_transformers_greedy_completions(setting):
+def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     """k = 3 AdamW steps of SFT move the weights; pushed into the live engine (no disk), its
     greedy completions of 32 held-out prompts equal transformers' token for token, where the
-    engine's earlier completions (the old weights) differ."""
+    engine's earlier completions (the old weights) differ. A later stage over the saved
+    checkpoint gets the same engine back, holding that checkpoint's weights."""
     from policy.sft import sft_tensors, token_nll_sum
+    from policy.vllm_engine import engine_for
 
     cfg, engine = setting
     path = cfg.model.policy_path
@@ -68,6 +70,11 @@ def test_pushed_weights_give_transformers_greedy_completions(setting):
                       for i in range(len(prompts))]
     assert rows(ours) == rows(theirs)
     assert rows(ours) != rows(before)  # the push reached the engine
+    model.save_pretrained(tmp_path / "stepped")
+    engine.push(load_causal_lm(path, cfg.model))  # back to the warm start's weights
+    assert engine_for(cfg, tmp_path / "stepped") is engine
+    loaded = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
+    assert rows(loaded) == rows(theirs)
 
 
 def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
@@ -75,6 +82,7 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
     and vLLM's own log-probs of the same tokens differ from them by float noise only."""
     from policy.grpo import train_grpo
     from policy.rewards import RuleReward
+    from policy.vllm_engine import engine_for
     from runtime.tracking import MetricsLogger, read_metrics
 
     cfg = load_config("configs/tiny.yaml", [*VLLM, f"run.root={tmp_path}", "grpo.steps=2",
@@ -89,6 +97,7 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
                        evaluate_ends=False)
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
     assert len(rows) == 2
+    assert engine_for(cfg, final) is setting[1]  # the stage sampled on the process's engine
     assert all(0 <= r["rollout/logprob_diff"] < 1e-3 for r in rows)
     assert not torch.equal(load_causal_lm(start).lm_head.weight,
                            load_causal_lm(final).lm_head.weight)
@@ -123,3 +132,38 @@ def test_labels_through_vllm_agree_with_the_truth_as_the_hf_path_does(setting):
     ours = agreement(engine)
     print(f"label agreement with the truth: hf {hf:.3f}, vllm {ours:.3f}")
     assert hf > 0.8 and abs(hf - ours) <= 0.02
+
+
+
+def test_iterate_on_vllm_samples_every_stage_on_one_engine(setting, tmp_path, monkeypatch):
+    """Algorithm 1 end to end (two short iterations from the warm start) with every sampling stage
+    on vLLM: labelling, GRPO, best-of-N and evaluation share the process's one engine, each stage
+    loading its own checkpoint into it. (With an engine per stage, the run crashed: the first
+    engine's shutdown tore down torch.distributed under the training engine.) An engine unlike
+    the process's is refused, naming what differs."""
+    import json
+
+    import igrpo
+    from policy import vllm_engine
+    from policy.vllm_engine import engine_for
+    from small_config import ITERATE, SMALL
+
+    cfg, engine = setting
+    made, loaded = [], []
+    init, load = vllm_engine.VLLMEngine.__init__, vllm_engine.VLLMEngine.load
+    monkeypatch.setattr(vllm_engine.VLLMEngine, "__init__",
+                        lambda self, path, **kw: (made.append(path), init(self, path, **kw))[1])
+    monkeypatch.setattr(vllm_engine.VLLMEngine, "load",
+                        lambda self, path: (loaded.append(path), load(self, path))[1])
+    short = [o for o in SMALL if not o.startswith(("model.", "sft.", "data.sft"))]
+    assert igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
+                       *short, *ITERATE, *VLLM]) == 0
+    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+    assert [it["iteration"] for it in summary["iterations"]] == [0, 1, 2]
+    assert made == []  # every stage sampled on the module's engine
+    grpo = {str(tmp_path / "tiny" / "grpo" / f"iteration-{k}" / "final") for k in (1, 2)}
+    assert grpo <= {str(p) for p in loaded}  # later stages loaded GRPO's policies into it
+    with pytest.raises(RuntimeError, match="dtype 'float32' here, 'bfloat16' wanted"):
+        engine_for(load_config("configs/tiny.yaml", [*VLLM, "model.dtype=bfloat16"]),
+                   cfg.model.policy_path)
+    assert made == []
