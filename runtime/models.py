@@ -49,5 +49,8 @@ def load_causal_lm(path: str | Path, model=None, *, train: bool = False, device=
         str(path), dtype=getattr(torch, model.dtype if model is not None else "float32"),
         trust_remote_code=bool(model is not None and model.trust_remote_code), **kwargs)
     if train and model is not None and model.gradient_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(lm, "activation_checkpointing_enable"):  # its name from transformers 5.2x
+            lm.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return lm.to(device if device is not None else accelerator())
