@@ -78,12 +78,14 @@ class VLLMEngine:
         self._reload([(name, tensor.detach()) for name, tensor in model.state_dict().items()])
         self.version = None
 
-    def load(self, model_path: str | Path) -> None:
-        """Load a saved checkpoint's weights (its safetensors files) into the engine."""
-        self._reload(_checkpoint_tensors(model_path))
+    def load(self, model_path: str | Path, config, trust_remote_code: bool = False) -> None:
+        """Load a saved checkpoint's weights (its safetensors files; `config` its transformers
+        config) into the engine."""
+        self._reload(_checkpoint_tensors(model_path, config, trust_remote_code))
         self.version = ("checkpoint", str(model_path))
 
-    def _reload(self, weights: list) -> None:
+    def _reload(self, weights) -> None:
+        """Load (HF name, tensor) pairs, a list or a stream, into the engine's weights."""
         if self.asleep and not self.weights_awake:
             self.llm.wake_up(tags=["weights"])  # asleep, the weights are off the device
             self.weights_awake = True
@@ -155,29 +157,35 @@ def _as_rollout(prompt_ids: list[list[int]], completions: list[list[int]], token
     return Rollout(prompt, prompt_mask, completion, mask, texts, truncated, group_size)
 
 
-def _checkpoint_tensors(model_path: str | Path) -> list:
-    """(HF name, tensor) of every weight of a saved checkpoint, from its safetensors files. A
-    weight saved once for two names (tied input and output embeddings) comes under both, as the
-    training model's `state_dict` gives it."""
+def _checkpoint_tensors(model_path: str | Path, config, trust_remote_code: bool = False):
+    """(HF name, tensor) of every weight of a saved checkpoint, streamed from its safetensors
+    files one tensor at a time. A weight saved once for two names (tied input and output
+    embeddings) comes under both, as the training model's `state_dict` gives it."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_path}: no *.safetensors weights to load into the vLLM "
                                 "engine (save the checkpoint with safe_serialization)")
-    tensors = {}
+    where = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
-            tensors.update((name, handle.get_tensor(name)) for name in handle.keys())
-    with torch.device("meta"):  # the architecture's names, no weights
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_path)))
-    first = {}
+            where.update((name, file) for name in handle.keys())
+    with torch.device("meta"):  # the architecture's parameter names, no weights
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    first, tied = {}, []
     for name, param in skeleton.state_dict(keep_vars=True).items():
         source = first.setdefault(id(param), name)
-        if name not in tensors and source in tensors:
-            tensors[name] = tensors[source]
-    return list(tensors.items())
+        if name not in where and source in where:
+            tied.append((name, source))
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+    for name, source in tied:
+        with safe_open(str(where[source]), framework="pt") as handle:
+            yield name, handle.get_tensor(source)
 
 
 _ENGINE: VLLMEngine | None = None  # this process's engine; see engine_for
@@ -216,7 +224,7 @@ def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
             f"({'; '.join(differ)}). A process holds one engine for good: vLLM's shutdown tears "
             "down torch.distributed under the training engine. Run it in a process of its own.")
     if _ENGINE.version != ("checkpoint", str(model_path)):
-        _ENGINE.load(model_path)
+        _ENGINE.load(model_path, config, cfg.model.trust_remote_code)
     return _ENGINE
 
 

@@ -153,8 +153,8 @@ def test_iterate_on_vllm_samples_every_stage_on_one_engine(setting, tmp_path, mo
     init, load = vllm_engine.VLLMEngine.__init__, vllm_engine.VLLMEngine.load
     monkeypatch.setattr(vllm_engine.VLLMEngine, "__init__",
                         lambda self, path, **kw: (made.append(path), init(self, path, **kw))[1])
-    monkeypatch.setattr(vllm_engine.VLLMEngine, "load",
-                        lambda self, path: (loaded.append(path), load(self, path))[1])
+    monkeypatch.setattr(vllm_engine.VLLMEngine, "load", lambda self, path, *args: (
+        loaded.append(path), load(self, path, *args))[1])
     short = [o for o in SMALL if not o.startswith(("model.", "sft.", "data.sft"))]
     assert igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
                        *short, *ITERATE, *VLLM]) == 0
