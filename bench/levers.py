@@ -6,7 +6,8 @@ On the shipped tiny warm start (2.6M), 2 threads, medians of `--repeats`:
 - rollout: 8 questions x G = 8 and 64 questions x k = 4 (the evaluation's batch), sampled, up to
   112 tokens: transformers `generate` with the prompt prefilled once (what rollout used),
   `generate` with a static cache, and `policy.rollout.decode` (preallocated cache read up to its
-  filled length, shared prefill, ended rows leaving the batch);
+  filled length, shared prefill, ended rows leaving the batch, a prompt's keys and values read
+  once per group), also against itself with the prompt's cache copied to every row;
 - update: forward + backward and a no-gradient forward of a 64-row rollout: the plain padded
   forward, the prompt-shared one (`completion_logprobs(share_prompts=True)`), and packing (each
   row's real tokens concatenated, 2 sequences a row, position ids restarting: no FLOPs on
@@ -106,10 +107,15 @@ def main() -> None:
                 cache_implementation="static"), args.repeats)
             ours = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
                                               tok.pad_token_id), args.repeats)
+            copied = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
+                                                tok.pad_token_id, share_prompts=False),
+                                 args.repeats)
         rows.append(f"| rollout: generate, static cache | {label} | {before:.2f} | {static:.2f} "
                     f"| {static / before:.2f}x |")
         rows.append(f"| rollout: `decode` | {label} | {before:.2f} | {ours:.2f} | "
                     f"{ours / before:.2f}x |")
+        rows.append(f"| rollout: `decode`'s prompt read once a group, against copied to each "
+                    f"row | {label} | {copied:.2f} | {ours:.2f} | {ours / copied:.2f}x |")
 
     torch.manual_seed(0)
     r = generate_groups(model, tok, fmt.prompts(tok, splits.rl[:8]), 8, max_new_tokens=112)

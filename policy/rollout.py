@@ -1,8 +1,8 @@
 """Rollout: G samples per question from a transformers model (`decode`: a preallocated KV cache,
 left padding, finished rows dropped from the batch), or from the vLLM engine.
 
-The G samples of a question share its prompt, so the prompt is prefilled once per question and
-its KV cache repeated G times, instead of paying the prefill G times.
+The G samples of a question share its prompt, so the prompt is prefilled once per question, and
+its keys and values are stored and read once per group rather than once per sample.
 """
 
 from __future__ import annotations
@@ -143,30 +143,153 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
     return Rollout(ids, mask, completion, completion_mask, texts, truncated, group_size)
 
 
+class _PromptKV:
+    """A decoding step's view of the prompts' keys and values, kept once per prompt while each
+    row's own cache holds only the tokens it generated: rows are grouped by prompt, and a group's
+    queries meet their prompt's keys in one matmul (the prompt is read once per group, not once
+    per row). `keep(index)` follows the rows that stay in the batch."""
+
+    def __init__(self, cache, mask: torch.Tensor, repeat: int):
+        self.keys = [layer.keys[:, :, :layer.filled] for layer in cache.layers]
+        self.values = [layer.values[:, :, :layer.filled] for layer in cache.layers]
+        self.mask = mask.bool()  # [prompts, P]: left padding is False
+        self.group = torch.arange(mask.shape[0], device=mask.device).repeat_interleave(repeat)
+        self._arrange()
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.group = self.group[index]
+        used = torch.unique(self.group)  # sorted: rows stay grouped prompt by prompt
+        if len(used) < len(self.mask):
+            self.keys = [k.index_select(0, used) for k in self.keys]
+            self.values = [v.index_select(0, used) for v in self.values]
+            self.mask = self.mask[used]
+            self.group = torch.searchsorted(used, self.group)
+        self._arrange()
+
+    def _arrange(self) -> None:
+        counts = torch.bincount(self.group, minlength=len(self.mask))
+        starts = counts.cumsum(0) - counts
+        self.width = int(counts.max())  # queries of a group, padded to the largest group
+        self.slot = self.group * self.width + torch.arange(
+            len(self.group), device=self.group.device) - starts[self.group]
+        self.blocked = ~self.mask[self.group][:, None, None, :]  # [rows, 1, 1, P]
+
+
+def _prompt_shared_attention(module, query, key, value, attention_mask, scaling=None,
+                             dropout=0.0, prompt_kv: _PromptKV | None = None, **kwargs):
+    """One decoding step's attention (a query token a row) over [the row's prompt | its own
+    tokens], the prompt's keys and values stored once per group (`_PromptKV`): the same values
+    as SDPA over every row's full cache (tested token for token in tests/test_rollout.py)."""
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    keys, values = prompt_kv.keys[module.layer_idx], prompt_kv.values[module.layer_idx]
+    groups, prompt = keys.shape[0], keys.shape[2]
+    width, slot = prompt_kv.width, prompt_kv.slot
+    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # a key head's query heads
+    padded = q.new_zeros(groups * width, *q.shape[1:])
+    padded[slot] = q
+    padded = padded.view(groups, width, kv_heads, -1, dim).permute(0, 2, 1, 3, 4)
+    on_prompt = padded.reshape(groups, kv_heads, -1, dim) @ keys.transpose(-1, -2)
+    on_prompt = on_prompt.view(groups, kv_heads, width, -1, prompt).permute(0, 2, 1, 3, 4)
+    on_prompt = on_prompt.reshape(groups * width, kv_heads, -1, prompt)[slot]
+    on_prompt = on_prompt.masked_fill(prompt_kv.blocked, torch.finfo(on_prompt.dtype).min)
+    scores = torch.cat([on_prompt, q @ key.transpose(-1, -2)], -1) * (
+        dim ** -0.5 if scaling is None else scaling)
+    weights = torch.softmax(scores, -1, dtype=torch.float32).to(query.dtype)
+    spread = weights.new_zeros(groups * width, *weights.shape[1:3], prompt)
+    spread[slot] = weights[..., :prompt]
+    spread = spread.view(groups, width, kv_heads, -1, prompt).permute(0, 2, 1, 3, 4)
+    from_prompt = spread.reshape(groups, kv_heads, -1, prompt) @ values
+    from_prompt = from_prompt.view(groups, kv_heads, width, -1, dim).permute(0, 2, 1, 3, 4)
+    out = from_prompt.reshape(groups * width, kv_heads, -1, dim)[slot] + \
+        weights[..., prompt:] @ value
+    return out.reshape(rows, 1, heads, dim), None
+
+
+_PROMPT_SHARED = "igrpo_prompt_shared"
+# Architectures whose attention modules pass the forward's keyword arguments to the attention
+# function (and so reach `_prompt_shared_attention`), tested in tests/test_rollout.py.
+PROMPT_SHARED_MODELS = ("llama", "qwen2", "mistral", "gpt_neox")
+
+
+def _shares_prompts(model, cache) -> bool:
+    config = model.config
+    return (config.model_type in PROMPT_SHARED_MODELS
+            and config._attn_implementation in ("sdpa", "eager")
+            and getattr(config, "sliding_window", None) is None
+            and all(type(layer) is _FilledLayer for layer in cache.layers))
+
+
 def _cache_rows(cache, index: torch.Tensor) -> None:
-    """Keep (and repeat) the cache's rows at `index`, in every layer."""
+    """Keep (and repeat) the cache's rows at `index`, in every layer (a layer not written yet
+    has none: it takes its rows from its first write)."""
     for layer in cache.layers:
+        if layer.keys is None:
+            continue
         layer.keys = layer.keys.index_select(0, index)
         layer.values = layer.values.index_select(0, index)
         layer.batch_size = len(index)
+
+
+def _filled_cache(model, length: int):
+    """transformers' StaticCache of `length` positions whose full-attention layers read only
+    what is filled (sliding-window layers stay as they are)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    cache.layers = [_FilledLayer(layer.max_cache_len) if type(layer) is StaticLayer else layer
+                    for layer in cache.layers]
+    return cache
+
+
+def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int,
+             share_prompts: bool):
+    """Run each prompt once and set up its `repeat` rows: (the cache the rows decode into, each
+    row's first logits, the rows' attention mask, each row's next position, the prompts' keys
+    and values kept once per group or None). Prompt sharing (`_PromptKV`) applies to repeated
+    prompts on the architectures that serve it; otherwise the prompt's cache is copied to its
+    rows and the mask covers prompt and new tokens."""
+    rows, width = ids.shape[0] * repeat, ids.shape[1]
+    cache = _filled_cache(model, width + max_new_tokens)
+    shared = share_prompts and repeat > 1 and _shares_prompts(model, cache)
+    if shared:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(_PROMPT_SHARED, _prompt_shared_attention)
+        cache = _filled_cache(model, width)  # the prompts only
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    fan_out = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(repeat)
+    next_position = positions[fan_out, -1] + 1
+    if shared:
+        prompt_kv = _PromptKV(cache, mask, repeat)
+        return _filled_cache(model, max_new_tokens), logits[fan_out], None, next_position, \
+            prompt_kv
+    if repeat > 1:
+        _cache_rows(cache, fan_out)
+    attention = torch.cat([mask[fan_out], mask.new_ones(rows, max_new_tokens)], dim=1)
+    return cache, logits[fan_out], attention, next_position, None
 
 
 @torch.no_grad()
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int,
            eos_id: int, pad_id: int, *, temperature: float = 1.0, top_p: float = 1.0,
            greedy: bool = False, limits: list[int] | None = None,
-           compact_share: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+           compact_share: float = 0.9,
+           share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoding loop under every hf rollout: `repeat` completions of each left-padded row of
     `ids`, rows in order ([rows x repeat, T] tokens, padded after EOS; and each token's
     log-prob under the sampling distribution, 0 on padding), as wide as the longest row.
 
     Leaner than `model.generate` where rollout spends its time: the KV cache is preallocated
     (transformers' StaticCache: no per-token concatenation), each prompt is prefilled once and
-    its cache fanned out to its `repeat` rows, and rows that have ended (EOS, or their own
-    `limits` entry of new tokens) leave the batch once no more than `compact_share` of the
-    batch is still running. Sampling is transformers' temperature and top-p warpers and
-    `torch.multinomial`, as `generate` samples."""
-    from transformers import StaticCache
+    its keys and values are kept once for its `repeat` rows, whose attention reads them once per
+    group (`_PromptKV`; `share_prompts=False`, or an architecture outside
+    PROMPT_SHARED_MODELS, copies the prompt's cache to every row instead), and rows that have
+    ended (EOS, or their own `limits` entry of new tokens) leave the batch once no more than
+    `compact_share` of the batch is still running. Sampling is transformers' temperature and
+    top-p warpers and `torch.multinomial`, as `generate` samples."""
     from transformers.generation.logits_process import (LogitsProcessorList,
                                                         TemperatureLogitsWarper,
                                                         TopPLogitsWarper)
@@ -176,50 +299,48 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
         warpers.append(TemperatureLogitsWarper(temperature))
     if not greedy and top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p))
-    rows, width = ids.shape[0] * repeat, ids.shape[1]
-    device = ids.device
+    rows, device = ids.shape[0] * repeat, ids.device
     limit = torch.full((rows,), max_new_tokens, device=device) if limits is None else \
         torch.tensor(limits, device=device).repeat_interleave(repeat)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(rows, max_new_tokens, device=device)
     if max_new_tokens == 0 or rows == 0:
         return tokens, logprobs
-    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
-    cache.layers = [_FilledLayer(layer.max_cache_len) if type(layer) is StaticLayer else layer
-                    for layer in cache.layers]  # sliding-window layers stay as they are
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    was_training = model.training
+    was_training, implementation = model.training, model.config._attn_implementation
     model.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        fan_out = torch.arange(ids.shape[0], device=device).repeat_interleave(repeat)
-        if repeat > 1:
-            _cache_rows(cache, fan_out)
-        logits = logits[fan_out]
-        attention = torch.cat([mask[fan_out], mask.new_ones(rows, max_new_tokens)], dim=1)
-        next_position = positions[fan_out, -1] + 1
-        alive = torch.arange(rows, device=device)  # the batch's rows, as rows of the output
-        for t in range(max_new_tokens):
-            scores = warpers(None, logits.float())
-            chosen = scores.argmax(-1) if greedy else \
-                torch.multinomial(torch.softmax(scores, -1), 1).squeeze(-1)
-            tokens[alive, t] = chosen
-            logprobs[alive, t] = torch.log_softmax(scores, -1).gather(
-                -1, chosen[:, None]).squeeze(-1)
-            running = (chosen != eos_id) & (limit[alive] > t + 1)
-            if t + 1 == max_new_tokens or not running.any():
-                break
-            if running.sum() <= compact_share * len(alive):
-                keep = running.nonzero().squeeze(-1)
-                _cache_rows(cache, keep)
-                alive, chosen = alive[keep], chosen[keep]
-                attention, next_position = attention[keep], next_position[keep]
-            logits = model(input_ids=chosen[:, None], attention_mask=attention,
-                           position_ids=(next_position + t)[:, None], past_key_values=cache,
-                           use_cache=True).logits[:, -1]
-    model.train(was_training)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
+            cache, logits, attention, next_position, prompt_kv = _prefill(
+                model, ids, mask, repeat, max_new_tokens, share_prompts)
+            step = {} if prompt_kv is None else {"prompt_kv": prompt_kv}
+            if prompt_kv is not None:
+                model.config._attn_implementation = _PROMPT_SHARED
+            alive = torch.arange(rows, device=device)  # the batch's rows, as rows of the output
+            for t in range(max_new_tokens):
+                scores = warpers(None, logits.float())
+                chosen = scores.argmax(-1) if greedy else \
+                    torch.multinomial(torch.softmax(scores, -1), 1).squeeze(-1)
+                tokens[alive, t] = chosen
+                logprobs[alive, t] = torch.log_softmax(scores, -1).gather(
+                    -1, chosen[:, None]).squeeze(-1)
+                running = (chosen != eos_id) & (limit[alive] > t + 1)
+                if t + 1 == max_new_tokens or not running.any():
+                    break
+                if running.sum() <= compact_share * len(alive):
+                    keep = running.nonzero().squeeze(-1)
+                    _cache_rows(cache, keep)
+                    alive, chosen, next_position = alive[keep], chosen[keep], next_position[keep]
+                    if prompt_kv is not None:
+                        prompt_kv.keep(keep)
+                    else:
+                        attention = attention[keep]
+                logits = model(input_ids=chosen[:, None], attention_mask=attention,
+                               position_ids=(next_position + t)[:, None], past_key_values=cache,
+                               use_cache=True, **step).logits[:, -1]
+    finally:
+        model.config._attn_implementation = implementation
+        model.train(was_training)
     ended, _ = mask_after_eos(tokens, eos_id)
     span = torch.arange(max_new_tokens, device=device)[None, :] < limit[:, None]
     keep = ended.bool() & span

@@ -1,5 +1,6 @@
 """Rollout: shared-prefill sampling equals plain generate; masks and truncation are right."""
 
+import pytest
 import torch
 
 from configs.schema import TinyModelConfig
@@ -166,3 +167,56 @@ def test_prompt_shared_update_equals_the_plain_one(warm_start):
     for a, b in zip(grads_a, grads_b):
         assert (a - b).abs().max() <= 1e-5 * max(b.abs().max(), 1.0)
     assert any(g.abs().sum() > 0 for g in grads_a)
+
+
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", {"num_key_value_heads": 2}),
+    "qwen2": ("Qwen2Config", {"num_key_value_heads": 2}),
+    "mistral": ("MistralConfig", {"num_key_value_heads": 4, "sliding_window": None}),
+    "gpt_neox": ("GPTNeoXConfig", {}),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architecture,
+                                                                        monkeypatch):
+    """Decoding with each prompt's keys and values kept once per group (`_PromptKV`, read by
+    `_prompt_shared_attention`) samples the tokens, with the log-probs, that decoding with the
+    prompt's cache copied to every row samples: random 2-layer models of each architecture the
+    shared path serves (grouped-query attention included), left-padded prompts of different
+    lengths, groups of 6 that shrink unevenly as rows end, and prompts whose rows all stopped
+    (their own limits of 1 and 8 new tokens: the first leave before any row's token is cached)
+    leaving the batch."""
+    import transformers
+
+    from policy import rollout
+
+    name, extra = ARCHITECTURES[architecture]
+    config = getattr(transformers, name)(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    lengths = [9, 3, 14, 6, 11]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, -n:] = torch.randint(2, 64, (n,))
+        mask[row, -n:] = 1
+    calls = []
+    attention = rollout._prompt_shared_attention
+    monkeypatch.setattr(rollout, "_prompt_shared_attention",
+                        lambda *a, **k: (calls.append(1), attention(*a, **k))[1])
+    out = {}
+    for share in (True, False):
+        torch.manual_seed(1)
+        out[share] = rollout.decode(model, ids, mask, 6, 60, 1, 0, limits=[1, 60, 8, 60, 60],
+                                    share_prompts=share)
+    assert calls  # the shared path ran
+    tokens, logprobs = out[True]
+    assert torch.equal(tokens, out[False][0])
+    torch.testing.assert_close(logprobs, out[False][1], atol=1e-5, rtol=0)
+    ended = (tokens == 1).any(-1).view(len(lengths), 6)[[1, 3, 4]]
+    assert ended.any() and not ended.all()  # rows left the batch at different steps
+    assert (tokens[:6, 1:] == 0).all() and (tokens[12:18, 8:] == 0).all()  # the limits held
+    assert model.config._attn_implementation != rollout._PROMPT_SHARED  # restored
