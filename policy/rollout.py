@@ -170,6 +170,7 @@ class _PromptKV:
         counts = torch.bincount(self.group, minlength=len(self.mask))
         starts = counts.cumsum(0) - counts
         self.width = int(counts.max())  # queries of a group, padded to the largest group
+        self.full = len(self.group) == len(self.mask) * self.width
         self.slot = self.group * self.width + torch.arange(
             len(self.group), device=self.group.device) - starts[self.group]
         self.blocked = ~self.mask[self.group][:, None, None, :]  # [rows, 1, 1, P]
@@ -185,24 +186,28 @@ def _prompt_shared_attention(module, query, key, value, attention_mask, scaling=
     keys, values = prompt_kv.keys[module.layer_idx], prompt_kv.values[module.layer_idx]
     groups, prompt = keys.shape[0], keys.shape[2]
     width, slot = prompt_kv.width, prompt_kv.slot
+    full = prompt_kv.full  # every group at its full width: rows are the slots, in order
+
+    def to_slots(x):  # [rows, ...] -> [groups, kv_heads, width x query heads, last]
+        if not full:
+            padded = x.new_zeros(groups * width, *x.shape[1:])
+            padded[slot] = x
+            x = padded
+        x = x.reshape(groups, width, kv_heads, -1, x.shape[-1]).permute(0, 2, 1, 3, 4)
+        return x.reshape(groups, kv_heads, -1, x.shape[-1])
+
+    def to_rows(x):  # the inverse of to_slots
+        x = x.view(groups, kv_heads, width, -1, x.shape[-1]).permute(0, 2, 1, 3, 4)
+        x = x.reshape(groups * width, kv_heads, -1, x.shape[-1])
+        return x if full else x[slot]
+
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # a key head's query heads
-    padded = q.new_zeros(groups * width, *q.shape[1:])
-    padded[slot] = q
-    padded = padded.view(groups, width, kv_heads, -1, dim).permute(0, 2, 1, 3, 4)
-    on_prompt = padded.reshape(groups, kv_heads, -1, dim) @ keys.transpose(-1, -2)
-    on_prompt = on_prompt.view(groups, kv_heads, width, -1, prompt).permute(0, 2, 1, 3, 4)
-    on_prompt = on_prompt.reshape(groups * width, kv_heads, -1, prompt)[slot]
+    on_prompt = to_rows(to_slots(q) @ keys.transpose(-1, -2))
     on_prompt = on_prompt.masked_fill(prompt_kv.blocked, torch.finfo(on_prompt.dtype).min)
     scores = torch.cat([on_prompt, q @ key.transpose(-1, -2)], -1) * (
         dim ** -0.5 if scaling is None else scaling)
     weights = torch.softmax(scores, -1, dtype=torch.float32).to(query.dtype)
-    spread = weights.new_zeros(groups * width, *weights.shape[1:3], prompt)
-    spread[slot] = weights[..., :prompt]
-    spread = spread.view(groups, width, kv_heads, -1, prompt).permute(0, 2, 1, 3, 4)
-    from_prompt = spread.reshape(groups, kv_heads, -1, prompt) @ values
-    from_prompt = from_prompt.view(groups, kv_heads, width, -1, dim).permute(0, 2, 1, 3, 4)
-    out = from_prompt.reshape(groups * width, kv_heads, -1, dim)[slot] + \
-        weights[..., prompt:] @ value
+    out = to_rows(to_slots(weights[..., :prompt]) @ values) + weights[..., prompt:] @ value
     return out.reshape(rows, 1, heads, dim), None
 
 
