@@ -70,6 +70,41 @@ def packed_forward(model, ids, mask, per_row: int):
     return model(input_ids=inp, position_ids=pos).logits
 
 
+def rollout_rows(model, tok, fmt, splits, repeats: int) -> list[str]:
+    """The rollout levers' table rows: GRPO's 8 x G = 8 and the evaluation's 64 x k = 4."""
+    import torch
+
+    from policy.rollout import decode
+    from runtime.prompts import encode_prompts
+
+    rows = []
+    for label, records, repeat in (("8 questions x G = 8", splits.rl[:8], 8),
+                                   ("64 questions x k = 4", splits.eval[:64], 4)):
+        enc = tok.pad({"input_ids": encode_prompts(tok, fmt.prompts(tok, records))},
+                      padding=True, return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        with torch.no_grad():
+            before = median_time(lambda: generate_shared(model, ids, mask, repeat, 112),
+                                 repeats)
+            static = median_time(lambda: model.generate(
+                input_ids=ids.repeat_interleave(repeat, 0),
+                attention_mask=mask.repeat_interleave(repeat, 0), max_new_tokens=112,
+                do_sample=True, top_k=0, pad_token_id=0, eos_token_id=1,
+                cache_implementation="static"), repeats)
+            ours = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
+                                              tok.pad_token_id), repeats)
+            copied = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
+                                                tok.pad_token_id, share_prompts=False),
+                                 repeats)
+        rows.append(f"| rollout: generate, static cache | {label} | {before:.2f} | {static:.2f} "
+                    f"| {static / before:.2f}x |")
+        rows.append(f"| rollout: `decode` | {label} | {before:.2f} | {ours:.2f} | "
+                    f"{ours / before:.2f}x |")
+        rows.append(f"| rollout: `decode`'s prompt read once a group, against copied to each "
+                    f"row | {label} | {copied:.2f} | {ours:.2f} | {ours / copied:.2f}x |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -79,10 +114,10 @@ def main() -> None:
 
     from configs import load_config
     from policy.logprobs import completion_logprobs
-    from policy.rollout import decode, generate_groups
+    from policy.rollout import generate_groups
     from runtime.data import load_splits
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import encode_prompts, prompt_format
+    from runtime.prompts import prompt_format
 
     torch.set_num_threads(2)
     policy = ROOT / "runtime/bundled/tiny_warm_start"
@@ -92,31 +127,7 @@ def main() -> None:
     fmt = prompt_format(cfg.data)
     rows = ["| lever | setting | before s | after s | after / before |", "| --- | --- | --- | --- | --- |"]
 
-    for label, records, repeat in (("8 questions x G = 8", splits.rl[:8], 8),
-                                   ("64 questions x k = 4", splits.eval[:64], 4)):
-        enc = tok.pad({"input_ids": encode_prompts(tok, fmt.prompts(tok, records))},
-                      padding=True, return_tensors="pt")
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        with torch.no_grad():
-            before = median_time(lambda: generate_shared(model, ids, mask, repeat, 112),
-                                 args.repeats)
-            static = median_time(lambda: model.generate(
-                input_ids=ids.repeat_interleave(repeat, 0),
-                attention_mask=mask.repeat_interleave(repeat, 0), max_new_tokens=112,
-                do_sample=True, top_k=0, pad_token_id=0, eos_token_id=1,
-                cache_implementation="static"), args.repeats)
-            ours = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
-                                              tok.pad_token_id), args.repeats)
-            copied = median_time(lambda: decode(model, ids, mask, repeat, 112, tok.eos_token_id,
-                                                tok.pad_token_id, share_prompts=False),
-                                 args.repeats)
-        rows.append(f"| rollout: generate, static cache | {label} | {before:.2f} | {static:.2f} "
-                    f"| {static / before:.2f}x |")
-        rows.append(f"| rollout: `decode` | {label} | {before:.2f} | {ours:.2f} | "
-                    f"{ours / before:.2f}x |")
-        rows.append(f"| rollout: `decode`'s prompt read once a group, against copied to each "
-                    f"row | {label} | {copied:.2f} | {ours:.2f} | {ours / copied:.2f}x |")
-
+    rows += rollout_rows(model, tok, fmt, splits, args.repeats)
     torch.manual_seed(0)
     r = generate_groups(model, tok, fmt.prompts(tok, splits.rl[:8]), 8, max_new_tokens=112)
     start = r.prompt_ids.shape[1]
