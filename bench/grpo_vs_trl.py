@@ -35,6 +35,7 @@ os.environ["WANDB_MODE"] = "disabled"
 import torch
 torch.set_num_threads(2)
 side, policy, steps, max_tokens, out = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+bf16 = sys.argv[7] == "bf16"
 Q, G, LR, BETA = 8, 8, 5e-5, 0.04
 
 def peak_rss():
@@ -58,7 +59,8 @@ if side == "ours":
         f"grpo.group_size={G}", f"grpo.lr={LR}", f"grpo.beta={BETA}", "grpo.loss=grpo",
         "grpo.supervision=outcome", f"grpo.max_new_tokens={max_tokens}", "grpo.eval_every=0",
         "grpo.inspect_every=0", "grpo.save_every=100000", f"deepspeed.micro_batch_size={Q * G}",
-        "run.wandb_mode=disabled", "run.threads=2"])
+        "run.wandb_mode=disabled", "run.threads=2"]
+        + (["model.dtype=bfloat16", "deepspeed.bf16=true"] if bf16 else []))
     logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="")
     train_grpo(cfg, Path(out), policy, RuleReward(), records, records[:1], logger, "")
     rows = [r for r in read_metrics(Path(out) / "m.jsonl") if "time/step" in r][1:]
@@ -94,7 +96,7 @@ else:
         output_dir=out, per_device_train_batch_size=Q * G, num_generations=G,
         gradient_accumulation_steps=1, max_completion_length=max_tokens, temperature=1.0,
         top_k=0, learning_rate=LR, beta=BETA, loss_type="grpo", num_iterations=1,
-        gradient_checkpointing=False, use_vllm=False, bf16=False, use_cpu=True,
+        gradient_checkpointing=False, use_vllm=False, bf16=bf16, use_cpu=True,
         max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", seed=0,
         lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
     model = AutoModelForCausalLM.from_pretrained(policy)
@@ -108,10 +110,10 @@ print("RESULT " + json.dumps(result))
 """
 
 
-def run_side(side: str, policy: str, steps: int, max_tokens: int) -> dict:
+def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str) -> dict:
     out = tempfile.mkdtemp()
     done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, policy, str(steps),
-                           str(max_tokens), out], capture_output=True, text=True, cwd=ROOT)
+                           str(max_tokens), out, precision], capture_output=True, text=True, cwd=ROOT)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")

@@ -9,9 +9,11 @@ On the shipped tiny warm start (2.6M), 2 threads, medians of `--repeats`:
   filled length, shared prefill, ended rows leaving the batch, a prompt's keys and values read
   once per group), also against itself with the prompt's cache copied to every row;
 - update: forward + backward and a no-gradient forward of a 64-row rollout: the plain padded
-  forward, the prompt-shared one (`completion_logprobs(share_prompts=True)`), and packing (each
-  row's real tokens concatenated, 2 sequences a row, position ids restarting: no FLOPs on
-  padding, attention masked block-diagonally by transformers).
+  forward, the prompt-shared one (`completion_logprobs(share_prompts=True, pack=False)`), the
+  prompt-shared one on real tokens only (`pack=True`: the rows' completions one sequence,
+  attention alone laid out in rows), and transformers' own packing (each row's real tokens
+  concatenated, 1 or 2 sequences a row, position ids restarting, attention masked
+  block-diagonally by transformers).
 """
 
 from __future__ import annotations
@@ -132,10 +134,10 @@ def main() -> None:
     r = generate_groups(model, tok, fmt.prompts(tok, splits.rl[:8]), 8, max_new_tokens=112)
     start = r.prompt_ids.shape[1]
 
-    def backward(share: bool):
+    def backward(share: bool, pack: bool = False):
         model.zero_grad()
         lp = completion_logprobs(model, r.input_ids, r.attention_mask, start,
-                                 share_prompts=share)
+                                 share_prompts=share, pack=pack)
         (lp * r.completion_mask).sum().backward()
 
     def packed(per_row: int):
@@ -146,12 +148,15 @@ def main() -> None:
     model.train()
     plain = median_time(lambda: backward(False), args.repeats)
     shared = median_time(lambda: backward(True), args.repeats)
+    shared_packed = median_time(lambda: backward(True, True), args.repeats)
     pack1 = median_time(lambda: packed(1), args.repeats)
     pack2 = median_time(lambda: packed(2), args.repeats)
     with torch.no_grad():
         plain_ng = median_time(lambda: completion_logprobs(
             model, r.input_ids, r.attention_mask, start, share_prompts=False), args.repeats)
         shared_ng = median_time(lambda: completion_logprobs(
+            model, r.input_ids, r.attention_mask, start, pack=False), args.repeats)
+        packed_ng = median_time(lambda: completion_logprobs(
             model, r.input_ids, r.attention_mask, start), args.repeats)
     real = float(r.attention_mask.float().mean())
     setting = f"64 rows, {real:.0%} of the padded tokens real"
@@ -160,6 +165,10 @@ def main() -> None:
         f"{shared / plain:.2f}x |",
         f"| update: prompt-shared forward, no gradient (reference) | {setting} | {plain_ng:.2f} "
         f"| {shared_ng:.2f} | {shared_ng / plain_ng:.2f}x |",
+        f"| update: prompt-shared, real tokens only, forward + backward (vs prompt-shared) | "
+        f"{setting} | {shared:.2f} | {shared_packed:.2f} | {shared_packed / shared:.2f}x |",
+        f"| update: prompt-shared, real tokens only, no gradient (vs prompt-shared) | "
+        f"{setting} | {shared_ng:.2f} | {packed_ng:.2f} | {packed_ng / shared_ng:.2f}x |",
         f"| update: padding trimmed (1 sequence a row) | {setting} | {plain:.2f} | {pack1:.2f} | "
         f"{pack1 / plain:.2f}x |",
         f"| update: packed, 2 sequences a row | {setting} | {plain:.2f} | {pack2:.2f} | "

@@ -46,21 +46,83 @@ def _checkpointing(model) -> bool:
     return bool(getattr(module, name, False)) and module.training
 
 
+class _Packed:
+    """The packed completion pass's view of its batch: the prompts' keys and values (one entry a
+    layer, from the prompt pass, once per question) and where each packed token sits in the
+    padded `[rows, width]` layout its attention runs in."""
+
+    def __init__(self, cache, group: torch.Tensor, prompt_mask: torch.Tensor,
+                 lengths: torch.Tensor):
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
+        self.group, self.rows = group, len(group)
+        self.width = max(int(lengths.max()), 1)
+        column = torch.arange(self.width, device=group.device)
+        real = column[None, :] < lengths[:, None]  # [rows, width]
+        self.row, self.column = real.nonzero(as_tuple=True)  # packed order: row by row
+        self.slots = self.row * self.width + self.column
+        causal = column[None, :] <= column[:, None]  # a padded query sees at least itself
+        self.mask = torch.cat([prompt_mask.bool()[group][:, None, :].expand(-1, self.width, -1),
+                               causal.expand(self.rows, -1, -1)], -1)[:, None]
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[1, heads, packed, dim] -> [rows, heads, width, dim], zeros where no token is."""
+        x = x[0].transpose(0, 1)
+        out = x.new_zeros(self.rows * self.width, *x.shape[1:]).index_copy(0, self.slots, x)
+        return out.view(self.rows, self.width, *x.shape[1:]).transpose(1, 2)
+
+
+def _packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                      packed: _Packed | None = None, **kwargs):
+    """Attention of the packed completion tokens (`[1, packed]`, no padding) over [their prompt |
+    their own row's earlier tokens]: padded to `[rows, width]` for SDPA here only, so the
+    projections and MLPs around it run on real tokens alone."""
+    layer = module.layer_idx
+    keys = torch.cat([packed.keys[layer].index_select(0, packed.group), packed.pad(key)], 2)
+    values = torch.cat([packed.values[layer].index_select(0, packed.group), packed.pad(value)], 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        packed.pad(query), keys, values, attn_mask=packed.mask, dropout_p=dropout, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1])
+    out = out.transpose(1, 2).reshape(packed.rows * packed.width, *out.shape[1:2], -1)
+    return out.index_select(0, packed.slots)[None], None
+
+
+_PACKED = "igrpo_packed"
+
+
+def _packable(model, mask: torch.Tensor, start: int) -> bool:
+    """The packed pass serves architectures whose attention takes the forward's keyword
+    arguments (policy.rollout.PROMPT_SHARED_MODELS), without sliding windows, and completions
+    whose real tokens come first in their row (right padding only)."""
+    from policy.rollout import PROMPT_SHARED_MODELS
+
+    config = getattr(model, "module", model).config
+    completion = mask[:, start:]
+    return (config.model_type in PROMPT_SHARED_MODELS
+            and config._attn_implementation in ("sdpa", "eager")
+            and getattr(config, "sliding_window", None) is None
+            and bool((completion.cummin(-1).values == completion).all()))
+
+
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_start: int, chunk_tokens: int = 4096,
                         entropy_out: torch.Tensor | None = None,
-                        share_prompts: bool = True) -> torch.Tensor:
+                        share_prompts: bool = True, pack: bool = True) -> torch.Tensor:
     """Log-probs of the completion tokens of left-padded `[prompt | completion]` rows.
 
     input_ids, attention_mask: [N, P + T], the completion starting at column `completion_start`
-    (= P). Returns [N, T]: the log-prob of token `P + t` given everything before it.
+    (= P). Returns [N, T]: the log-prob of token `P + t` given everything before it (0 where
+    the completion is padding, on the packed path).
 
     With `share_prompts`, rows that repeat the row above's prompt (a question's G samples) share
-    one forward of it: the prompt runs once per question into a KV cache, which is fanned out to
-    its rows (`index_select`, so the gradient of every row flows back into the one prompt pass),
-    and only `[last prompt token | completion]` runs per row. Same values and gradients as the
-    plain forward (to float rounding), with the prompt's FLOPs paid once per group instead of G
-    times. Off under gradient checkpointing (which turns the cache off) and when no row repeats.
+    one forward of it: the prompt runs once per question into a KV cache, and only `[last prompt
+    token | completion]` runs per row, its attention reading its question's prompt keys (the
+    gradient of every row flows back into the one prompt pass). With `pack` as well (on the
+    architectures `_packable` names), that per-row pass carries no padding: the rows' real
+    tokens run as one sequence, and only attention lays them out in rows. Same values and
+    gradients as the plain forward (to float rounding), with the prompt's FLOPs paid once per
+    group instead of G times and none paid on padding. Off under gradient checkpointing (which
+    turns the cache off) and when no row repeats.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     start = completion_start
@@ -69,20 +131,51 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids,
                        logits_to_keep=input_ids.shape[1] - start + 1).logits
-    else:
-        from transformers import DynamicCache
+        return selective_log_softmax(logits[:, :-1], input_ids[:, start:], chunk_tokens,
+                                     entropy_out)
+    from transformers import DynamicCache
 
-        cache = DynamicCache(config=getattr(model, "module", model).config)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
-            model(input_ids=input_ids[first, :start - 1],
-                  attention_mask=attention_mask[first, :start - 1],
-                  position_ids=position_ids[first, :start - 1], past_key_values=cache,
-                  use_cache=True, logits_to_keep=1)
-            cache.batch_select_indices(run)
-            logits = model(input_ids=input_ids[:, start - 1:], attention_mask=attention_mask,
-                           position_ids=position_ids[:, start - 1:], past_key_values=cache,
-                           use_cache=True).logits
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
+    cache = DynamicCache(config=module.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
+        model(input_ids=input_ids[first, :start - 1], attention_mask=attention_mask[first, :start - 1],
+              position_ids=position_ids[first, :start - 1], past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+        if pack and _packable(model, attention_mask, start):
+            return _packed_logprobs(model, module, cache, input_ids, attention_mask,
+                                    position_ids, start, first, run, chunk_tokens,
+                                    entropy_out)
+        cache.batch_select_indices(run)
+        logits = model(input_ids=input_ids[:, start - 1:], attention_mask=attention_mask,
+                       position_ids=position_ids[:, start - 1:], past_key_values=cache,
+                       use_cache=True).logits
     # logits[:, j] predicts token j + 1; keep the positions that predict completion tokens.
-    logits = logits[:, :-1]
-    return selective_log_softmax(logits, input_ids[:, start:], chunk_tokens, entropy_out)
+    return selective_log_softmax(logits[:, :-1], input_ids[:, start:], chunk_tokens, entropy_out)
+
+
+def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_ids, start: int,
+                     first: torch.Tensor, run: torch.Tensor, chunk_tokens: int, entropy_out):
+    """The per-row pass of `completion_logprobs` on real tokens only: row i's inputs are its last
+    prompt token and its completion but the last token, one packed sequence for all rows."""
+    from transformers import AttentionInterface
+
+    lengths = attention_mask[:, start:].sum(-1)
+    packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths)
+    column = start - 1 + packed.column
+    AttentionInterface.register(_PACKED, _packed_attention)
+    implementation = module.config._attn_implementation
+    module.config._attn_implementation = _PACKED
+    try:
+        logits = model(input_ids=input_ids[packed.row, column][None],
+                       position_ids=position_ids[packed.row, column][None],
+                       use_cache=False, packed=packed).logits[0]
+    finally:
+        module.config._attn_implementation = implementation
+    entropy = None if entropy_out is None else logits.new_zeros(len(column), dtype=torch.float32)
+    picked = selective_log_softmax(logits, input_ids[packed.row, column + 1], chunk_tokens, entropy)
+    if entropy_out is not None:
+        entropy_out.zero_()
+        entropy_out[packed.row, packed.column] = entropy
+    out = picked.new_zeros(input_ids.shape[0], input_ids.shape[1] - start)
+    return out.index_put((packed.row, packed.column), picked)
