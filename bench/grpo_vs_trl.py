@@ -7,7 +7,10 @@ Models: the shipped tiny warm start (2.6M) and a ~20M tiny Llama (random weights
 samples mostly run to the length limit). Both sides: the same model and character tokenizer, the same synthetic prompts, the same
 rule-based reward (final answer vs gold), G = 8 samples x 8 questions a step, the same maximum
 completion length, temperature 1.0, learning rate 5e-5, beta 0.04, one update per step (mu = 1),
-fp32 on CPU. TRL is set to its fastest fair CPU setting: no gradient checkpointing, no vLLM,
+on CPU in one precision for both (`--precision`): fp32, or bf16 (ours: bf16 weights with
+DeepSpeed's fp32 master copy, `model.dtype=bfloat16 deepspeed.bf16=true`; TRL: `bf16=True`,
+autocast over fp32 weights), bf16 running on the CPU's AMX/AVX-512 bf16 units where it has them.
+TRL is set to its fastest fair CPU setting otherwise: no gradient checkpointing, no vLLM,
 `loss_type="grpo"` (its default is "dapo") and `beta=0.04` (its default is 0). Each side runs in its
 own child process (peak RSS is per process), the first step is a warm-up, and the step time is
 the median of the others; each side runs `--repeats` times and the medians are reported.
@@ -110,6 +113,17 @@ print("RESULT " + json.dumps(result))
 """
 
 
+def cpu_name() -> str:
+    """The CPU's model name and whether it has bf16 matrix units (AMX or AVX-512 bf16)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), "unknown CPU")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
+                  if line.startswith("flags")), [])
+    units = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    return f"{name} ({', '.join(units) if units else 'no bf16 units'})"
+
+
 def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str) -> dict:
     out = tempfile.mkdtemp()
     done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, policy, str(steps),
@@ -120,23 +134,25 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int) -> list[str]:
+def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int,
+            precision: str) -> list[str]:
     """Both sides `repeats` times, alternating; markdown rows of their medians and the ratios."""
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     for _ in range(repeats):
         for side in runs:
-            runs[side].append(run_side(side, policy, steps, max_tokens))
+            runs[side].append(run_side(side, policy, steps, max_tokens, precision))
     med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
            for side, rs in runs.items()}
     rows = []
     for side, m in med.items():
         split = [f"{m[k]:.2f}" if k in m else "-" for k in ("rollout_s", "update_s")]
-        rows.append(f"| {label} | {'ours' if side == 'ours' else 'TRL'} | {m['step_s']:.2f} | "
+        rows.append(f"| {label} | {precision} | {'ours' if side == 'ours' else 'TRL'} | "
+                    f"{m['step_s']:.2f} | "
                     f"{' | '.join(split)} | {m['completion_tokens'] / m['step_s']:,.0f} | "
                     f"{m['peak_rss'] / 2**30:.2f} |")
     speed = (med["ours"]["completion_tokens"] / med["ours"]["step_s"]) / \
         (med["trl"]["completion_tokens"] / med["trl"]["step_s"])
-    rows.append(f"| {label} | **ours / TRL** | | | | **{speed:.2f}x** | "
+    rows.append(f"| {label} | {precision} | **ours / TRL** | | | | **{speed:.2f}x** | "
                 f"**{med['ours']['peak_rss'] / med['trl']['peak_rss']:.2f}x** |")
     return rows
 
@@ -147,24 +163,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=112)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--precision", default="fp32,bf16", help="fp32, bf16 or both")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from configs.schema import TinyModelConfig
     from runtime.tiny_model import build_tiny
 
-    rows = ["| model | side | s/step | rollout s | update s | completion tok/s | peak RSS GiB |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| model | precision | side | s/step | rollout s | update s | completion tok/s | "
+            "peak RSS GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    models = []
     if "tiny" in args.models:
-        rows += measure("tiny warm start (2.6M)", str(ROOT / "runtime/bundled/tiny_warm_start"),
-                        args.steps, args.max_tokens, args.repeats)
+        models.append(("tiny warm start (2.6M)", str(ROOT / "runtime/bundled/tiny_warm_start")))
     if "20m" in args.models:
         big = build_tiny(Path(tempfile.mkdtemp()) / "tiny20m",
                          TinyModelConfig(hidden_size=512, num_layers=6, num_heads=8,
                                          intermediate_size=1536), seed=0)
-        rows += measure("tiny Llama (~20M, random)", str(big), args.steps, args.max_tokens,
-                        args.repeats)
-    print(f"{Q} questions x G={G}, at most {args.max_tokens} completion tokens, {args.steps} "
-          f"steps a run (the first a warm-up), medians of {args.repeats} runs per side")
+        models.append(("tiny Llama (~20M, random)", str(big)))
+    for label, policy in models:
+        for precision in args.precision.split(","):
+            rows += measure(label, policy, args.steps, args.max_tokens, args.repeats, precision)
+    print(f"{cpu_name()}; {Q} questions x G={G}, at most {args.max_tokens} completion tokens, "
+          f"{args.steps} steps a run (the first a warm-up), medians of {args.repeats} runs per side")
     print("\n".join(rows))
 
 

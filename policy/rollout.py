@@ -174,6 +174,15 @@ class _PromptKV:
         self.slot = self.group * self.width + torch.arange(
             len(self.group), device=self.group.device) - starts[self.group]
         self.blocked = ~self.mask[self.group][:, None, None, :]  # [rows, 1, 1, P]
+        self._bias = None
+
+    def prompt_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """[prompts, 1, 1, P] additive mask: -inf on the left padding of each prompt."""
+        if self._bias is None or self._bias.dtype != dtype:
+            self._bias = torch.zeros(self.mask.shape[0], 1, 1, self.mask.shape[1], dtype=dtype,
+                                     device=self.mask.device).masked_fill(
+                ~self.mask[:, None, None, :], float("-inf"))
+        return self._bias
 
 
 def _prompt_shared_attention(module, query, key, value, attention_mask, scaling=None,
@@ -202,6 +211,19 @@ def _prompt_shared_attention(module, query, key, value, attention_mask, scaling=
         return x if full else x[slot]
 
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # a key head's query heads
+    if query.device.type == "cpu" and query.dtype != torch.float32:
+        # bf16/fp16 matmuls on CPU copy their strided operands (the filled part of the cache)
+        # every step; the flash kernel reads them in place. The two parts' softmaxes are merged
+        # by their log-sum-exps, which gives the softmax over both.
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        on_prompt, prompt_lse = flash(to_slots(q), keys, values,
+                                      attn_mask=prompt_kv.prompt_bias(query.dtype), scale=scaling)
+        on_own, own_lse = flash(q, key, value, scale=scaling)
+        prompt_lse = to_rows(prompt_lse[..., None])[..., 0]
+        top = torch.maximum(prompt_lse, own_lse)
+        a, b = (prompt_lse - top).exp()[..., None], (own_lse - top).exp()[..., None]
+        out = (to_rows(on_prompt).float() * a + on_own.float() * b) / (a + b)
+        return out.to(query.dtype).reshape(rows, 1, heads, dim), None
     on_prompt = to_rows(to_slots(q) @ keys.transpose(-1, -2))
     on_prompt = on_prompt.masked_fill(prompt_kv.blocked, torch.finfo(on_prompt.dtype).min)
     scores = torch.cat([on_prompt, q @ key.transpose(-1, -2)], -1) * (

@@ -177,8 +177,9 @@ ARCHITECTURES = {
 }
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
-def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architecture,
+def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architecture, dtype,
                                                                         monkeypatch):
     """Decoding with each prompt's keys and values kept once per group (`_PromptKV`, read by
     `_prompt_shared_attention`) samples the tokens, with the log-probs, that decoding with the
@@ -186,7 +187,8 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
     shared path serves (grouped-query attention included), left-padded prompts of different
     lengths, groups of 6 that shrink unevenly as rows end, and prompts whose rows all stopped
     (their own limits of 1 and 8 new tokens: the first leave before any row's token is cached)
-    leaving the batch."""
+    leaving the batch. In bf16 on CPU the prompt's and the row's own parts run as two flash
+    attentions merged by their log-sum-exps (same tokens; log-probs to bf16's rounding)."""
     import transformers
 
     from policy import rollout
@@ -196,7 +198,7 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
         vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, max_position_embeddings=128, **extra)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).eval()
     lengths = [9, 3, 14, 6, 11]
     ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -214,8 +216,10 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
                                     share_prompts=share)
     assert calls  # the shared path ran
     tokens, logprobs = out[True]
-    assert torch.equal(tokens, out[False][0])
-    torch.testing.assert_close(logprobs, out[False][1], atol=1e-5, rtol=0)
+    same = (tokens == out[False][0]).all(-1)  # in bf16 a near-tie may sample another token
+    assert same.all() if dtype == "float32" else same.float().mean() >= 0.9, same
+    torch.testing.assert_close(logprobs[same], out[False][1][same], rtol=0,
+                               atol=1e-5 if dtype == "float32" else 0.05)
     ended = (tokens == 1).any(-1).view(len(lengths), 6)[[1, 3, 4]]
     assert ended.any() and not ended.all()  # rows left the batch at different steps
     assert (tokens[:6, 1:] == 0).all() and (tokens[12:18, 8:] == 0).all()  # the limits held
