@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from configs.schema import TinyModelConfig
+from configs.schema import ModelConfig, TinyModelConfig
 from process_supervision.label import Labeller, Solution
 from runtime.data import synthetic_records
 from runtime.tiny_model import build_tiny
@@ -31,10 +31,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 16, 64],
                         help="prefixes per generate call for the batched path (a sweep)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the completer's weights, on both paths")
     args = parser.parse_args()
     torch.set_num_threads(2)
     path = args.policy or build_tiny(tempfile.mkdtemp() + "/tiny", TinyModelConfig(), seed=0)
-    model, tok = load_causal_lm(path).eval(), load_tokenizer(path)
+    model, tok = load_causal_lm(path, ModelConfig(dtype=args.dtype)).eval(), load_tokenizer(path)
     solutions = [Solution(r, r.solution_steps)
                  for r in synthetic_records(7, args.solutions, 2, 4)]
     prefixes = sum(len(s.steps) - 1 for s in solutions)
@@ -53,7 +55,7 @@ def main() -> None:
                [x.soft for x in labels[n]] == [x.soft for x in reference] for n in labels)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"solutions {len(solutions)}, step prefixes {prefixes}, N = {args.completions}, "
-          f"repeats {args.repeats}")
+          f"{args.dtype}, repeats {args.repeats}")
     print(f"{'path':<14}{'median s':>10}{'prefixes/s':>12}{'vs per-prefix':>15}")
     for name, t in med.items():
         print(f"{name:<14}{t:>10.2f}{prefixes / t:>12.1f}{med['per-prefix'] / t:>14.1f}x")
