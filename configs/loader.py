@@ -170,6 +170,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
     _check_lengths(cfg, where)
     _check_value_family(cfg, where)
+    if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
+        raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
+                          "step the bf16 weights themselves, and updates below bf16's resolution "
+                          "would be lost; set deepspeed.bf16=true (fp32 master weights)")
     data = cfg.data
     if not (1 <= data.min_ops <= data.max_ops) or not (
             data.sft_max_ops == 0 or data.min_ops <= data.sft_max_ops <= data.max_ops):

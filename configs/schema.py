@@ -131,7 +131,9 @@ class DeepSpeedConfig:
     zero_stage: int = 0
     """ZeRO stage 0, 1, 2 or 3."""
     bf16: bool = False
-    """Train in bf16 (GPU); CPU runs use fp32."""
+    """Train in bf16 (bf16 weights, fp32 master weights and Adam state); required with
+    model.dtype=bfloat16. On CPUs with bf16 matrix units (AMX) it pays from ~20M parameters
+    (bench/README.md); the tiny configs use fp32."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass on one device."""
     grad_clip: float = 1.0

@@ -41,6 +41,15 @@ def test_bad_choice_names_the_key():
         load_config(None, ["grpo.loss=ppo"])
 
 
+def test_bf16_weights_need_deepspeed_bf16():
+    """bf16 weights stepped by an fp32 AdamW would lose every update below bf16's resolution:
+    refused, naming both keys; with DeepSpeed's bf16 mode (fp32 master weights) accepted."""
+    with pytest.raises(ConfigError, match="model.dtype=bfloat16 with deepspeed.bf16=false"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["model.dtype=bfloat16"])
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", ["model.dtype=bfloat16", "deepspeed.bf16=true"])
+    assert cfg.model.dtype == "bfloat16" and cfg.deepspeed.bf16
+
+
 def test_dotlist_overrides_yaml():
     cfg = load_config(CONFIG_DIR / "tiny.yaml", ["grpo.group_size=16"])
     assert cfg.grpo.group_size == 16

@@ -164,6 +164,7 @@ def test_iterate_on_vllm_samples_every_stage_on_one_engine(setting, tmp_path, mo
     grpo = {str(tmp_path / "tiny" / "grpo" / f"iteration-{k}" / "final") for k in (1, 2)}
     assert grpo <= {str(p) for p in loaded}  # later stages loaded GRPO's policies into it
     with pytest.raises(RuntimeError, match="dtype 'float32' here, 'bfloat16' wanted"):
-        engine_for(load_config("configs/tiny.yaml", [*VLLM, "model.dtype=bfloat16"]),
+        engine_for(load_config("configs/tiny.yaml", [*VLLM, "model.dtype=bfloat16",
+                                                          "deepspeed.bf16=true"]),
                    cfg.model.policy_path)
     assert made == []
