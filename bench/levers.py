@@ -159,7 +159,8 @@ def main() -> None:
         packed_ng = median_time(lambda: completion_logprobs(
             model, r.input_ids, r.attention_mask, start), args.repeats)
     real = float(r.attention_mask.float().mean())
-    setting = f"64 rows, {real:.0%} of the padded tokens real"
+    completion = float(r.completion_mask.float().mean())
+    setting = f"64 rows, {real:.0%} of the padded tokens real ({completion:.0%} of completions')"
     rows += [
         f"| update: prompt-shared forward + backward | {setting} | {plain:.2f} | {shared:.2f} | "
         f"{shared / plain:.2f}x |",

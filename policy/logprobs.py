@@ -144,9 +144,10 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     cache = DynamicCache(config=module.config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
-        model(input_ids=input_ids[first, :start - 1], attention_mask=attention_mask[first, :start - 1],
-              position_ids=position_ids[first, :start - 1], past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
+        model(input_ids=input_ids[first, :start - 1],
+              attention_mask=attention_mask[first, :start - 1],
+              position_ids=position_ids[first, :start - 1], past_key_values=cache,
+              use_cache=True, logits_to_keep=1)
         if pack and _packable(model, attention_mask, start):
             return _packed_logprobs(model, module, cache, input_ids, attention_mask,
                                     position_ids, start, first, run, chunk_tokens,
