@@ -127,7 +127,8 @@ def cpu_name() -> str:
 def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str) -> dict:
     out = tempfile.mkdtemp()
     done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, policy, str(steps),
-                           str(max_tokens), out, precision], capture_output=True, text=True, cwd=ROOT)
+                           str(max_tokens), out, precision],
+                          capture_output=True, text=True, cwd=ROOT)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
@@ -183,7 +184,8 @@ def main() -> None:
         for precision in args.precision.split(","):
             rows += measure(label, policy, args.steps, args.max_tokens, args.repeats, precision)
     print(f"{cpu_name()}; {Q} questions x G={G}, at most {args.max_tokens} completion tokens, "
-          f"{args.steps} steps a run (the first a warm-up), medians of {args.repeats} runs per side")
+          f"{args.steps} steps a run (the first a warm-up), medians of {args.repeats} runs "
+          "per side")
     print("\n".join(rows))
 
 
