@@ -169,6 +169,13 @@ def test_prompt_shared_update_equals_the_plain_one(warm_start):
     assert any(g.abs().sum() > 0 for g in grads_a)
 
 
+def _count_calls(monkeypatch, module, name: str) -> list:
+    """Wrap `module.name` so that each call appends to the returned list."""
+    calls, function = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(1), function(*a, **k))[1])
+    return calls
+
+
 ARCHITECTURES = {
     "llama": ("LlamaConfig", {"num_key_value_heads": 2}),
     "qwen2": ("Qwen2Config", {"num_key_value_heads": 2}),
@@ -205,10 +212,7 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
     for row, n in enumerate(lengths):
         ids[row, -n:] = torch.randint(2, 64, (n,))
         mask[row, -n:] = 1
-    calls = []
-    attention = rollout._prompt_shared_attention
-    monkeypatch.setattr(rollout, "_prompt_shared_attention",
-                        lambda *a, **k: (calls.append(1), attention(*a, **k))[1])
+    calls = _count_calls(monkeypatch, rollout, "_prompt_shared_attention")
     out = {}
     for share in (True, False):
         torch.manual_seed(1)
@@ -259,10 +263,7 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, monkeypatch):
         ids[row, start:start + n], mask[row, start:start + n] = torch.randint(2, 64, (n,)), 1
     completion_mask = mask[:, start:].float()
     advantages = torch.randn(rows, 1).expand(rows, width)
-    calls = []
-    attention = lp_module._packed_attention
-    monkeypatch.setattr(lp_module, "_packed_attention",
-                        lambda *a, **k: (calls.append(1), attention(*a, **k))[1])
+    calls = _count_calls(monkeypatch, lp_module, "_packed_attention")
     out = {}
     for pack in (True, False):
         model.zero_grad()
