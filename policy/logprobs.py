@@ -98,7 +98,7 @@ _PACKED = "igrpo_packed"
 def _packable(model, mask: torch.Tensor, start: int) -> bool:
     """The packed pass serves architectures whose attention takes the forward's keyword
     arguments (policy.rollout.PROMPT_SHARED_MODELS), without sliding windows, and completions
-    whose real tokens come first in their row (right padding only)."""
+    whose real tokens come first in their row (right padding only), at least one of them."""
     from policy.rollout import PROMPT_SHARED_MODELS
 
     config = getattr(model, "module", model).config
@@ -106,6 +106,7 @@ def _packable(model, mask: torch.Tensor, start: int) -> bool:
     return (config.model_type in PROMPT_SHARED_MODELS
             and config._attn_implementation in ("sdpa", "eager")
             and getattr(config, "sliding_window", None) is None
+            and bool(completion.any())
             and bool((completion.cummin(-1).values == completion).all()))
 
 
