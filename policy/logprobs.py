@@ -95,19 +95,14 @@ def _packed_attention(module, query, key, value, attention_mask, scaling=None, d
 _PACKED = "igrpo_packed"
 
 
-def _packable(model, mask: torch.Tensor, start: int) -> bool:
-    """The packed pass serves architectures whose attention takes the forward's keyword
-    arguments (policy.rollout.PROMPT_SHARED_MODELS), without sliding windows, and completions
-    whose real tokens come first in their row (right padding only), at least one of them."""
-    from policy.rollout import PROMPT_SHARED_MODELS
+def _packable(config, completion_mask: torch.Tensor) -> bool:
+    """The packed pass serves models whose attention runs through a function of ours
+    (`policy.rollout.serves_custom_attention`), and completions whose real tokens come first in
+    their row (right padding only), at least one of them."""
+    from policy.rollout import serves_custom_attention
 
-    config = getattr(model, "module", model).config
-    completion = mask[:, start:]
-    return (config.model_type in PROMPT_SHARED_MODELS
-            and config._attn_implementation in ("sdpa", "eager")
-            and getattr(config, "sliding_window", None) is None
-            and bool(completion.any())
-            and bool((completion.cummin(-1).values == completion).all()))
+    return (serves_custom_attention(config) and bool(completion_mask.any())
+            and bool((completion_mask.cummin(-1).values == completion_mask).all()))
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -149,7 +144,7 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
               attention_mask=attention_mask[first, :start - 1],
               position_ids=position_ids[first, :start - 1], past_key_values=cache,
               use_cache=True, logits_to_keep=1)
-        if pack and _packable(model, attention_mask, start):
+        if pack and _packable(module.config, attention_mask[:, start:]):
             return _packed_logprobs(model, module, cache, input_ids, attention_mask,
                                     position_ids, start, first, run, chunk_tokens,
                                     entropy_out)
@@ -165,20 +160,15 @@ def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_i
                      first: torch.Tensor, run: torch.Tensor, chunk_tokens: int, entropy_out):
     """The per-row pass of `completion_logprobs` on real tokens only: row i's inputs are its last
     prompt token and its completion but the last token, one packed sequence for all rows."""
-    from transformers import AttentionInterface
+    from policy.rollout import custom_attention
 
     lengths = attention_mask[:, start:].sum(-1)
     packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths)
     column = start - 1 + packed.column
-    AttentionInterface.register(_PACKED, _packed_attention)
-    implementation = module.config._attn_implementation
-    module.config._attn_implementation = _PACKED
-    try:
+    with custom_attention(module.config, _PACKED, _packed_attention):
         logits = model(input_ids=input_ids[packed.row, column][None],
                        position_ids=position_ids[packed.row, column][None],
                        use_cache=False, packed=packed).logits[0]
-    finally:
-        module.config._attn_implementation = implementation
     entropy = None if entropy_out is None else logits.new_zeros(len(column), dtype=torch.float32)
     picked = selective_log_softmax(logits, input_ids[packed.row, column + 1], chunk_tokens, entropy)
     if entropy_out is not None:

@@ -8,6 +8,7 @@ its keys and values are stored and read once per group rather than once per samp
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -239,12 +240,32 @@ _PROMPT_SHARED = "igrpo_prompt_shared"
 PROMPT_SHARED_MODELS = ("llama", "qwen2", "mistral", "gpt_neox")
 
 
-def _shares_prompts(model, cache) -> bool:
-    config = model.config
+def serves_custom_attention(config) -> bool:
+    """Whether the model's attention can run through a function of ours (`custom_attention`):
+    the PROMPT_SHARED_MODELS families on sdpa or eager attention, without sliding windows."""
     return (config.model_type in PROMPT_SHARED_MODELS
             and config._attn_implementation in ("sdpa", "eager")
-            and getattr(config, "sliding_window", None) is None
-            and all(type(layer) is _FilledLayer for layer in cache.layers))
+            and getattr(config, "sliding_window", None) is None)
+
+
+@contextmanager
+def custom_attention(config, name: str, function):
+    """Inside the block the model's attention modules call `function` (registered with
+    transformers' AttentionInterface as `name`), which receives the forward's keyword
+    arguments; the model's own attention is restored after, whatever happens."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, function)
+    implementation, config._attn_implementation = config._attn_implementation, name
+    try:
+        yield
+    finally:
+        config._attn_implementation = implementation
+
+
+def _shares_prompts(model, cache) -> bool:
+    return serves_custom_attention(model.config) and all(
+        type(layer) is _FilledLayer for layer in cache.layers)
 
 
 def _cache_rows(cache, index: torch.Tensor) -> None:
@@ -280,9 +301,6 @@ def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_
     cache = _filled_cache(model, width + max_new_tokens)
     shared = share_prompts and repeat > 1 and _shares_prompts(model, cache)
     if shared:
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(_PROMPT_SHARED, _prompt_shared_attention)
         cache = _filled_cache(model, width)  # the prompts only
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
@@ -333,7 +351,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
     logprobs = torch.zeros(rows, max_new_tokens, device=device)
     if max_new_tokens == 0 or rows == 0:
         return tokens, logprobs
-    was_training, implementation = model.training, model.config._attn_implementation
+    was_training = model.training
     model.eval()
     try:
         with warnings.catch_warnings():
@@ -341,32 +359,33 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
             cache, logits, attention, next_position, prompt_kv = _prefill(
                 model, ids, mask, repeat, max_new_tokens, share_prompts)
             step = {} if prompt_kv is None else {"prompt_kv": prompt_kv}
-            if prompt_kv is not None:
-                model.config._attn_implementation = _PROMPT_SHARED
+            attend = nullcontext() if prompt_kv is None else custom_attention(
+                model.config, _PROMPT_SHARED, _prompt_shared_attention)
             alive = torch.arange(rows, device=device)  # the batch's rows, as rows of the output
-            for t in range(max_new_tokens):
-                scores = warpers(None, logits.float())
-                chosen = scores.argmax(-1) if greedy else \
-                    torch.multinomial(torch.softmax(scores, -1), 1).squeeze(-1)
-                tokens[alive, t] = chosen
-                logprobs[alive, t] = torch.log_softmax(scores, -1).gather(
-                    -1, chosen[:, None]).squeeze(-1)
-                running = (chosen != eos_id) & (limit[alive] > t + 1)
-                if t + 1 == max_new_tokens or not running.any():
-                    break
-                if running.sum() <= compact_share * len(alive):
-                    keep = running.nonzero().squeeze(-1)
-                    _cache_rows(cache, keep)
-                    alive, chosen, next_position = alive[keep], chosen[keep], next_position[keep]
-                    if prompt_kv is not None:
-                        prompt_kv.keep(keep)
-                    else:
-                        attention = attention[keep]
-                logits = model(input_ids=chosen[:, None], attention_mask=attention,
-                               position_ids=(next_position + t)[:, None], past_key_values=cache,
-                               use_cache=True, **step).logits[:, -1]
+            with attend:
+                for t in range(max_new_tokens):
+                    scores = warpers(None, logits.float())
+                    chosen = scores.argmax(-1) if greedy else \
+                        torch.multinomial(torch.softmax(scores, -1), 1).squeeze(-1)
+                    tokens[alive, t] = chosen
+                    logprobs[alive, t] = torch.log_softmax(scores, -1).gather(
+                        -1, chosen[:, None]).squeeze(-1)
+                    running = (chosen != eos_id) & (limit[alive] > t + 1)
+                    if t + 1 == max_new_tokens or not running.any():
+                        break
+                    if running.sum() <= compact_share * len(alive):
+                        keep = running.nonzero().squeeze(-1)
+                        _cache_rows(cache, keep)
+                        alive, chosen = alive[keep], chosen[keep]
+                        next_position = next_position[keep]
+                        if prompt_kv is not None:
+                            prompt_kv.keep(keep)
+                        else:
+                            attention = attention[keep]
+                    logits = model(input_ids=chosen[:, None], attention_mask=attention,
+                                   position_ids=(next_position + t)[:, None],
+                                   past_key_values=cache, use_cache=True, **step).logits[:, -1]
     finally:
-        model.config._attn_implementation = implementation
         model.train(was_training)
     ended, _ = mask_after_eos(tokens, eos_id)
     span = torch.arange(max_new_tokens, device=device)[None, :] < limit[:, None]
