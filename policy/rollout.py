@@ -214,16 +214,15 @@ def _prompt_shared_attention(module, query, key, value, attention_mask, scaling=
     q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # a key head's query heads
     if query.device.type == "cpu" and query.dtype != torch.float32:
         # bf16/fp16 matmuls on CPU copy their strided operands (the filled part of the cache)
-        # every step; the flash kernel reads them in place. The two parts' softmaxes are merged
-        # by their log-sum-exps, which gives the softmax over both.
+        # every step; the flash kernel reads them in place. The softmax over both parts is the
+        # two parts' outputs mixed by the prompt's share of the probability mass,
+        # sigmoid(lse_prompt - lse_own), in fp32.
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         on_prompt, prompt_lse = flash(to_slots(q), keys, values,
                                       attn_mask=prompt_kv.prompt_bias(query.dtype), scale=scaling)
         on_own, own_lse = flash(q, key, value, scale=scaling)
-        prompt_lse = to_rows(prompt_lse[..., None])[..., 0]
-        top = torch.maximum(prompt_lse, own_lse)
-        a, b = (prompt_lse - top).exp()[..., None], (own_lse - top).exp()[..., None]
-        out = (to_rows(on_prompt).float() * a + on_own.float() * b) / (a + b)
+        share = torch.sigmoid(to_rows(prompt_lse[..., None]) - own_lse[..., None])
+        out = torch.lerp(on_own.float(), to_rows(on_prompt).float(), share)
         return out.to(query.dtype).reshape(rows, 1, heads, dim), None
     on_prompt = to_rows(to_slots(q) @ keys.transpose(-1, -2))
     on_prompt = on_prompt.masked_fill(prompt_kv.blocked, torch.finfo(on_prompt.dtype).min)
