@@ -17,16 +17,24 @@ from transformers.cache_utils import StaticLayer
 
 class _FilledLayer(StaticLayer):
     """transformers' StaticLayer (a buffer allocated once, written in place) whose attention
-    reads only the positions written so far, not the whole buffer."""
+    reads only the positions written so far, not the whole buffer. Written by slice: at a
+    decoding step's size StaticLayer's positions tensor and `index_copy_` take 1.5-3x the time
+    of a strided copy (the tiny rollout 0.97x in bf16, 0.98x in fp32, paired runs)."""
 
     def __init__(self, max_cache_len: int, **kwargs):
         super().__init__(max_cache_len, **kwargs)
         self.filled = 0
 
     def update(self, key_states, value_states, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        self.filled += key_states.shape[-2]
-        return keys[:, :, :self.filled], values[:, :, :self.filled]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, self.filled = self.filled, self.filled + key_states.shape[-2]
+        self.keys[:, :, start:self.filled] = key_states
+        self.values[:, :, start:self.filled] = value_states
+        return self.keys[:, :, :self.filled], self.values[:, :, :self.filled]
+
+    def get_seq_length(self) -> int:
+        return self.filled
 
     def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
         return self.filled + query_length, 0
