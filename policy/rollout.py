@@ -7,6 +7,7 @@ its keys and values are stored and read once per group rather than once per samp
 
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -324,7 +325,22 @@ def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_
     return cache, logits[fan_out], attention, next_position, None
 
 
-@torch.no_grad()
+def _inference(fn):
+    """`fn` under `torch.inference_mode` (no autograd bookkeeping at all, where `no_grad` still
+    keeps version counters and views' metadata: a decoding step's few hundred small operations
+    run the tiny rollout in 0.89-0.92x the time, paired runs), its tensors returned as ordinary
+    ones, which later autograd-recorded operations may save (inference tensors they may not)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.inference_mode():
+            out = fn(*args, **kwargs)
+        return tuple(t.clone() for t in out)
+
+    return run
+
+
+@_inference
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int,
            eos_id: int, pad_id: int, *, temperature: float = 1.0, top_p: float = 1.0,
            greedy: bool = False, limits: list[int] | None = None,

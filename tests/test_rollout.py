@@ -136,6 +136,32 @@ def test_sampled_tokens_have_the_models_log_probs_after_rows_leave(warm_start):
     assert all(len(row) <= n for row, n in zip(new, limits)) and len(new[0]) >= 1
 
 
+def test_decoding_runs_in_inference_mode_and_returns_ordinary_tensors(warm_start):
+    """The decoding loop runs the model under inference mode (no autograd bookkeeping), and its
+    tokens and log-probs then feed a training forward and backward like any tensor: autograd
+    saves them (it refuses to save inference tensors)."""
+    from policy.rollout import decode
+    from runtime.prompts import encode_prompts
+
+    model, tok, prompts = _warm_start_prompts(warm_start, 2)
+    enc = tok.pad({"input_ids": encode_prompts(tok, prompts)}, padding=True, return_tensors="pt")
+    modes = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args: modes.append(torch.is_inference_mode_enabled()))
+    try:
+        tokens, logprobs = decode(model, enc["input_ids"], enc["attention_mask"], 2, 8,
+                                  tok.eos_token_id, tok.pad_token_id)
+    finally:
+        hook.remove()
+    assert len(modes) > 1 and all(modes)
+    assert not torch.is_inference(tokens) and not torch.is_inference(logprobs)
+    model.zero_grad()
+    logits = model(input_ids=tokens).logits
+    picked = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # saves tokens
+    (picked * logprobs).sum().backward()  # saves logprobs
+    assert model.lm_head.weight.grad.abs().sum() > 0
+
+
 def test_prompt_shared_update_equals_the_plain_one(warm_start):
     """The update's forward with each question's prompt run once for its G samples gives the
     plain forward's log-probs, GRPO loss and gradients (1e-5), with and without gradient."""
