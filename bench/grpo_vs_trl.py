@@ -13,7 +13,11 @@ autocast over fp32 weights), bf16 running on the CPU's AMX/AVX-512 bf16 units wh
 TRL is set to its fastest fair CPU setting otherwise: no gradient checkpointing, no vLLM,
 `loss_type="grpo"` (its default is "dapo") and `beta=0.04` (its default is 0). Each side runs in its
 own child process (peak RSS is per process), the first step is a warm-up, and the step time is
-the median of the others; each side runs `--repeats` times and the medians are reported.
+the median of the others. Each repeat runs ours then TRL at each precision in turn, and the
+medians over `--repeats` are reported. A speed ratio is the median over the repeats of ours / TRL,
+each run of ours paired with the TRL run that follows it (a pair shares the machine's speed of the
+moment), with its range; the `fastest` row pairs, repeat by repeat, our fastest precision with
+TRL's.
 """
 
 from __future__ import annotations
@@ -136,26 +140,51 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
 
 
 def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int,
-            precision: str) -> list[str]:
-    """Both sides `repeats` times, alternating; markdown rows of their medians and the ratios."""
-    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+            precisions: list[str]) -> list[str]:
+    """Every (precision, side) run `repeats` times, interleaved: each repeat runs ours then TRL
+    at each precision in turn. Markdown rows of their medians and ratios."""
+    runs = {(p, side): [] for p in precisions for side in ("ours", "trl")}
     for _ in range(repeats):
-        for side in runs:
-            runs[side].append(run_side(side, policy, steps, max_tokens, precision))
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-           for side, rs in runs.items()}
+        for precision, side in runs:
+            runs[precision, side].append(run_side(side, policy, steps, max_tokens, precision))
     rows = []
-    for side, m in med.items():
-        split = [f"{m[k]:.2f}" if k in m else "-" for k in ("rollout_s", "update_s")]
-        rows.append(f"| {label} | {precision} | {'ours' if side == 'ours' else 'TRL'} | "
-                    f"{m['step_s']:.2f} | "
-                    f"{' | '.join(split)} | {m['completion_tokens'] / m['step_s']:,.0f} | "
-                    f"{m['peak_rss'] / 2**30:.2f} |")
-    speed = (med["ours"]["completion_tokens"] / med["ours"]["step_s"]) / \
-        (med["trl"]["completion_tokens"] / med["trl"]["step_s"])
-    rows.append(f"| {label} | {precision} | **ours / TRL** | | | | **{speed:.2f}x** | "
-                f"**{med['ours']['peak_rss'] / med['trl']['peak_rss']:.2f}x** |")
+    for precision in precisions:
+        ours, trl = runs[precision, "ours"], runs[precision, "trl"]
+        for side, rs in (("ours", ours), ("TRL", trl)):
+            m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            split = [f"{m[k]:.2f}" if k in m else "-" for k in ("rollout_s", "update_s")]
+            rows.append(f"| {label} | {precision} | {side} | {m['step_s']:.2f} | "
+                        f"{' | '.join(split)} | {m['completion_tokens'] / m['step_s']:,.0f} | "
+                        f"{m['peak_rss'] / 2**30:.2f} |")
+        # Each run of ours is paired with the TRL run right after it, so a pair shares the
+        # machine's speed of the moment (it drifts by up to 2x over minutes here).
+        rows.append(ratio_row(label, precision, [throughput(o) / throughput(t)
+                                                 for o, t in zip(ours, trl)],
+                              median_of(ours, "peak_rss") / median_of(trl, "peak_rss")))
+    if len(precisions) > 1:
+        # Ours at its fastest against TRL at its fastest, repeat by repeat.
+        best = [max(throughput(runs[p, "ours"][i]) for p in precisions)
+                / max(throughput(runs[p, "trl"][i]) for p in precisions) for i in range(repeats)]
+        rows.append(ratio_row(label, "fastest", best, None))
     return rows
+
+
+def ratio_row(label: str, precision: str, ratios: list[float], rss: float | None) -> str:
+    """The median of the repeats' ratios of completion tokens a second, and their range."""
+    ratios = sorted(ratios)
+    memory = "" if rss is None else f"**{rss:.2f}x**"
+    return (f"| {label} | {precision} | **ours / TRL** | | | | "
+            f"**{statistics.median(ratios):.2f}x** ({ratios[0]:.2f}-{ratios[-1]:.2f}x) | "
+            f"{memory} |")
+
+
+def median_of(rs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rs)
+
+
+def throughput(run: dict) -> float:
+    """Completion tokens a second of one run (its median step)."""
+    return run["completion_tokens"] / run["step_s"]
 
 
 def main() -> None:
@@ -181,8 +210,8 @@ def main() -> None:
                                          intermediate_size=1536), seed=0)
         models.append(("tiny Llama (~20M, random)", str(big)))
     for label, policy in models:
-        for precision in args.precision.split(","):
-            rows += measure(label, policy, args.steps, args.max_tokens, args.repeats, precision)
+        rows += measure(label, policy, args.steps, args.max_tokens, args.repeats,
+                        args.precision.split(","))
     print(f"{cpu_name()}; {Q} questions x G={G}, at most {args.max_tokens} completion tokens, "
           f"{args.steps} steps a run (the first a warm-up), medians of {args.repeats} runs "
           "per side")
