@@ -48,10 +48,13 @@ test-main: setup
 	$(PY) -m pytest -q $(XDIST) --durations=12
 
 # The vLLM rollout backend on vLLM's CPU build, in a venv of its own: its tests and the GRPO
-# learning test sampled by vLLM (a missing vLLM fails here rather than skipping).
+# learning test sampled by vLLM (a missing vLLM fails here rather than skipping). `-rP` shows
+# what the tests measured (label agreement, mean@4); vLLM's INFO lines and debug log records
+# stay out of it.
 test-vllm: $(VLLM_VENV)/.installed
-	IGRPO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q $(XDIST) \
-		--durations=6 -rP tests/test_vllm.py "tests/test_learning.py::test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control[vllm]"
+	IGRPO_REQUIRE_VLLM=1 VLLM_LOGGING_LEVEL=WARNING $(VLLM_VENV)/bin/python -m pytest -q $(XDIST) \
+		--durations=6 -rP -o log_level=WARNING tests/test_vllm.py \
+		"tests/test_learning.py::test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control[vllm]"
 
 test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
