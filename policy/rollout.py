@@ -25,6 +25,23 @@ class _FilledLayer(StaticLayer):
         super().__init__(max_cache_len, **kwargs)
         self.filled = 0
 
+    @property
+    def cumulative_length(self) -> torch.Tensor:
+        """transformers' count of written positions, read from `filled` (one counter, not two)."""
+        return torch.tensor(self.filled)
+
+    @cumulative_length.setter
+    def cumulative_length(self, value) -> None:
+        self.filled = int(value)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)  # StaticLayer's checks
+        self.filled -= abs(tokens_to_remove)
+
+    def reset(self) -> None:
+        super().reset()
+        self.filled = 0
+
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

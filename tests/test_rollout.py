@@ -162,6 +162,27 @@ def test_decoding_runs_in_inference_mode_and_returns_ordinary_tensors(warm_start
     assert model.lm_head.weight.grad.abs().sum() > 0
 
 
+def test_filled_cache_layer_keeps_one_count_of_written_positions():
+    """The decoding cache's layer counts what is written once: transformers' `cumulative_length`
+    reads the same count as attention's `filled`, and crop and reset move both."""
+    from policy.rollout import _FilledLayer
+
+    layer = _FilledLayer(8)
+    step = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 1, 3, 4)
+    keys, _ = layer.update(step, -step)
+    assert keys.shape[2] == 3 and torch.equal(keys, step)
+    layer.update(step[:, :, :2], step[:, :, :2])
+    assert layer.filled == layer.get_seq_length() == int(layer.cumulative_length) == 5
+    layer.crop(-2)
+    assert layer.filled == int(layer.cumulative_length) == 3
+    keys, values = layer.update(step[:, :, :1] + 100, step[:, :, :1])
+    assert keys.shape[2] == 4 and torch.equal(keys[:, :, 3], step[:, :, 0] + 100)
+    layer.reset()
+    assert layer.filled == int(layer.cumulative_length) == 0 and layer.keys.abs().sum() == 0
+    with pytest.raises(RuntimeError):
+        layer.crop(1)  # StaticLayer's rule: a static layer crops by a negative count only
+
+
 def test_prompt_shared_update_equals_the_plain_one(warm_start):
     """The update's forward with each question's prompt run once for its G samples gives the
     plain forward's log-probs, GRPO loss and gradients (1e-5), with and without gradient."""
