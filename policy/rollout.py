@@ -364,15 +364,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
     is a few hundred small ones, and the tiny rollout takes 0.89-0.92x the time (paired runs).
     The outputs are made outside it, so the loss may save them for backward (inference tensors
     it may not)."""
-    from transformers.generation.logits_process import (LogitsProcessorList,
-                                                        TemperatureLogitsWarper,
-                                                        TopPLogitsWarper)
-
-    warpers = LogitsProcessorList()
-    if not greedy and temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(temperature))
-    if not greedy and top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
+    warpers = _warpers(temperature, top_p, greedy)
     rows, device = ids.shape[0] * repeat, ids.device
     limit = torch.full((rows,), max_new_tokens, device=device) if limits is None else \
         torch.tensor(limits, device=device).repeat_interleave(repeat)
@@ -416,10 +408,31 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
                                    past_key_values=cache, use_cache=True, **step).logits[:, -1]
     finally:
         model.train(was_training)
+    return _trimmed(tokens, logprobs, limit, eos_id, pad_id)
+
+
+def _warpers(temperature: float, top_p: float, greedy: bool):
+    """transformers' temperature and top-p warpers, as `generate` applies them."""
+    from transformers.generation.logits_process import (LogitsProcessorList,
+                                                        TemperatureLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    warpers = LogitsProcessorList()
+    if not greedy and temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if not greedy and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    return warpers
+
+
+def _trimmed(tokens: torch.Tensor, logprobs: torch.Tensor, limit: torch.Tensor, eos_id: int,
+             pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens after a row's EOS or past its limit become padding (log-prob 0), and columns
+    that are padding in every row go."""
     ended, _ = mask_after_eos(tokens, eos_id)
-    span = torch.arange(max_new_tokens, device=device)[None, :] < limit[:, None]
+    span = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < limit[:, None]
     keep = ended.bool() & span
-    width = max(int(keep.sum(-1).max()), 1)  # no column that is padding in every row
+    width = max(int(keep.sum(-1).max()), 1)
     return (tokens.masked_fill(~keep, pad_id)[:, :width],
             logprobs.masked_fill(~keep, 0.0)[:, :width])
 
