@@ -151,7 +151,7 @@ def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int,
     for precision in precisions:
         ours, trl = runs[precision, "ours"], runs[precision, "trl"]
         for side, rs in (("ours", ours), ("TRL", trl)):
-            m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            m = {k: median_of(rs, k) for k in rs[0]}
             split = [f"{m[k]:.2f}" if k in m else "-" for k in ("rollout_s", "update_s")]
             rows.append(f"| {label} | {precision} | {side} | {m['step_s']:.2f} | "
                         f"{' | '.join(split)} | {m['completion_tokens'] / m['step_s']:,.0f} | "
