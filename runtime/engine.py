@@ -48,9 +48,14 @@ def init_distributed() -> None:
 
 
 def world() -> tuple[int, int]:
-    """(rank, world size)."""
+    """(rank, world size). A process that a launcher started as one of several (`WORLD_SIZE` >
+    1) joins the process group here if nothing has joined it yet: a stage called directly, not
+    through the CLI, must not run as if it were alone while DeepSpeed averages over the ranks."""
     import torch.distributed as dist
 
+    if (dist.is_available() and not dist.is_initialized()
+            and int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        init_distributed()
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -186,6 +191,18 @@ def global_sum(value: float) -> float:
     tensor = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(tensor)
     return float(tensor.item())
+
+
+def gather_rows(*tensors):
+    """Each per-rank tensor concatenated along dim 0 over the ranks, in rank order, on CPU, on
+    every rank (the tensors themselves in one process): one collective for all of them, so a
+    step's metrics describe the whole batch and not rank 0's share. Every rank must call it."""
+    if world()[1] == 1:
+        return list(tensors)
+    import torch
+
+    parts = gather_objects([t.detach().cpu() for t in tensors])
+    return [torch.cat([part[i] for part in parts]) for i in range(len(tensors))]
 
 
 def barrier() -> None:

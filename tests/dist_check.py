@@ -4,6 +4,8 @@ tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on th
     torchrun --nproc_per_node 2 tests/dist_check.py grpo OUT BASE ZERO_STAGE
     torchrun --nproc_per_node 2 tests/dist_check.py ppo OUT BASE ZERO_STAGE
     torchrun --nproc_per_node 2 tests/dist_check.py rm OUT BASE ZERO_STAGE DATA.jsonl
+    torchrun --nproc_per_node 2 tests/dist_check.py world OUT
+    torchrun --nproc_per_node 2 tests/dist_check.py metrics OUT
 
 Rollouts are greedy (grpo.temperature=0), so they do not depend on how questions are spread over
 ranks; the process reward cuts every completion into 3-token steps and scores each step from its
@@ -14,6 +16,7 @@ writes the advantage tensor the loss received to OUT/advantages-rank<r>.pt.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -58,15 +61,69 @@ class ChunkStepReward:
                       step_mask=step_mask, step_end_index=step_end)
 
 
+def step_metrics() -> dict:
+    """GRPO's and PPO's step metrics of a fixed batch of 6 questions x G = 2 whose samples
+    differ in length, reward, truncation, entropy, values and returns, this rank taking its
+    questions' rows as GRPO deals them (a contiguous share)."""
+    from types import SimpleNamespace
+
+    from policy.grpo import StepBatch, log_step
+    from policy.ppo import Targets, value_metrics
+    from policy.rewards import Scores
+    from policy.rollout import Rollout
+    from runtime.engine import world
+
+    rank, size = world()
+    n, width = 12, 6
+    lengths = torch.tensor([1, 6, 3, 2, 6, 5, 4, 1, 2, 6, 3, 3])
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+    rewards = torch.tensor([1., 0., 0., 0., 1., 1., 0.5, 0., 1., 0., 0., 1.])
+    normalised = (rewards.view(-1, 2) - rewards.view(-1, 2).mean(-1, keepdim=True)).view(-1, 1)
+    rows = slice(rank * n // size, (rank + 1) * n // size)
+    groups = slice(rank * n // 2 // size, (rank + 1) * n // 2 // size)
+    rollout = Rollout(torch.ones(n, 3, dtype=torch.long)[rows],
+                      torch.tensor([[0, 1, 1]] * n)[rows], torch.ones(n, width,
+                                                                   dtype=torch.long)[rows],
+                      mask[rows], ["x"] * (rows.stop - rows.start), (lengths == width)[rows], 2)
+    scores = Scores(rewards[rows], correct=(rewards == 1)[rows])
+    batch = StepBatch(normalised[rows], normalised[rows], (torch.arange(n) % 5 != 0)[rows],
+                      torch.tensor([False, True, False, False, False, False])[groups],
+                      mask[rows], 0.0, 0.0)
+    stats = {"loss": 0.5, "kl": 0.1, "clip": 0.2, "clip_high": 0.1, "grad_norm": 1.0,
+             "skipped": 0.0, "entropy": mask[rows] * torch.arange(n)[rows, None], "nll": 0.3,
+             "value_loss": 0.4, "critic_grad_norm": 2.0}
+    metrics = log_step(rollout, scores, rewards[rows], batch, stats,
+                       SimpleNamespace(group_size=2, mu=1),
+                       {"rollout": 2.0, "scoring": 0.5, "update": 1.0})
+    # PPO's: token returns, values and log-probs that differ from row to row and token to token
+    grid = torch.arange(n * width, dtype=torch.float32).view(n, width)
+    targets = Targets(grid, torch.sin(grid), torch.cos(grid) * 3, grid, grid % 7 - 3, mask,
+                      float(mask.sum()))
+    part = Targets(*(t[rows] for t in dataclasses.astuple(targets)[:-1]), targets.num_tokens)
+    ended = torch.arange(n)[rows] % 3 != 1  # T-PPO scores only the rows that ended
+    ppo = value_metrics(rollout, rewards[rows][ended], (rewards == 1)[rows][ended], part,
+                        torch.sin(grid[rows]) - 0.1 * grid[rows] % 2, stats)
+    return {**metrics, **{f"ppo:{k}": v for k, v in ppo.items()}}
+
+
 def main() -> None:
-    kind, out, base, stage = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    kind, out = sys.argv[1], Path(sys.argv[2])
     from configs import load_config
     from runtime.engine import init_distributed, is_main, world
     from runtime.tracking import MetricsLogger
 
     torch.set_num_threads(1)
+    if kind == "world":  # what a stage sees when nothing initialised the process group
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"world-rank{os.environ['RANK']}.txt").write_text(repr(world()))
+        return
     init_distributed()
+    if kind == "metrics":
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(step_metrics()))
+        return
     rank, _ = world()
+    base, stage = sys.argv[3], sys.argv[4]
     overrides = [f"run.root={out}", f"deepspeed.zero_stage={stage}"]
     logger = MetricsLogger(out / "metrics.jsonl", config={}, mode="disabled", project="",
                            name="", enabled=is_main())

@@ -58,6 +58,37 @@ def _same_weights(a: Path, b: Path) -> None:
         torch.testing.assert_close(wa[key], wb[key], **TOL, msg=key)
 
 
+def test_a_launched_rank_that_nobody_initialised_sees_its_world(tmp_path):
+    """A stage called directly under torchrun (not through the CLI, which initialises the
+    process group first) still learns it is one of two ranks, instead of running the whole
+    batch as if alone while DeepSpeed averages the two."""
+    _torchrun(2, "tests/dist_check.py", "world", tmp_path)
+    assert [(tmp_path / f"world-rank{r}.txt").read_text() for r in (0, 1)] == \
+        ["(0, 2)", "(1, 2)"]
+
+
+def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path):
+    """Two ranks holding different halves of a batch log what one process holding all of it
+    logs: rewards, lengths, truncation, entropy and the group counts are gathered, not rank 0's
+    share (tests/dist_check.py builds the batch)."""
+    metrics = {}
+    for nproc in (1, 2):
+        _torchrun(nproc, "tests/dist_check.py", "metrics", tmp_path / f"p{nproc}")
+        metrics[nproc] = json.loads((tmp_path / f"p{nproc}" / "metrics.json").read_text())
+    one, two = metrics[1], metrics[2]
+    assert one.keys() == two.keys()
+    for key in one:
+        assert two[key] == pytest.approx(one[key], rel=1e-6), key
+    # Hand-computed from the batch: 12 samples, rewards summing to 5.5 (5 of them 1), 3
+    # truncated, 42 completion tokens.
+    assert one["reward/mean"] == pytest.approx(5.5 / 12)
+    assert one["reward/accuracy"] == pytest.approx(5 / 12)
+    assert one["rollout/length_mean"] == pytest.approx(42 / 12)
+    assert one["rollout/truncation_rate"] == pytest.approx(3 / 12)
+    assert one["reward/nonfinite_groups"] == 1
+    assert one["rollout/tokens_per_s"] == pytest.approx(42 / 2.0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
@@ -76,7 +107,10 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
     width = max(adv1.shape[1], adv2.shape[1])
     torch.testing.assert_close(torch.nn.functional.pad(adv1, (0, width - adv1.shape[1])),
                                torch.nn.functional.pad(adv2, (0, width - adv2.shape[1])), **TOL)
-    for key in ("train/loss", "train/kl", "train/grad_norm", "reward/mean"):
+    # The step's metrics describe the whole batch on both: each rank gathers the others' rows.
+    for key in ("train/loss", "train/kl", "train/grad_norm", "reward/mean", "reward/std",
+                "reward/group_std", "rollout/length_mean", "rollout/length_max",
+                "rollout/truncation_rate", "train/entropy", "train/kept_groups"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["train/grad_norm"] > 0 and one["train/kl"] > 0  # mu=2: the 2nd update sees KL
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
@@ -94,7 +128,9 @@ def test_ppo_step_two_processes_equal_one(tmp_path, base):
         runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0],
                        out)
     (one, out1), (two, out2) = runs[1], runs[2]
-    for key in ("train/loss", "critic/value_loss", "train/grad_norm", "critic/grad_norm"):
+    for key in ("train/loss", "critic/value_loss", "train/grad_norm", "critic/grad_norm",
+                "critic/value_mean", "critic/explained_variance", "train/kl", "reward/mean",
+                "rollout/length_mean"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["critic/grad_norm"] > 0 and one["train/grad_norm"] > 0
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
