@@ -34,7 +34,8 @@ from policy.rewards import RewardFn, Scores, concat_scores
 from policy.rollout import Rollout, concat_rollouts, generate_groups
 from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            current_lr, gathered_for_generation, global_sum, is_main, world)
+                            current_lr, gather_rows, gathered_for_generation, global_sum,
+                            is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
 from runtime.training import Trainer, epoch_slice, stage_done
@@ -506,30 +507,51 @@ def has_signal(batch: StepBatch, kl_term: bool) -> bool:
 
 def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: StepBatch,
              stats: dict, g, timing: dict) -> dict:
-    """The step's metrics (docs/metrics.md); `timing`: seconds of rollout, scoring, update."""
-    metrics = _step_metrics(rollout, scores, rewards, stats["entropy"], stats, g.group_size)
-    normalised = batch.normalised
+    """The step's metrics (docs/metrics.md) over every rank's samples (all ranks call it);
+    `timing`: this rank's seconds of rollout, scoring and update (the ranks run side by side)."""
+    mask = rollout.completion_mask.float()
+    by_group = batch.normalised.reshape(-1, g.group_size * batch.normalised.shape[1])
+    check = torch.tensor([inspection.group_sum_check(batch.normalised, g.group_size)])
+    correct = [] if scores.correct is None else [scores.correct.float()]
+    (rewards, lengths, truncated, entropy, tokens, seen, keep, silent, broken, check,
+     *correct) = gather_rows(
+        rewards.float(), rollout.lengths.float(), rollout.truncated.float(),
+        (stats["entropy"] * mask).sum(-1), mask.sum(-1), rollout.attention_mask.sum(-1).float(),
+        batch.keep.float(), (by_group == 0).all(-1).float(), batch.broken.float(), check,
+        *correct)
+    grouped = rewards.view(-1, g.group_size)
     step_time = timing["rollout"] + timing["scoring"] + timing["update"]
-    metrics.update({
-        "train/grad_norm": stats["grad_norm"],
-        "train/kept_groups": float(batch.keep.float().mean()),
-        "train/skipped_step": stats["skipped"],
-        "train/clip_high": stats["clip_high"],
-        **({"rollout/logprob_diff": stats["logprob_diff"]}
-           if rollout.sampler_logprobs is not None else {}),
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "reward/group_std": float(grouped.std(-1, unbiased=False).mean()),
+        "reward/zero_std_groups": float((grouped.max(-1).values == grouped.min(-1).values)
+                                        .float().mean()),
         # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
-        "reward/no_signal_groups": float(
-            (normalised.reshape(-1, g.group_size * normalised.shape[1]) == 0)
-            .all(-1).float().mean()),
-        "reward/nonfinite_groups": float(batch.broken.sum()),
-        "train/advantage_group_sum": inspection.group_sum_check(normalised, g.group_size),
+        "reward/no_signal_groups": float(silent.mean()),
+        "reward/nonfinite_groups": float(broken.sum()),
+        "rollout/length_mean": float(lengths.mean()),
+        "rollout/length_max": float(lengths.max()),
+        "rollout/truncation_rate": float(truncated.mean()),
+        "rollout/tokens_per_s": float(lengths.sum()) / max(timing["rollout"], 1e-9),
+        "train/loss": stats["loss"],
+        "train/kl": stats["kl"],
+        "train/clip_fraction": stats["clip"],
+        "train/clip_high": stats["clip_high"],
+        "train/entropy": float(entropy.sum() / tokens.sum().clamp(min=1)),
+        "train/grad_norm": stats["grad_norm"],
+        "train/kept_groups": float(keep.mean()),
+        "train/skipped_step": stats["skipped"],
+        "train/advantage_group_sum": float(check.max()),
+        "train/tokens_per_s": float(seen.sum()) * g.mu / max(timing["update"], 1e-9),
         "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
         "time/update": timing["update"], "time/step": step_time,
-        "rollout/tokens_per_s": float(rollout.lengths.sum()) / max(timing["rollout"], 1e-9),
-        "train/tokens_per_s": float(rollout.attention_mask.sum()) * g.mu
-        / max(timing["update"], 1e-9),
+        **({"rollout/logprob_diff": stats["logprob_diff"]}
+           if rollout.sampler_logprobs is not None else {}),
         **batch.stats,
-    })
+    }
+    if correct:
+        metrics["reward/accuracy"] = float(correct[0].mean())
     return metrics
 
 
@@ -548,28 +570,3 @@ def _inspect(folder: Path, step: int, g, tokenizer, records, rollout, scores, re
         return None
     return inspection.wandb_media(rows, page, scores, normalised, advantages,
                                   rollout.completion_mask, g.supervision == "process")
-
-
-def _step_metrics(rollout: Rollout, scores: Scores, rewards: torch.Tensor, entropy: torch.Tensor,
-                  stats: dict, group_size: int) -> dict:
-    grouped = rewards.view(-1, group_size)
-    mask = rollout.completion_mask.float()
-    lengths = rollout.lengths.float()
-    metrics = {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "reward/group_std": float(grouped.std(-1, unbiased=False).mean()),
-        "reward/zero_std_groups": float((grouped.max(-1).values == grouped.min(-1).values)
-                                        .float().mean()),
-        "rollout/length_mean": float(lengths.mean()),
-        "rollout/length_max": float(lengths.max()),
-        "rollout/truncation_rate": float(rollout.truncated.float().mean()),
-        "train/loss": stats["loss"],
-        "train/kl": stats["kl"],
-        "train/clip_fraction": stats["clip"],
-        "train/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)),
-    }
-    if scores.correct is not None:
-        metrics["reward/accuracy"] = float(scores.correct.float().mean())
-    return metrics
-

@@ -30,7 +30,7 @@ from policy.rollout import Rollout
 from policy.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                           length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from runtime.data import MathRecord
-from runtime.engine import build_engine, current_lr, global_sum, world
+from runtime.engine import build_engine, current_lr, gather_rows, global_sum, world
 from runtime.models import accelerator, load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
 from runtime.tracking import MetricsLogger
@@ -303,29 +303,37 @@ def train_passes(trainer: Trainer, critic, rollout: Rollout, targets: Targets,
 
 def value_metrics(rollout: Rollout, rewards: torch.Tensor, correct: torch.Tensor | None,
                   targets: Targets, ref_logprobs, stats: dict) -> dict:
-    """The step's metrics: rewards, the losses, clipping, the critic's fit (explained variance
-    of its targets) and the KL to the reference (mean log-ratio per token)."""
+    """The step's metrics over every rank's rows (all ranks call it): rewards, the losses,
+    clipping, the critic's fit (explained variance of its targets) and the KL to the reference
+    (mean log-ratio per token). `rewards` and `correct` may hold fewer rows than the rollout
+    (T-PPO: the sequences that ended this step), or none."""
     mask = targets.mask
-    tokens = max(float(mask.sum()), 1.0)
-    residual = ((targets.returns - targets.old_values) * mask)
-    centred = (targets.returns - (targets.returns * mask).sum() / tokens) * mask
-    explained = 1.0 - float((residual ** 2).sum()) / max(float((centred ** 2).sum()), 1e-12)
+    returns, residual = targets.returns * mask, (targets.returns - targets.old_values) * mask
+    kl = (targets.old_logprobs - ref_logprobs) * mask if ref_logprobs is not None else mask * 0
+    (lengths, truncated, tokens, total, squares, misfit, values, kl, rewards,
+     *correct) = gather_rows(
+        rollout.lengths.float(), rollout.truncated.float(), mask.sum(-1), returns.sum(-1),
+        (returns * targets.returns).sum(-1), (residual ** 2).sum(-1),
+        (targets.old_values * mask).sum(-1), kl.sum(-1), rewards.float(),
+        *([] if correct is None else [correct.float()]))
+    count = max(float(tokens.sum()), 1.0)
+    spread = float(squares.sum()) - float(total.sum()) ** 2 / count  # sum of centred squares
     metrics = {
-        "rollout/length_mean": float(rollout.lengths.float().mean()),
-        "rollout/truncation_rate": float(rollout.truncated.float().mean()),
+        "rollout/length_mean": float(lengths.mean()),
+        "rollout/truncation_rate": float(truncated.mean()),
         "train/loss": stats["loss"], "train/clip_fraction": stats["clip"],
         "train/clip_high": stats["clip_high"], "train/grad_norm": stats["grad_norm"],
         "train/positive_nll": stats["nll"],
         "critic/value_loss": stats["value_loss"], "critic/grad_norm": stats["critic_grad_norm"],
-        "critic/value_mean": float((targets.old_values * mask).sum()) / tokens,
-        "critic/explained_variance": explained,
+        "critic/value_mean": float(values.sum()) / count,
+        "critic/explained_variance": 1.0 - float(misfit.sum()) / max(spread, 1e-12),
     }
     if ref_logprobs is not None:
-        metrics["train/kl"] = float(((targets.old_logprobs - ref_logprobs) * mask).sum()) / tokens
+        metrics["train/kl"] = float(kl.sum()) / count
     if len(rewards):  # (T-PPO: the sequences that ended this step; none may have)
         metrics["reward/mean"] = float(rewards.mean())
-    if correct is not None and len(correct):
-        metrics["reward/accuracy"] = float(correct.float().mean())
+    if correct and len(correct[0]):
+        metrics["reward/accuracy"] = float(correct[0].mean())
     return metrics
 
 

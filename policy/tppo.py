@@ -24,7 +24,8 @@ from policy.ppo import (_forward_values, ppo_targets, rollout_logprobs, train_pa
 from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, continue_rows
 from runtime.data import MathRecord
-from runtime.engine import gather_objects, gathered_for_generation, global_sum, world
+from runtime.engine import (gather_objects, gather_rows, gathered_for_generation, global_sum,
+                            world)
 from runtime.prompts import encode_prompts
 from runtime.training import Trainer, epoch_slice
 
@@ -109,13 +110,14 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
             for row, n, done in zip(mine, new, ended.tolist()) if not done]
     trainer.state["pool"] = [row for part in gather_objects(kept) for row in part]
     trainer.state["next_sample"] = next_sample
-    metrics = value_metrics(rollout, rewards[ended], correct[ended] if ended.any() else None,
-                            targets, ref_logprobs, stats)
+    metrics = value_metrics(rollout, rewards[ended], correct[ended], targets, ref_logprobs,
+                            stats)
     metrics.update({"tppo/ended": global_sum(float(ended.sum())),
                     "tppo/carried": float(len(trainer.state["pool"])),
                     "tppo/window_tokens": targets.num_tokens})
-    if ended.any():
-        metrics["rollout/length_mean"] = float(rollout.lengths[ended].float().mean())
+    finished, = gather_rows(rollout.lengths[ended].float())
+    if len(finished):
+        metrics["rollout/length_mean"] = float(finished.mean())
     return metrics, {"rollout": rolled - started, "scoring": scored - rolled}
 
 
