@@ -1,7 +1,7 @@
 """A GRPO optimizer step, ours vs TRL's `GRPOTrainer`, on the same model, prompts and settings.
 
     pip install -e ".[bench]"        # TRL is a benchmark-only extra
-    python bench/grpo_vs_trl.py [--models tiny,20m] [--steps 5 --repeats 2]
+    python bench/grpo_vs_trl.py [--models tiny,20m] [--steps 5 --repeats 2] [--layouts 1x2,2x1]
 
 Models: the shipped tiny warm start (2.6M) and a ~20M tiny Llama (random weights, so its
 samples mostly run to the length limit). Both sides: the same model and character tokenizer, the same synthetic prompts, the same
@@ -9,14 +9,16 @@ rule-based reward (final answer vs gold), G = 8 samples x 8 questions a step, th
 completion length, temperature 1.0, learning rate 5e-5, beta 0.04, one update per step (mu = 1),
 on CPU in one precision for both (`--precision`): fp32, or bf16 (ours: bf16 weights with
 DeepSpeed's fp32 master copy, `model.dtype=bfloat16 deepspeed.bf16=true`; TRL: `bf16=True`,
-autocast over fp32 weights), bf16 running on the CPU's AMX/AVX-512 bf16 units where it has them.
+autocast over fp32 weights), bf16 running on the CPU's AMX/AVX-512 bf16 units where it has them;
+and in one layout for both (`--layouts`): P processes x T threads each, several processes
+launched by `torchrun` (data parallel: ours over DeepSpeed, TRL's trainer over DDP, gloo both).
 TRL is set to its fastest fair CPU setting otherwise: no gradient checkpointing, no vLLM,
 `loss_type="grpo"` (its default is "dapo") and `beta=0.04` (its default is 0). Each side runs in its
-own child process (peak RSS is per process), the first step is a warm-up, and the step time is
-the median of the others. Each repeat runs ours then TRL at each precision in turn, and the
+own child processes (peak RSS is summed over them), the first step is a warm-up, and the step
+time is the median of the others. Each repeat runs ours then TRL at each setting in turn, and the
 medians over `--repeats` are reported. A speed ratio is the median over the repeats of ours / TRL,
 each run of ours paired with the TRL run that follows it (a pair shares the machine's speed of the
-moment), with its range; the `fastest` row pairs, repeat by repeat, our fastest precision with
+moment), with its range; the `fastest` row pairs, repeat by repeat, our fastest setting with
 TRL's.
 """
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,9 +44,10 @@ sys.path.insert(0, sys.argv[1])
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ["WANDB_MODE"] = "disabled"
 import torch
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
 side, policy, steps, max_tokens, out = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 bf16 = sys.argv[7] == "bf16"
+WORLD, RANK = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
 Q, G, LR, BETA = 8, 8, 5e-5, 0.04
 
 def peak_rss():
@@ -65,16 +70,19 @@ if side == "ours":
         f"run.root={out}", f"grpo.steps={steps}", f"grpo.questions_per_step={Q}",
         f"grpo.group_size={G}", f"grpo.lr={LR}", f"grpo.beta={BETA}", "grpo.loss=grpo",
         "grpo.supervision=outcome", f"grpo.max_new_tokens={max_tokens}", "grpo.eval_every=0",
-        "grpo.inspect_every=0", "grpo.save_every=100000", f"deepspeed.micro_batch_size={Q * G}",
-        "run.wandb_mode=disabled", "run.threads=2"]
+        "grpo.inspect_every=0", "grpo.save_every=100000",
+        f"deepspeed.micro_batch_size={Q * G // WORLD}", "run.wandb_mode=disabled",
+        f"run.threads={torch.get_num_threads()}"]
         + (["model.dtype=bfloat16", "deepspeed.bf16=true"] if bf16 else []))
-    logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="")
+    logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="",
+                           enabled=RANK == 0)
     train_grpo(cfg, Path(out), policy, RuleReward(), records, records[:1], logger, "")
-    rows = [r for r in read_metrics(Path(out) / "m.jsonl") if "time/step" in r][1:]
-    med = lambda k: statistics.median(r[k] for r in rows)
-    result = {"step_s": med("time/step"), "rollout_s": med("time/rollout"),
-              "scoring_s": med("time/scoring"), "update_s": med("time/update"),
-              "completion_tokens": med("rollout/length_mean") * Q * G}
+    if RANK == 0:  # the step's metrics cover every rank's samples
+        rows = [r for r in read_metrics(Path(out) / "m.jsonl") if "time/step" in r][1:]
+        med = lambda k: statistics.median(r[k] for r in rows)
+        result = {"step_s": med("time/step"), "rollout_s": med("time/rollout"),
+                  "scoring_s": med("time/scoring"), "update_s": med("time/update"),
+                  "completion_tokens": med("rollout/length_mean") * Q * G}
 else:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -100,7 +108,7 @@ else:
 
     clock = Clock()
     config = GRPOConfig(
-        output_dir=out, per_device_train_batch_size=Q * G, num_generations=G,
+        output_dir=out, per_device_train_batch_size=Q * G // WORLD, num_generations=G,
         gradient_accumulation_steps=1, max_completion_length=max_tokens, temperature=1.0,
         top_k=0, learning_rate=LR, beta=BETA, loss_type="grpo", num_iterations=1,
         gradient_checkpointing=False, use_vllm=False, bf16=bf16, use_cpu=True,
@@ -110,10 +118,11 @@ else:
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[clock])
     trainer.train()
-    result = {"step_s": statistics.median(clock.times[1:]),
-              "completion_tokens": statistics.median(clock.lengths[1:]) * Q * G}
+    if RANK == 0:  # TRL logs the lengths of every rank's completions
+        result = {"step_s": statistics.median(clock.times[1:]),
+                  "completion_tokens": statistics.median(clock.lengths[1:]) * Q * G}
 result["peak_rss"] = peak_rss()
-print("RESULT " + json.dumps(result))
+Path(out, f"result-{RANK}.json").write_text(json.dumps(result))
 """
 
 
@@ -128,52 +137,73 @@ def cpu_name() -> str:
     return f"{name} ({', '.join(units) if units else 'no bf16 units'})"
 
 
-def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str) -> dict:
+def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str,
+             layout: str) -> dict:
+    """One run of one side: rank 0's step times and completion tokens, peak RSS summed over
+    the processes. `layout`: "PxT", P processes of T threads each."""
+    processes, threads = map(int, layout.split("x"))
     out = tempfile.mkdtemp()
-    done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, policy, str(steps),
+    script = Path(out) / "child.py"
+    script.write_text(CHILD)
+    launch = [sys.executable] if processes == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    env = {**os.environ, "BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([*launch, str(script), str(ROOT), side, policy, str(steps),
                            str(max_tokens), out, precision],
-                          capture_output=True, text=True, cwd=ROOT)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"{side} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+                          capture_output=True, text=True, cwd=ROOT, env=env)
+    results = {rank: json.loads((Path(out) / f"result-{rank}.json").read_text())
+               for rank in range(processes) if (Path(out) / f"result-{rank}.json").exists()}
+    if done.returncode != 0 or len(results) != processes:
+        raise SystemExit(f"{side} ({precision}, {layout}) failed:\n{done.stdout[-3000:]}\n"
+                         f"{done.stderr[-5000:]}")
+    return {**results[0], "peak_rss": sum(r["peak_rss"] for r in results.values())}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int,
-            precisions: list[str]) -> list[str]:
-    """Every (precision, side) run `repeats` times, interleaved: each repeat runs ours then TRL
-    at each precision in turn. Markdown rows of their medians and ratios."""
-    runs = {(p, side): [] for p in precisions for side in ("ours", "trl")}
+            precisions: list[str], layouts: list[str]) -> list[str]:
+    """Every (precision, layout, side) run `repeats` times, interleaved: each repeat runs ours
+    then TRL at each setting in turn. Markdown rows of their medians and ratios."""
+    settings = [(p, layout) for p in precisions for layout in layouts]
+    runs = {(*setting, side): [] for setting in settings for side in ("ours", "trl")}
     for _ in range(repeats):
-        for precision, side in runs:
-            runs[precision, side].append(run_side(side, policy, steps, max_tokens, precision))
+        for precision, layout, side in runs:
+            runs[precision, layout, side].append(
+                run_side(side, policy, steps, max_tokens, precision, layout))
     rows = []
-    for precision in precisions:
-        ours, trl = runs[precision, "ours"], runs[precision, "trl"]
+    for precision, layout in settings:
+        ours, trl = runs[precision, layout, "ours"], runs[precision, layout, "trl"]
         for side, rs in (("ours", ours), ("TRL", trl)):
             m = {k: median_of(rs, k) for k in rs[0]}
             split = [f"{m[k]:.2f}" if k in m else "-" for k in ("rollout_s", "update_s")]
-            rows.append(f"| {label} | {precision} | {side} | {m['step_s']:.2f} | "
+            rows.append(f"| {label} | {precision} | {layout} | {side} | {m['step_s']:.2f} | "
                         f"{' | '.join(split)} | {m['completion_tokens'] / m['step_s']:,.0f} | "
                         f"{m['peak_rss'] / 2**30:.2f} |")
         # Each run of ours is paired with the TRL run right after it, so a pair shares the
         # machine's speed of the moment (it drifts by up to 2x over minutes here).
-        rows.append(ratio_row(label, precision, [throughput(o) / throughput(t)
-                                                 for o, t in zip(ours, trl)],
+        rows.append(ratio_row(label, precision, layout, [throughput(o) / throughput(t)
+                                                         for o, t in zip(ours, trl)],
                               median_of(ours, "peak_rss") / median_of(trl, "peak_rss")))
-    if len(precisions) > 1:
+    if len(settings) > 1:
         # Ours at its fastest against TRL at its fastest, repeat by repeat.
-        best = [max(throughput(runs[p, "ours"][i]) for p in precisions)
-                / max(throughput(runs[p, "trl"][i]) for p in precisions) for i in range(repeats)]
-        rows.append(ratio_row(label, "fastest", best, None))
+        best = [max(throughput(runs[(*s, "ours")][i]) for s in settings)
+                / max(throughput(runs[(*s, "trl")][i]) for s in settings) for i in range(repeats)]
+        rows.append(ratio_row(label, "fastest", "fastest", best, None))
     return rows
 
 
-def ratio_row(label: str, precision: str, ratios: list[float], rss: float | None) -> str:
+def ratio_row(label: str, precision: str, layout: str, ratios: list[float],
+              rss: float | None) -> str:
     """The median of the repeats' ratios of completion tokens a second, and their range."""
     ratios = sorted(ratios)
     memory = "" if rss is None else f"**{rss:.2f}x**"
-    return (f"| {label} | {precision} | **ours / TRL** | | | | "
+    return (f"| {label} | {precision} | {layout} | **ours / TRL** | | | | "
             f"**{statistics.median(ratios):.2f}x** ({ratios[0]:.2f}-{ratios[-1]:.2f}x) | "
             f"{memory} |")
 
@@ -194,13 +224,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=112)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--precision", default="fp32,bf16", help="fp32, bf16 or both")
+    parser.add_argument("--layouts", default="1x2,2x1",
+                        help="processes x threads each, comma-separated")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from configs.schema import TinyModelConfig
     from runtime.tiny_model import build_tiny
 
-    rows = ["| model | precision | side | s/step | rollout s | update s | completion tok/s | "
-            "peak RSS GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| model | precision | processes x threads | side | s/step | rollout s | update s | "
+            "completion tok/s | peak RSS GiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     models = []
     if "tiny" in args.models:
         models.append(("tiny warm start (2.6M)", str(ROOT / "runtime/bundled/tiny_warm_start")))
@@ -211,7 +244,7 @@ def main() -> None:
         models.append(("tiny Llama (~20M, random)", str(big)))
     for label, policy in models:
         rows += measure(label, policy, args.steps, args.max_tokens, args.repeats,
-                        args.precision.split(","))
+                        args.precision.split(","), args.layouts.split(","))
     print(f"{cpu_name()}; {Q} questions x G={G}, at most {args.max_tokens} completion tokens, "
           f"{args.steps} steps a run (the first a warm-up), medians of {args.repeats} runs "
           "per side")
