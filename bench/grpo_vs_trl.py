@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -141,13 +140,15 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
              layout: str) -> dict:
     """One run of one side: rank 0's step times and completion tokens, peak RSS summed over
     the processes. `layout`: "PxT", P processes of T threads each."""
+    from runtime.engine import _free_port
+
     processes, threads = map(int, layout.split("x"))
     out = tempfile.mkdtemp()
     script = Path(out) / "child.py"
     script.write_text(CHILD)
     launch = [sys.executable] if processes == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+        "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
     env = {**os.environ, "BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run([*launch, str(script), str(ROOT), side, policy, str(steps),
                            str(max_tokens), out, precision],
@@ -158,12 +159,6 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
         raise SystemExit(f"{side} ({precision}, {layout}) failed:\n{done.stdout[-3000:]}\n"
                          f"{done.stderr[-5000:]}")
     return {**results[0], "peak_rss": sum(r["peak_rss"] for r in results.values())}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def measure(label: str, policy: str, steps: int, max_tokens: int, repeats: int,
