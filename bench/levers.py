@@ -11,7 +11,8 @@ On the shipped tiny warm start (2.6M), 2 threads, medians of `--repeats`:
 - update: forward + backward and a no-gradient forward of a 64-row rollout: the plain padded
   forward, the prompt-shared one (`completion_logprobs(share_prompts=True, pack=False)`), the
   prompt-shared one on real tokens only (`pack=True`: the rows' completions one sequence,
-  attention alone laid out in rows), and transformers' own packing (each row's real tokens
+  attention alone laid out in rows, in blocks of rows of similar lengths), that one with its
+  attention in a single block padded to the longest row, and transformers' own packing (each row's real tokens
   concatenated, 1 or 2 sequences a row, position ids restarting, attention masked
   block-diagonally by transformers).
 """
@@ -115,6 +116,7 @@ def main() -> None:
     import torch
 
     from configs import load_config
+    from policy import logprobs as lp_module
     from policy.logprobs import completion_logprobs
     from policy.rollout import generate_groups
     from runtime.data import load_splits
@@ -149,6 +151,9 @@ def main() -> None:
     plain = median_time(lambda: backward(False), args.repeats)
     shared = median_time(lambda: backward(True), args.repeats)
     shared_packed = median_time(lambda: backward(True, True), args.repeats)
+    blocks, lp_module.BLOCK_ROWS = lp_module.BLOCK_ROWS, len(r.input_ids)  # one block
+    one_block = median_time(lambda: backward(True, True), args.repeats)
+    lp_module.BLOCK_ROWS = blocks
     pack1 = median_time(lambda: packed(1), args.repeats)
     pack2 = median_time(lambda: packed(2), args.repeats)
     with torch.no_grad():
@@ -168,6 +173,9 @@ def main() -> None:
         f"| {shared_ng:.2f} | {shared_ng / plain_ng:.2f}x |",
         f"| update: prompt-shared, real tokens only, forward + backward (vs prompt-shared) | "
         f"{setting} | {shared:.2f} | {shared_packed:.2f} | {shared_packed / shared:.2f}x |",
+        f"| update: real tokens only, attention in blocks of rows by length (vs one block), "
+        f"forward + backward | {setting} | {one_block:.2f} | {shared_packed:.2f} | "
+        f"{shared_packed / one_block:.2f}x |",
         f"| update: prompt-shared, real tokens only, no gradient (vs prompt-shared) | "
         f"{setting} | {shared_ng:.2f} | {packed_ng:.2f} | {packed_ng / shared_ng:.2f}x |",
         f"| update: padding trimmed (1 sequence a row) | {setting} | {plain:.2f} | {pack1:.2f} | "

@@ -277,15 +277,17 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
     assert model.config._attn_implementation != rollout._PROMPT_SHARED  # restored
 
 
+@pytest.mark.parametrize("blocks", [1, 4])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
-def test_packed_update_equals_the_padded_one(architecture, dtype, monkeypatch):
+def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkeypatch):
     """The update's forward on real tokens only (`pack`: the rows' completions run as one
     sequence, each question's prompt once, attention alone laid out in rows) gives the padded
     plain forward's log-probs, entropy, GRPO loss and gradients (1e-5): random 2-layer models of
     each architecture it serves (grouped-query attention included), left-padded prompts of
-    different lengths, completions of different lengths (one of a single token). In bf16 (whose
-    CPU attention backward runs in fp32 on the packed path) to bf16's rounding."""
+    different lengths, completions of different lengths (one of a single token), the attention
+    in one block of rows or in 4 blocks of rows sorted by length. In bf16 (whose CPU attention
+    backward runs in fp32 on the packed path) to bf16's rounding."""
     import transformers
 
     from policy import logprobs as lp_module
@@ -311,9 +313,12 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, monkeypatch):
     completion_mask = mask[:, start:].float()
     advantages = torch.randn(rows, 1).expand(rows, width)
     calls = _count_calls(monkeypatch, lp_module, "_packed_attention")
+    monkeypatch.setattr(lp_module, "BLOCK_ROWS", 1 if blocks > 1 else rows)
+    attention = _count_calls(monkeypatch, torch.nn.functional, "scaled_dot_product_attention")
     out = {}
     for pack in (True, False):
         model.zero_grad()
+        attention.clear()
         entropy = torch.zeros(rows, width)
         logprobs = completion_logprobs(model, ids, mask, start, entropy_out=entropy, pack=pack,
                                        share_prompts=pack)
@@ -323,6 +328,8 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, monkeypatch):
         loss.backward()
         out[pack] = (logprobs.detach() * completion_mask, entropy * completion_mask,
                      loss.detach(), [p.grad.float() for p in model.parameters()])
+        if pack:  # a layer's attention ran on the prompts, then on each block on its own
+            assert len(attention) == config.num_hidden_layers * (1 + blocks)
     assert len(calls) == config.num_hidden_layers  # the packed path ran, once a layer
     tolerance = 1e-5 if dtype == "float32" else 0.05
     for a, b in zip(out[True][:3], out[False][:3]):
