@@ -12,9 +12,9 @@ On the shipped tiny warm start (2.6M), 2 threads, medians of `--repeats`:
   forward, the prompt-shared one (`completion_logprobs(share_prompts=True, pack=False)`), the
   prompt-shared one on real tokens only (`pack=True`: the rows' completions one sequence,
   attention alone laid out in rows, in blocks of rows of similar lengths), that one with its
-  attention in a single block padded to the longest row, and transformers' own packing (each row's real tokens
-  concatenated, 1 or 2 sequences a row, position ids restarting, attention masked
-  block-diagonally by transformers).
+  attention in a single block padded to the longest row, and transformers' own packing (each
+  row's real tokens concatenated, 1 or 2 sequences a row, position ids restarting, attention
+  masked block-diagonally by transformers).
 """
 
 from __future__ import annotations
