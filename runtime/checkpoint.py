@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.engine import gather_objects, gathered_for_generation, is_main, world
 from runtime.rundir import atomic_write_text
 
 
@@ -47,8 +48,6 @@ def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = N
 def export(engine, tokenizer, out_dir: Path, config_yaml: str | None = None) -> Path:
     """`save_pretrained` of a training engine's model, called on every rank: under ZeRO-3 the
     partitions are gathered first (all ranks join), then rank 0 writes."""
-    from runtime.engine import gathered_for_generation, is_main
-
     with gathered_for_generation(engine):
         if is_main():
             save_pretrained(engine, tokenizer, out_dir, config_yaml)
@@ -57,12 +56,18 @@ def export(engine, tokenizer, out_dir: Path, config_yaml: str | None = None) -> 
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """This process's random state: Python's, torch's CPU one and the current GPU's."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 class CheckpointError(RuntimeError):
@@ -89,8 +94,6 @@ def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     state in force. A write error (a full disk) removes the partial folder and raises
     `CheckpointError` naming both folders.
     """
-    from runtime.engine import is_main
-
     state_dir = Path(state_dir)
     previous = _latest_tag(state_dir)
     index = int(previous) + 1 if previous and previous.isdigit() else 0
@@ -98,9 +101,12 @@ def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     if is_main():  # an orphan of a save killed before `latest` moved: never mix its files in
         shutil.rmtree(state_dir / tag, ignore_errors=True)
     _barrier()
+    # Every rank's random state: under ZeRO-0/1/2 only rank 0 writes the client state, and the
+    # ranks' states differ (each has drawn for its own share of the work).
+    rng = gather_objects(rng_state())
     try:
         engine.save_checkpoint(str(state_dir), tag=tag, save_latest=False,
-                               client_state={"igrpo": {**client_state, "rng": rng_state()}})
+                               client_state={"igrpo": {**client_state, "rng": rng}})
     except OSError as err:
         shutil.rmtree(state_dir / tag, ignore_errors=True)
         kept = f"the previous state {state_dir / previous} is intact" if previous else \
@@ -117,13 +123,26 @@ def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     _barrier()
 
 
+def _deepspeed_state_classes() -> list:
+    """The DeepSpeed classes a ZeRO-1/2/3 training state pickles beside its tensors (the loss
+    scaler, the ZeRO stage, bf16 fragment addresses): the only globals a state may name."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
 def _weights_only_loads(engine) -> None:
     """DeepSpeed's torch checkpoint engine unpickles with `weights_only=False`; ours loads
-    tensors and plain containers only, so a crafted state file cannot run code."""
+    tensors, plain containers and DeepSpeed's few state classes only, so a crafted state file
+    cannot run code."""
     checkpoint_engine = engine.checkpoint_engine
+    allowed = _deepspeed_state_classes()
 
     def load(path, map_location=None):
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
 
     checkpoint_engine.load = load
 
@@ -138,7 +157,8 @@ def load_training_state(engine, state_dir: Path) -> dict | None:
     if client_state is None:
         raise CheckpointError(f"the training state {Path(state_dir) / tag} could not be loaded")
     ours = dict(client_state["igrpo"])
-    set_rng_state(ours.pop("rng"))
+    rng = ours.pop("rng")  # one per rank (a state written before that: one for all)
+    set_rng_state(rng[world()[0] % len(rng)] if isinstance(rng, list) else rng)
     return ours
 
 
@@ -154,8 +174,6 @@ def save_companion_state(engine, state_dir: Path, step: int) -> None:
 
 def prune_companion_state(state_dir: Path, step: int) -> None:
     """Drop a companion's tags other than `step`'s (once the main state has moved to it)."""
-    from runtime.engine import is_main
-
     if is_main() and Path(state_dir).exists():
         for old in Path(state_dir).iterdir():
             if old.is_dir() and old.name != f"{step:06d}":
