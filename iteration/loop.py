@@ -106,11 +106,8 @@ class IterationRun:
         return {"policy": self._rel(final), "reference": self._rel(policy)}
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
-        """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N
-        (computed on rank 0, the same entry on every rank)."""
-        return broadcast_from_main(self._evaluate(k, policy, rm_iteration) if is_main() else None)
-
-    def _evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
+        """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N:
+        the questions spread over the ranks, the same entry on every rank."""
         cfg = self.cfg
         model, tokenizer = stages.load_policy(cfg, policy)
         metrics = stages.evaluate(cfg, model, tokenizer, self.splits.eval, progress=is_main(),
@@ -119,11 +116,11 @@ class IterationRun:
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
                  **stages.reward_model_report(cfg, self._scorers(rm_iteration), model,
                                               tokenizer, self.splits.eval)}
-        if k > 0:
+        if k > 0 and is_main():  # (the main rank wrote the outcomes it compares)
             entry["grpo"] = self._grpo_means(k)
             entry["change"] = change_from(self.run / "eval" / "iteration-0.json",
                                           self.run / "eval" / f"iteration-{k}.json")
-        return entry
+        return broadcast_from_main(entry)
 
     # -- the loop ----------------------------------------------------------------------------
     def plan(self) -> list[str]:

@@ -55,7 +55,8 @@ def label(cfg, policy: str | Path, questions: list[MathRecord], out: Path, k: in
     model, tokenizer = load_policy(cfg, policy)
     fmt = prompt_format(cfg.data)
     solutions = sample_solutions(model, tokenizer, questions, fmt, lab.samples_per_question,
-                                 lab.max_new_tokens, lab.temperature, out / "solutions.jsonl")
+                                 lab.max_new_tokens, lab.temperature, out / "solutions.jsonl",
+                                 seed=cfg.run.seed * 101 + k)
     if lab.completer:
         model, tokenizer = load_policy(cfg, lab.completer)
     labeller = Labeller(model, tokenizer, fmt, lab.num_completions, lab.max_new_tokens,
@@ -102,7 +103,7 @@ def evaluate(cfg, model, tokenizer, records: list[MathRecord], outcomes_path: Pa
                            temperature=cfg.eval.temperature,
                            max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
                            timeout_s=cfg.eval.grade_timeout_s, progress=progress,
-                           outcomes_path=outcomes_path)
+                           outcomes_path=outcomes_path, seed=cfg.run.seed)
 
 
 def reward_model_report(cfg, scorers: dict[str, TagScorer], model, tokenizer,

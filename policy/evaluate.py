@@ -14,9 +14,11 @@ from tqdm import tqdm
 
 from policy.rollout import generate_groups
 from runtime.data import MathRecord
+from runtime.engine import is_main
 from runtime.grading import answers_match, extract_final_answer
 from runtime.prompts import PromptFormat
 from runtime.rundir import atomic_write_json
+from runtime.shards import map_chunks, my_chunks
 from runtime.stats import bootstrap_interval
 
 
@@ -83,45 +85,62 @@ def summarise(values: dict[str, list[float]], seed: int = 0) -> dict[str, float]
 def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptFormat, *, k: int,
                     temperature: float, max_new_tokens: int, batch_size: int, timeout_s: int = 2,
                     sampled: bool = True, progress: bool = False,
-                    outcomes_path: Path | None = None) -> dict[str, float]:
+                    outcomes_path: Path | None = None, seed: int = 0) -> dict[str, float]:
     """Greedy accuracy, and with `sampled`: mean@k, maj@k and pass@k at `temperature`, each with
     its 95% interval over questions. `outcomes_path` receives every question's values (for paired
     comparisons of two policies on the same questions, and each sample's correctness and vote key
-    for maj@K and pass@K at every K up to k)."""
-    greedy_right, lengths = [], []
-    samples, majority, votes = ([], [], []) if sampled else (None, None, None)
+    for maj@K and pass@K at every K up to k).
+
+    The questions are spread over the ranks in chunks (`runtime.shards`), each chunk's samples
+    seeded from (`seed`, chunk): any number of processes gives one process's numbers, and the
+    same policy gets the same numbers wherever it is evaluated. Every rank must call it; each
+    gets the metrics, the main rank writes `outcomes_path`."""
     per_batch = max(1, batch_size // max(k, 1))
-    total = len(records) * (1 + (k if sampled else 0))
-    bar = tqdm(total=total, desc="eval", unit="gen", disable=not progress, leave=False)
-    for start in range(0, len(records), batch_size):
-        chunk = records[start:start + batch_size]
-        prompts = fmt.prompts(tokenizer, chunk)
-        greedy = generate_groups(model, tokenizer, prompts, 1, max_new_tokens=max_new_tokens,
-                                 greedy=True)
-        lengths += greedy.lengths.tolist()
-        greedy_right += [_is_right(extract_final_answer(t), r.answer, timeout_s)
-                         for t, r in zip(greedy.texts, chunk)]
-        bar.update(len(chunk))
-    for start in range(0, len(records), per_batch) if sampled else ():
-        chunk = records[start:start + per_batch]
-        prompts = fmt.prompts(tokenizer, chunk)
-        rollout = generate_groups(model, tokenizer, prompts, k, max_new_tokens=max_new_tokens,
-                                  temperature=temperature)
+    greedy_starts = list(range(0, len(records), batch_size))
+    sample_starts = list(range(0, len(records), per_batch)) if sampled else []
+    greedy_costs = [len(records[s:s + batch_size]) for s in greedy_starts]
+    sample_costs = [len(records[s:s + per_batch]) * k for s in sample_starts]
+    bar = tqdm(total=sum(greedy_costs[c] for c in my_chunks(greedy_costs))
+               + sum(sample_costs[c] for c in my_chunks(sample_costs)),
+               desc="eval", unit="gen", disable=not (progress and is_main()), leave=False)
+
+    def greedy_chunk(c: int) -> tuple[list[bool], list[int]]:
+        chunk = records[greedy_starts[c]:greedy_starts[c] + batch_size]
+        greedy = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), 1,
+                                 max_new_tokens=max_new_tokens, greedy=True)
+        return ([_is_right(extract_final_answer(t), r.answer, timeout_s)
+                 for t, r in zip(greedy.texts, chunk)], greedy.lengths.tolist())
+
+    def sample_chunk(c: int) -> list[tuple[list[bool], list[str | None], bool]]:
+        chunk = records[sample_starts[c]:sample_starts[c] + per_batch]
+        rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), k,
+                                  max_new_tokens=max_new_tokens, temperature=temperature)
+        out = []
         for q, rec in enumerate(chunk):
-            texts = rollout.texts[q * k:(q + 1) * k]
-            answers = [extract_final_answer(t) for t in texts]
-            samples.append([_is_right(a, rec.answer, timeout_s) for a in answers])
-            votes.append([_vote_key(a) for a in answers])
-            majority.append(_is_right(majority_of(answers), rec.answer, timeout_s))
-        bar.update(len(chunk) * k)
+            answers = [extract_final_answer(t) for t in rollout.texts[q * k:(q + 1) * k]]
+            out.append(([_is_right(a, rec.answer, timeout_s) for a in answers],
+                        [_vote_key(a) for a in answers],
+                        _is_right(majority_of(answers), rec.answer, timeout_s)))
+        return out
+
+    greedy = map_chunks(len(greedy_starts), greedy_chunk, costs=greedy_costs,
+                        done=lambda c: bar.update(greedy_costs[c]))
+    rows = [row for part in map_chunks(len(sample_starts), sample_chunk, costs=sample_costs,
+                                       seed_key=("eval", seed),
+                                       done=lambda c: bar.update(sample_costs[c]))
+            for row in part]
     bar.close()
+    greedy_right = [right for rights, _ in greedy for right in rights]
+    lengths = [n for _, ns in greedy for n in ns]
+    samples, votes, majority = ([[row[i] for row in rows] for i in range(3)] if sampled
+                                else (None, None, None))
     values = per_question(greedy_right, samples, majority)
     metrics = summarise(values)
     metrics.update({"eval/greedy_length": sum(lengths) / len(lengths),
                     "eval/questions": len(records)})
     if sampled:
         metrics["eval/k"] = k
-    if outcomes_path is not None:
+    if outcomes_path is not None and is_main():
         atomic_write_json(Path(outcomes_path), {
             "questions": [r.source_id for r in records], "k": k if sampled else 0,
             "temperature": temperature, **values,

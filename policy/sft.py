@@ -21,8 +21,8 @@ from configs.batching import plan_batch
 from policy.evaluate import evaluate_policy
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
-from runtime.engine import (broadcast_from_main, build_engine, current_lr,
-                            gathered_for_generation, global_sum, is_main, world)
+from runtime.engine import (build_engine, current_lr, gathered_for_generation, global_sum,
+                            world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import PromptFormat, encode_prompts, prompt_format
 from runtime.training import Trainer, epoch_slice, stage_done
@@ -93,15 +93,12 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     state, fmt = trainer.state, prompt_format(cfg.data)
 
     def validate() -> float:
-        """Greedy validation accuracy, measured on rank 0; every rank joins the gather."""
-        accuracy = None
+        """Greedy validation accuracy, the questions spread over the ranks."""
         with gathered_for_generation(engine):
-            if is_main():
-                accuracy = evaluate_policy(
-                    engine.module, tokenizer, val_records, fmt, k=1, temperature=0.0,
-                    max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                    timeout_s=cfg.eval.grade_timeout_s, sampled=False)["eval/greedy_accuracy"]
-        return broadcast_from_main(accuracy)
+            return evaluate_policy(
+                engine.module, tokenizer, val_records, fmt, k=1, temperature=0.0,
+                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                timeout_s=cfg.eval.grade_timeout_s, sampled=False)["eval/greedy_accuracy"]
 
     if state["step"] == 0:
         state["best"] = validate()
@@ -129,19 +126,22 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
         metrics = {"train/loss": global_sum(sum(losses)) / world_size,
                    "train/lr": current_lr(engine), "train/grad_norm": grad_norm,
                    "time/step": time.perf_counter() - started, "train/epoch": epoch}
-        if trainer.due(cfg.sft.eval_every):
+        validated = trainer.due(cfg.sft.eval_every)
+        if validated:
             metrics["val/greedy_accuracy"] = _keep_best(trainer, validate(), cfg.sft,
                                                         lambda: export(engine, tokenizer,
                                                                        best_dir, config_yaml))
-        trainer.log(metrics)
+        trainer.log(metrics)  # (before the save: a kill between the two redoes this step)
+        if validated:
+            trainer.save()
     trainer.finish(tokenizer, None, config_yaml,
                    {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
     return best_dir
 
 
 def _keep_best(trainer: Trainer, accuracy: float, sft, export_best) -> float:
-    """After a validation: export a new best, save the state, stop at `sft.stop_at` or after
-    `sft.patience` validations without a new best."""
+    """After a validation: export a new best, stop at `sft.stop_at` or after `sft.patience`
+    validations without a new best (the caller saves the state)."""
     state = trainer.state
     if accuracy > state["best"]:
         state["best"], state["stale"] = accuracy, 0
@@ -149,7 +149,6 @@ def _keep_best(trainer: Trainer, accuracy: float, sft, export_best) -> float:
     else:
         state["stale"] += 1
     trainer.bar.set_postfix(acc=f"{accuracy:.3f}", best=f"{state['best']:.3f}")
-    trainer.save()
     reached = sft.stop_at and accuracy >= sft.stop_at
     trainer.stopped = bool(reached or (sft.patience and state["stale"] >= sft.patience))
     return accuracy

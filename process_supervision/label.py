@@ -23,10 +23,11 @@ from tqdm import tqdm
 from policy.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.data import MathRecord
-from runtime.engine import barrier, world
+from runtime.engine import barrier, broadcast_from_main, world
 from runtime.grading import grade
 from runtime.prompts import PromptFormat
 from runtime.rundir import atomic_write_text
+from runtime.shards import deal
 
 
 @dataclass(frozen=True)
@@ -136,21 +137,28 @@ def label_in_shards(labeller: Labeller, solutions: list[Solution], shard_dir: Pa
                     seed: int | None = None) -> list[LabelledSolution]:
     """Label in shards of `shard_size` solutions under `shard_dir`; finished shards are reused.
 
-    With `seed`, the sampling RNG is seeded per shard from (seed, shard index), so a resumed run
-    labels the remaining shards exactly as an uninterrupted one would have."""
+    The shards still to label are dealt to the ranks by their prefix count (each prefix is one
+    set of completions: the work), so the ranks finish together (`runtime.shards.deal`). With
+    `seed`, the sampling RNG is seeded per shard from (seed, shard index), so a resumed run, or
+    one on another number of processes, labels each shard exactly as an uninterrupted one would
+    have. Every rank calls it and gets every shard's labels."""
     shard_dir.mkdir(parents=True, exist_ok=True)
     rank, world_size = world()
     shards = [(shard, solutions[start:start + shard_size], shard_dir / f"shard-{shard:05d}.jsonl")
               for shard, start in enumerate(range(0, len(solutions), shard_size))]
-    mine = [s for s in shards if s[0] % world_size == rank]  # rank r: shards r, r + world, ...
-    bar = tqdm(total=sum(len(x.steps) - 1 for _, chunk, _ in mine for x in chunk), desc="label",
-               unit="prefix", disable=not progress)
+    # which shards are left, as the main rank sees them: one view for all
+    todo = [shards[i] for i in broadcast_from_main([i for i, (_, _, path) in enumerate(shards)
+                                                    if not path.exists()])]
+    prefixes = [sum(len(x.steps) - 1 for x in chunk) for _, chunk, _ in todo]
+    dealt = deal(prefixes, world_size)[rank]
+    mine = [todo[i] for i in dealt]
+    bar = tqdm(total=sum(prefixes[i] for i in dealt), desc="label", unit="prefix",
+               disable=not progress)
     started = time.perf_counter()
     for shard, chunk, path in mine:
-        if not path.exists():
-            if seed is not None:
-                torch.manual_seed(seed * 1_000_003 + shard)
-            atomic_write_text(path, _shard_rows(labeller.label(chunk)))
+        if seed is not None:
+            torch.manual_seed(seed * 1_000_003 + shard)
+        atomic_write_text(path, _shard_rows(labeller.label(chunk)))
         bar.update(sum(len(x.steps) - 1 for x in chunk))
         rate = labeller.prefixes_done / max(time.perf_counter() - started, 1e-9)
         bar.set_postfix(prefixes_per_s=f"{rate:.1f}")

@@ -15,15 +15,17 @@ from runtime.steps import split_steps
 from reward_model.encoding import orm_example
 from reward_model.evaluate import best_of_n, first_error_metrics, step_metrics
 from reward_model.tag_scores import STEP_AGGREGATORS
-from reward_model.score import TagScorer
+from reward_model.score import TagScorer, spread_score
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer
 from runtime.prompts import PromptFormat
+from runtime.shards import map_chunks
 
 
 def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str, float]:
-    """Step metrics and first-error metrics of `scorer` on labelled examples."""
-    predicted = scorer.score(examples)
+    """Step metrics and first-error metrics of `scorer` on labelled examples (the scoring spread
+    over the ranks: every rank calls it)."""
+    predicted = spread_score(scorer, examples)
     labels = [list(ex.labels) for ex in examples]
     return {**step_metrics(predicted, labels), **first_error_metrics(predicted, labels)}
 
@@ -48,25 +50,33 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
                      scorers: dict[str, tuple[TagScorer, str]], aggregate: str, n: int,
                      temperature: float, max_new_tokens: int, timeout_s: int = 2,
                      questions_per_batch: int = 16, seed: int = 0) -> dict[str, float]:
-    """Best-of-N accuracy for each scorer (`name -> (scorer, kind)`), majority vote and random."""
-    correct, answers = [], []
-    scores: dict[str, list[list[float]]] = {name: [] for name in scorers}
-    for start in range(0, len(records), questions_per_batch):
-        chunk = records[start:start + questions_per_batch]
-        rollout = generate_groups(policy, policy_tokenizer, fmt.prompts(policy_tokenizer, chunk), n,
-                                  max_new_tokens=max_new_tokens, temperature=temperature)
+    """Best-of-N accuracy for each scorer (`name -> (scorer, kind)`), majority vote and random.
+    The questions are spread over the ranks in chunks, each chunk's samples seeded from
+    (`seed`, chunk) (`runtime.shards`): every rank calls it and gets the report."""
+    def chunk_report(c: int) -> list[tuple[list[bool], list[str | None], dict[str, list[float]]]]:
+        chunk = records[c * questions_per_batch:(c + 1) * questions_per_batch]
+        rollout = generate_groups(policy, policy_tokenizer, fmt.prompts(policy_tokenizer, chunk),
+                                  n, max_new_tokens=max_new_tokens, temperature=temperature)
+        out = []
         for q, rec in enumerate(chunk):
             texts = rollout.texts[q * n:(q + 1) * n]
             extracted = [extract_final_answer(t) for t in texts]
-            answers.append(extracted)
-            correct.append([a is not None and answers_match(a, rec.answer, timeout_s)
-                            for a in extracted])
-            for name, (scorer, kind) in scorers.items():
-                scores[name].append(solution_scores(scorer, kind, aggregate, rec.question, texts,
-                                                    fmt.step_separator))
+            out.append(([a is not None and answers_match(a, rec.answer, timeout_s)
+                         for a in extracted], extracted,
+                        {name: solution_scores(scorer, kind, aggregate, rec.question, texts,
+                                               fmt.step_separator)
+                         for name, (scorer, kind) in scorers.items()}))
+        return out
+
+    chunks = range(0, len(records), questions_per_batch)
+    rows = [row for part in map_chunks(len(chunks), chunk_report, seed_key=("best-of-n", seed),
+                                       costs=[len(records[s:s + questions_per_batch])
+                                              for s in chunks])
+            for row in part]
+    correct, answers = [r[0] for r in rows], [r[1] for r in rows]
     report: dict[str, float] = {}
     for name in scorers:
-        result = best_of_n(correct, scores[name], answers, seed)
+        result = best_of_n(correct, [r[2][name] for r in rows], answers, seed)
         report[f"{name}_pick"] = result["rm_pick"]
         report[f"{name}_group_auroc"] = result["group_auroc"]
         report.update({k: v for k, v in result.items() if k not in ("rm_pick", "group_auroc")})

@@ -77,6 +77,28 @@ class TagScorer:
         return out
 
 
+def spread_tag_values(scorer: TagScorer, examples: list[StepExample], with_surprise: bool
+                      ) -> list[tuple[list[float], list[float]]]:
+    """`scorer.tag_values(examples, with_surprise)`, its batches spread over the ranks (every
+    rank calls it and gets every example's values; `runtime.shards`)."""
+    return _spread(scorer, examples, lambda part: scorer.tag_values(part, with_surprise))
+
+
+def spread_score(scorer: TagScorer, examples: list[StepExample]) -> list[list[float]]:
+    """`scorer.score(examples)`, its batches spread over the ranks (every rank calls it)."""
+    return _spread(scorer, examples, scorer.score)
+
+
+def _spread(scorer: TagScorer, examples: list, work) -> list:
+    from runtime.shards import map_chunks
+
+    size = scorer.batch_size
+    starts = list(range(0, len(examples), size))
+    parts = map_chunks(len(starts), lambda c: work(examples[starts[c]:starts[c] + size]),
+                       costs=[len(examples[s:s + size]) for s in starts])
+    return [row for part in parts for row in part]
+
+
 class PRMReward:
     """Process reward: each step's P(+), the step's end token in the policy's completion, and
     the aggregated solution score (`min` by default)."""

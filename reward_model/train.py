@@ -21,9 +21,9 @@ from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_c
 from reward_model.encoding import encode, ensure_tag_token, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss
-from reward_model.score import TagScorer
-from runtime.engine import (broadcast_from_main, build_engine, current_lr, global_sum,
-                            is_main, world)
+from reward_model.score import TagScorer, spread_score, spread_tag_values
+from runtime.engine import (broadcast_from_main, build_engine, current_lr,
+                            gathered_for_generation, global_sum, is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import Trainer, epoch_slice, seeded_order, stage_done
 
@@ -95,9 +95,9 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
             metrics.update({f"rm/val_{k}": v for k, v in checked[1].items()})
             trainer.bar.set_postfix(
                 step_acc=f"{metrics.get('rm/val_step_accuracy', float('nan')):.3f}")
+        trainer.log(metrics)  # (before the save: a kill between the two redoes this step)
         if trainer.due(rm.save_every):
             trainer.save()
-        trainer.log(metrics)
     if checked[0] == state["step"]:  # fitted and validated at the last step already
         final_metrics = checked[1]
     else:  # a run resumed after its last step
@@ -156,21 +156,24 @@ def _batch_loss(engine, batch, tags, lm_weight: float, world_size: int):
 
 
 class _Checks:
-    """The likelihood feature's fit and the validation of a reward model in training."""
+    """The likelihood feature's fit and the validation of a reward model in training. Both score
+    with the model in training, their batches spread over the ranks (every rank calls them at
+    the same steps): under ZeRO-3 each rank scores with the gathered weights, so no forward
+    needs the others."""
 
     def __init__(self, cfg, engine, tokenizer, train, val, state):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.train, self.val, self.state = train, val, state
 
-    def _scorer(self) -> TagScorer:
+    def _scorer(self, module) -> TagScorer:
         rm = self.cfg.rm
-        return TagScorer(self.engine.module, self.tokenizer, rm.step_tag, rm.max_length)
+        return TagScorer(module, self.tokenizer, rm.step_tag, rm.max_length)
 
     @staticmethod
     def step_values(examples: list[StepExample], scorer: TagScorer):
         """(tag margins, running-min log-likelihoods, labels) of every step that fits."""
         margins, surprises, targets = [], [], []
-        for ex, (m, s) in zip(examples, scorer.tag_values(examples, with_surprise=True)):
+        for ex, (m, s) in zip(examples, spread_tag_values(scorer, examples, with_surprise=True)):
             margins += m
             surprises += s
             targets += list(ex.labels[:len(m)])
@@ -179,26 +182,28 @@ class _Checks:
     def calibrate(self) -> dict:
         """With `rm.likelihood_feature`: fit the step logit's weights on training examples, or
         keep the ones the model carries where the fit is degenerate or scores validation worse
-        (`likelihood_feature.refit_or_keep`; main rank; every rank records the choice in its model
-        config, which the export saves, and in the training state, which a resume restores)."""
-        rm, module = self.cfg.rm, self.engine.module
+        (`likelihood_feature.refit_or_keep`, on the main rank; every rank records the choice in
+        its model config, which the export saves, and in the training state, which a resume
+        restores)."""
+        rm = self.cfg.rm
         if not rm.likelihood_feature:
             return {}
+        sample = random.Random(self.cfg.run.seed).sample(
+            self.train, min(len(self.train), rm.calibration_examples))
+        with gathered_for_generation(self.engine) as module:
+            scorer = self._scorer(module)
+            fit_on, check_on = self.step_values(sample, scorer), self.step_values(self.val, scorer)
         chosen = report = None
         if is_main():
-            sample = random.Random(self.cfg.run.seed).sample(
-                self.train, min(len(self.train), rm.calibration_examples))
-            scorer = self._scorer()
-            chosen, report = refit_or_keep(calibration_of(module), self.step_values(sample, scorer),
-                                           self.step_values(self.val, scorer))
+            chosen, report = refit_or_keep(calibration_of(self.engine.module), fit_on, check_on)
         chosen, report = broadcast_from_main((chosen, report))
-        set_calibration(module, chosen)
-        self.state["calibration"] = calibration_of(module)
+        set_calibration(self.engine.module, chosen)
+        self.state["calibration"] = calibration_of(self.engine.module)
         return {f"rm/calibration_{k}": v for k, v in {**(chosen or {}), **report}.items()}
 
     def validate(self) -> dict:
-        metrics = None
-        if is_main() and self.val:
-            metrics = step_metrics(self._scorer().score(self.val),
-                                   [list(ex.labels) for ex in self.val])
-        return broadcast_from_main(metrics) or {}
+        if not self.val:
+            return {}
+        with gathered_for_generation(self.engine) as module:
+            predicted = spread_score(self._scorer(module), self.val)
+        return step_metrics(predicted, [list(ex.labels) for ex in self.val])
