@@ -38,6 +38,7 @@ from runtime.engine import (broadcast_from_main, build_engine, build_inference_e
                             is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
+from runtime.shards import seeded
 from runtime.training import Trainer, epoch_slice, stage_done
 
 
@@ -152,7 +153,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     rank, world_size = world()
     tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
     fmt = prompt_format(cfg.data)
-    trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60)
+    trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60,
+                      fresh_state={"sample_seed": sampling_seed()})
     sampler = Sampler(engine, trainer, cfg, policy_path)
     evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
     per_rank = g.questions_per_step // world_size
@@ -160,11 +162,13 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         step = trainer.step
         timing = {"rollout": 0.0, "scoring": 0.0}
         sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
-        sampled = sample(step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
+        key = (trainer.state.get("sample_seed", cfg.run.seed), step)
+        sampled = sample(step_questions(rl_records, step, g.questions_per_step, cfg.run.seed),
+                         (*key, 0))
         if g.dynamic_sampling:
             sampled = refill_step(sampled, lambda round_: sample(refill_questions(
                 rl_records, step, round_, g.questions_per_step, cfg.run.seed,
-                g.dynamic_sampling_max_rounds)), g, tokenizer.pad_token_id)
+                g.dynamic_sampling_max_rounds), (*key, round_)), g, tokenizer.pad_token_id)
         updating = time.perf_counter()
         batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
                                g, seed=cfg.run.seed * 1_000_003 + step)
@@ -189,6 +193,13 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def sampling_seed() -> int:
+    """A stage's sampling seed, drawn from the random state the stage starts in (the outer loop
+    seeds each unit from its name) and kept in the stage's saved state: the rollouts of step s
+    are seeded from (it, s), whatever ran before and however many processes run."""
+    return broadcast_from_main(int(torch.randint(2**31 - 1, ())))
 
 
 def due_evaluation(trainer: Trainer, g, evaluate, evaluate_ends: bool) -> dict:
@@ -237,13 +248,14 @@ def policy_engines(cfg, policy_path, reference_path=None):
 
 
 def _sample_fn(sampler, tokenizer, fmt, reward_fn: RewardFn, g, rank: int, per_rank: int,
-               timing: dict) -> Callable[[list[MathRecord]], "Sampled"]:
-    """sample(step's questions) -> this rank's share rolled out and scored; the seconds spent
-    are added to `timing`."""
-    def sample(records: list[MathRecord]) -> Sampled:
+               timing: dict) -> Callable[[list[MathRecord], tuple], "Sampled"]:
+    """sample(step's questions, key) -> this rank's share rolled out (seeded from `key`, see
+    `rollout_step`) and scored; the seconds spent are added to `timing`."""
+    def sample(records: list[MathRecord], key: tuple) -> Sampled:
         records = records[rank * per_rank:(rank + 1) * per_rank]
         started = time.perf_counter()
-        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g)
+        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g,
+                               key, first=rank * per_rank)
         rolled = time.perf_counter()
         scored = score_step(reward_fn, records, rollout, g)
         timing["rollout"] += rolled - started
@@ -273,44 +285,52 @@ class Sampler:
 
 def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt,
                trainer: Trainer, evaluate_ends: bool):
-    """evaluate(sampled) -> held-out metrics, measured on rank 0; every rank joins the gather.
-    A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics first."""
+    """evaluate(sampled) -> held-out metrics, the questions spread over the ranks (every rank
+    calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
+    first."""
     def evaluate(sampled: bool) -> dict:
-        metrics = None
         with gathered_for_generation(sampler.engine):
-            model = sampler.model()
-            if is_main():
-                metrics = evaluate_policy(
-                    model, tokenizer, eval_records, fmt,
-                    k=cfg.eval.k, temperature=cfg.eval.temperature,
-                    max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                    timeout_s=cfg.eval.grade_timeout_s, sampled=sampled)
-        return broadcast_from_main(metrics)
+            return evaluate_policy(
+                sampler.model(), tokenizer, eval_records, fmt,
+                k=cfg.eval.k, temperature=cfg.eval.temperature,
+                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                timeout_s=cfg.eval.grade_timeout_s, sampled=sampled, seed=cfg.run.seed)
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
     return evaluate
 
 
-def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g) -> Rollout:
+def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g, key: tuple = (),
+                 first: int = 0) -> Rollout:
     """pi_old <- pi: the current weights sample G completions per prompt (in chunks of
-    `grpo.rollout_questions` prompts where their KV cache would not fit at once)."""
+    `grpo.rollout_questions` prompts where their KV cache would not fit at once). Each chunk
+    samples under a random state seeded from (`key`, the step-wide index of its first
+    question; this rank's prompts start at `first`): a step's samples do not depend on what
+    ran before it, and with `grpo.rollout_questions` set they do not depend on the number of
+    processes either."""
     chunk = g.rollout_questions or len(prompts)
+    parts = []
     with gathered_for_generation(sampler.engine):
         model = sampler.model()
-        return concat_rollouts([
-            generate_groups(model, tokenizer, prompts[i:i + chunk], g.group_size,
-                            max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                            top_p=g.top_p, greedy=g.temperature == 0)
-            for i in range(0, len(prompts), chunk)], tokenizer.pad_token_id)
+        for i in range(0, len(prompts), chunk):
+            with seeded(*key, first + i):
+                parts.append(generate_groups(
+                    model, tokenizer, prompts[i:i + chunk], g.group_size,
+                    max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
+                    greedy=g.temperature == 0))
+    return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
-def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g):
+def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g,
+               group_size: int | None = None):
     """(scores, [N] rewards, [Q] broken groups): the reward callable's scores with non-finite
     groups zeroed, DAPO's overlong penalty added (under process supervision to the last step's
-    reward too), and with `grpo.shuffle_rewards` the control's permutation applied."""
-    scores = reward_fn([r for r in records for _ in range(g.group_size)], rollout)
+    reward too), and with `grpo.shuffle_rewards` the control's permutation applied. Each record
+    has `group_size` samples (default `grpo.group_size`; T-PPO scores single rows)."""
+    group_size = group_size or g.group_size
+    scores = reward_fn([r for r in records for _ in range(group_size)], rollout)
     scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
-    scores, broken = drop_nonfinite(scores, g.group_size)
+    scores, broken = drop_nonfinite(scores, group_size)
     penalty = overlong_penalty(rollout.lengths, g.max_new_tokens,
                                round(g.overlong_buffer_share * g.max_new_tokens),
                                g.overlong_penalty)

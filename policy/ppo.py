@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from policy.grpo import (Sampler, _evaluator, _forward_logprobs, _sample_fn, due_evaluation,
-                         policy_engines, reference_logprobs, starts_at, step_questions)
+                         policy_engines, reference_logprobs, sampling_seed, starts_at,
+                         step_questions)
 from policy.logprobs import completion_logprobs
 from policy.losses import POLICY_LOSSES
 from policy.rewards import RewardFn
@@ -222,7 +223,8 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
     if budget and pretrained is not None:
         budget = max(budget - pretrain_seconds(pretrained), 1e-3)
     trainer = Trainer(out, engine, logger, g.steps, desc=f"{out_name} (ppo)",
-                      max_seconds=budget, companions={"critic": critic})
+                      max_seconds=budget, companions={"critic": critic},
+                      fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
     evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
     per_rank = g.questions_per_step // world_size
@@ -237,7 +239,8 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
         else:
             timing = {"rollout": 0.0, "scoring": 0.0}
             sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
-                step_questions(rl_records, step, g.questions_per_step, cfg.run.seed))
+                step_questions(rl_records, step, g.questions_per_step, cfg.run.seed),
+                (trainer.state.get("sample_seed", cfg.run.seed), step))
             metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan, where,
                                  is_reference)
         timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
@@ -277,13 +280,16 @@ def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: s
     old_logprobs, ref_logprobs = rollout_logprobs(trainer, rollout, reference, cfg.grpo.mu, plan,
                                                   is_reference)
     values = _forward_values(critic.module, rollout, plan.micro_batch_size)
+    # groups holding a non-finite reward are left out of both losses (as GRPO leaves them out)
+    kept = ~sampled.broken.repeat_interleave(cfg.grpo.group_size)
     targets = ppo_targets(rollout, sampled.scores, sampled.rewards, old_logprobs, ref_logprobs,
-                          values, cfg)
+                          values, cfg, loss_mask=rollout.completion_mask * kept[:, None])
     right = sampled.scores.correct if sampled.scores.correct is not None \
         else sampled.rewards >= 0.5
     stats = train_passes(trainer, critic, rollout, targets, right, cfg, plan, where)
-    return value_metrics(rollout, sampled.rewards, sampled.scores.correct, targets,
-                         ref_logprobs, stats)
+    return {**value_metrics(rollout, sampled.rewards, sampled.scores.correct, targets,
+                            ref_logprobs, stats),
+            "reward/nonfinite_groups": global_sum(float(sampled.broken.sum()))}
 
 
 def train_passes(trainer: Trainer, critic, rollout: Rollout, targets: Targets,
@@ -363,7 +369,7 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
     own = MetricsLogger(stage / "metrics.jsonl", config={}, mode="disabled", project="",
                         name="value-pretrain")
     trainer = Trainer(stage, critic, own, p.value_pretrain_steps, desc="value pretraining",
-                      max_seconds=g.max_minutes * 60)
+                      max_seconds=g.max_minutes * 60, fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
     fmt = prompt_format(cfg.data)
     sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank,
@@ -371,7 +377,8 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
     while trainer.running():
         step = trainer.step
         sampled = sample(step_questions(rl_records, step, g.questions_per_step,
-                                        cfg.run.seed + 31_337))
+                                        cfg.run.seed + 31_337),
+                         (trainer.state.get("sample_seed", cfg.run.seed), step))
         critic.eval()
         values = _forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
         targets = ppo_targets(sampled.rollout, sampled.scores, sampled.rewards,

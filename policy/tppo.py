@@ -21,6 +21,7 @@ import torch
 
 from policy.ppo import (_forward_values, ppo_targets, rollout_logprobs, train_passes,
                         value_metrics)
+from policy.grpo import score_step
 from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, continue_rows
 from runtime.data import MathRecord
@@ -96,15 +97,17 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
         new, texts, g.max_new_tokens, g.group_size)
     device = sampler.engine.device
     rollout, window, ended = rollout.to(device), window.to(device), ended.to(device)
-    rewards, correct = _score_ended(reward_fn, records, rollout, ended, g.shuffle_rewards)
+    rewards, correct, broken = _score_ended(reward_fn, records, rollout, ended, g)
     scored = time.perf_counter()
     critic.eval()
     old_logprobs, ref_logprobs = rollout_logprobs(trainer, rollout, reference, g.mu, plan,
                                                   is_reference)
     values = _forward_values(critic.module, rollout, plan.micro_batch_size, with_last=True)
     last = values.gather(1, rollout.lengths[:, None].long())[:, 0] * (~ended).float()
+    # a row whose reward is not finite is left out of the loss (dropped, as GRPO drops its group)
     targets = ppo_targets(rollout, Scores(rewards), rewards, old_logprobs, ref_logprobs,
-                          values[:, :-1], cfg, last_values=last, loss_mask=window)
+                          values[:, :-1], cfg, last_values=last,
+                          loss_mask=window * ~broken[:, None])
     stats = train_passes(trainer, critic, rollout, targets, correct & ended, cfg, plan, where)
     kept = [{"k": row["k"], "tokens": row["tokens"] + n}
             for row, n, done in zip(mine, new, ended.tolist()) if not done]
@@ -113,6 +116,7 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
     metrics = value_metrics(rollout, rewards[ended], correct[ended], targets, ref_logprobs,
                             stats)
     metrics.update({"tppo/ended": global_sum(float(ended.sum())),
+                    "reward/nonfinite_groups": global_sum(float(broken.sum())),
                     "tppo/carried": float(len(trainer.state["pool"])),
                     "tppo/window_tokens": targets.num_tokens})
     finished, = gather_rows(rollout.lengths[ended].float())
@@ -122,17 +126,18 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
 
 
 def _score_ended(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout,
-                 ended: torch.Tensor, shuffle: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N] rewards and right flags: the reward callable's on the rows that ended, 0 elsewhere
-    (`shuffle`: the control's rewards, permuted over the rows that ended)."""
+                 ended: torch.Tensor, g) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N] rewards, right flags and non-finite flags: GRPO's scoring step (`score_step`: the
+    reward callable, non-finite rewards dropped, the overlong penalty, the control's shuffle) on
+    the rows that ended, each row its own group; 0 / False elsewhere."""
     rewards = torch.zeros(len(records), device=rollout.completion_ids.device)
     correct = torch.zeros(len(records), dtype=torch.bool, device=rewards.device)
+    broken = torch.zeros(len(records), dtype=torch.bool, device=rewards.device)
     index = ended.nonzero()[:, 0]
     if len(index):
-        scores = reward_fn([records[i] for i in index.tolist()], rollout.rows(index)).to(
-            rewards.device)
-        rewards[index] = scores.rewards.float()[torch.randperm(len(index))] if shuffle \
-            else scores.rewards.float()
-        correct[index] = scores.correct if scores.correct is not None else scores.rewards >= 0.5
-    return rewards, correct
-
+        scores, scored, dropped = score_step(reward_fn, [records[i] for i in index.tolist()],
+                                             rollout.rows(index), g, group_size=1)
+        rewards[index] = scored.to(rewards)
+        correct[index] = scores.correct if scores.correct is not None else scored >= 0.5
+        broken[index] = dropped
+    return rewards, correct, broken
