@@ -137,8 +137,8 @@ RESUMABLE = {"sft": lambda cfg: "sft", "grpo": lambda cfg: "grpo", "label": lamb
 
 # Keys that change how a run executes, not what it computes: a run may resume with them changed.
 # (run.root: the run folder was moved; its manifest's paths are relative.)
-RESUME_FREE = ("run.root", "run.threads", "run.wandb_mode", "run.wandb_project",
-               "run.wandb_log_checkpoints")
+RESUME_FREE = ("run.root", "run.threads", "run.dist_timeout_minutes", "run.wandb_mode",
+               "run.wandb_project", "run.wandb_log_checkpoints")
 
 
 class Session:
@@ -147,7 +147,7 @@ class Session:
     def __init__(self, cfg, stage: str):
         import torch
 
-        from runtime.engine import init_distributed, is_main
+        from runtime.engine import broadcast_from_main, init_distributed, is_main
         from runtime.rundir import RunDir
 
         self.cfg, self.stage = cfg, stage
@@ -155,27 +155,32 @@ class Session:
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
-        init_distributed()
+        init_distributed(cfg.run.dist_timeout_minutes)
         self.run = RunDir(cfg.run.root, cfg.run.name)
         self.config_yaml = to_yaml(cfg)
+        problem = None
         if is_main():
             folder = RESUMABLE.get(stage, lambda c: None)(cfg)
-            if folder:
-                self._check_resume(folder)
-            self.run.write_config(self.config_yaml)
+            problem = self._check_resume(folder) if folder else None
+            if problem is None:
+                self.run.write_config(self.config_yaml)
+        problem = broadcast_from_main(problem)  # every rank stops with it, not rank 0 alone
+        if problem is not None:
+            raise ConfigError(problem)
 
-    def _check_resume(self, stage: str) -> None:
-        """A stage folder made with a different config refuses to resume, naming the keys."""
+    def _check_resume(self, stage: str) -> str | None:
+        """Why a stage folder made with a different config refuses to resume (naming the keys),
+        or None, once its config is recorded."""
         previous = self.run.read_config(f"{stage}/config.yaml")
         if previous is not None:
             changed = [k for k in diff_configs(previous, to_dict(self.cfg),
                                                defaults=schema_defaults())
                        if k not in RESUME_FREE]
             if changed:
-                raise ConfigError(
-                    f"{self.run.path / stage} was made with a different config; differing keys: "
-                    f"{', '.join(changed)}. Use a new run.name or restore those values.")
+                return (f"{self.run.path / stage} was made with a different config; differing "
+                        f"keys: {', '.join(changed)}. Use a new run.name or restore those values.")
         self.run.write_config(self.config_yaml, f"{stage}/config.yaml")
+        return None
 
     def logger(self, stage: str):
         from runtime.engine import is_main
@@ -238,12 +243,12 @@ def warm_start(session: Session, required: bool = True) -> Path:
 
 def run_sft(session: Session) -> Path:
     from policy.sft import train_sft
-    from runtime.data import load_splits
+    from runtime.data import run_splits
 
     if not session.cfg.sft.enabled:
         raise ConfigError("sft.enabled=false: this config starts from model.policy_path as it "
                           "is; set sft.enabled=true to train a warm start")
-    splits = load_splits(session.cfg.data, session.cfg.run.seed)
+    splits = run_splits(session.cfg)
     logger = session.logger("sft")
     try:
         return train_sft(session.cfg, session.run.path, base_policy(session), splits.sft,
@@ -255,14 +260,14 @@ def run_sft(session: Session) -> Path:
 def run_grpo(session: Session) -> Path:
     from iteration import stages
     from policy.grpo import train_grpo
-    from runtime.data import load_splits
+    from runtime.data import run_splits
     from runtime.models import load_tokenizer
 
     cfg = session.cfg
     if cfg.grpo.supervision == "process" and cfg.grpo.reward == "rule":
         raise ConfigError("grpo.supervision=process needs step rewards: set grpo.reward="
                           "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
-    splits = load_splits(cfg.data, cfg.run.seed)
+    splits = run_splits(cfg)
     start = warm_start(session)
     reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.grpo.reward)
     logger = session.logger("grpo")
@@ -282,7 +287,7 @@ def newest_export(run: Path, patterns: tuple[str, ...]) -> Path | None:
 
 def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     from iteration import stages
-    from runtime.data import load_splits
+    from runtime.data import run_splits
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
@@ -292,7 +297,7 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     if checkpoint is None:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
     model, tokenizer = stages.load_policy(cfg, checkpoint)
-    metrics = stages.evaluate(cfg, model, tokenizer, load_splits(cfg.data, cfg.run.seed).eval)
+    metrics = stages.evaluate(cfg, model, tokenizer, run_splits(cfg).eval)
     metrics["checkpoint"] = str(checkpoint)
     folder = Path(checkpoint).parent
     name = f"{folder.parent.name}-{folder.name}" if folder.name.startswith("iteration-") \
@@ -308,13 +313,13 @@ def run_label(session: Session) -> Path:
     from iteration import stages
     from process_supervision.formats import write_math_shepherd_jsonl
     from process_supervision.label import label_statistics
-    from runtime.data import load_splits
+    from runtime.data import run_splits
     from runtime.engine import is_main
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
     out = session.run.child("labels")
-    questions = stages.label_questions(load_splits(cfg.data, cfg.run.seed).rl,
+    questions = stages.label_questions(run_splits(cfg).rl,
                                        cfg.label.questions, 0)
     labelled = stages.label(cfg, warm_start(session), questions, out)
     dataset = out / "math_shepherd.jsonl"
@@ -337,10 +342,10 @@ def rm_init(session: Session) -> str | Path:
 def run_train_rm(session: Session) -> Path:
     from reward_model.examples import training_examples
     from reward_model.train import train_reward_model
-    from runtime.data import load_splits
+    from runtime.data import run_splits
 
     cfg = session.cfg
-    splits = load_splits(cfg.data, cfg.run.seed)
+    splits = run_splits(cfg)
     examples = training_examples(cfg.rm, splits.rl, cfg.run.seed, cfg.label.soft)
     logger = session.logger(f"rm-{cfg.rm.kind}")
     try:
@@ -354,7 +359,7 @@ def run_eval_rm(session: Session) -> dict:
     """Report the run's newest reward models (rm-orm, rm-prm, `iterate`'s included): step metrics
     and best-of-N among the warm start's samples."""
     from iteration import stages
-    from runtime.data import load_splits
+    from runtime.data import run_splits
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
@@ -366,7 +371,7 @@ def run_eval_rm(session: Session) -> dict:
         raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first")
     model, tokenizer = stages.load_policy(cfg, warm_start(session))
     report = stages.reward_model_report(cfg, scorers, model, tokenizer,
-                                        load_splits(cfg.data, cfg.run.seed).eval)
+                                        run_splits(cfg).eval)
     report = {**report["rm"], **{f"bon/{key}": v for key, v in report["bon"].items()}}
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)
     print(json.dumps(report, indent=2))
@@ -377,10 +382,10 @@ def run_iterate(session: Session) -> list[dict]:
     """DeepSeekMath's Algorithm 1 end to end (iteration/loop.py); resumes an existing run."""
     from iteration.loop import IterationRun
     from iteration.summary import table
-    from runtime.data import load_splits
+    from runtime.data import run_splits
 
     cfg = session.cfg
-    splits = load_splits(cfg.data, cfg.run.seed)
+    splits = run_splits(cfg)
     loop = IterationRun(cfg, session.run.path, base_policy(session), splits, session.logger,
                         session.config_yaml)
     iterations = loop.run_all()

@@ -26,6 +26,11 @@ class RunConfig:
     """Log reward-model checkpoints as wandb artifacts (opt-in: they can be large)."""
     threads: int = 0
     """torch intra-op threads for this process; 0 keeps torch's default."""
+    dist_timeout_minutes: float = 60.0
+    """How long a collective waits for every rank before the run stops with an error
+    (DeepSpeed's default is 10 minutes; phases that only generate or score are spread over the
+    ranks, so no rank waits for long, but a 7B export or a long labelling shard can take
+    minutes)."""
     recipe: str = ""
     """A named algorithm from configs/recipes/ (grpo, r1, dr_grpo, dapo, gpg, cispo, c3po,
     online_rft, offline_rft), applied over the config file and under the command line
@@ -66,7 +71,9 @@ class DataConfig:
     step_separator: str = "\n"
     """What ends a solution step: steps are split on it for process rewards and labels."""
     sft_questions: int = 2000
-    """Synthetic: size of the fixed set of worked solutions the SFT warm start sees."""
+    """Size of the fixed set of worked solutions the SFT warm start sees. Synthetic: a draw of
+    its own; real data: the first training questions, kept out of the RL pool only when
+    `sft.enabled` (without SFT, only `rm.worked_solutions` questions are)."""
     rl_questions: int = 50000
     """Synthetic: questions with gold answers only, for RL and reward-model sampling."""
     eval_questions: int = 300

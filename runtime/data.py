@@ -244,8 +244,18 @@ class Splits:
     """Questions for choosing the SFT checkpoint (`data.val_questions`; the held-out ones if 0)."""
 
 
-def load_splits(data, seed: int) -> Splits:
-    """The three disjoint splits a run uses, from a `DataConfig`."""
+def run_splits(cfg) -> Splits:
+    """The splits of a run (`Config`): on real data only the worked solutions the run trains on
+    leave the RL pool, `data.sft_questions` with an SFT stage, else the first reward models'
+    `rm.worked_solutions` (0 by default): a run from an instruct model keeps every question."""
+    worked = cfg.data.sft_questions if cfg.sft.enabled else cfg.rm.worked_solutions
+    return load_splits(cfg.data, cfg.run.seed, worked_questions=worked)
+
+
+def load_splits(data, seed: int, worked_questions: int | None = None) -> Splits:
+    """The three disjoint splits a run uses, from a `DataConfig`. Real data: the first
+    `worked_questions` (default `data.sft_questions`) training questions form the SFT split and
+    stay out of the RL pool (`run_splits` sets it from the run's config)."""
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
         sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops,
@@ -272,8 +282,8 @@ def load_splits(data, seed: int) -> Splits:
                             limit=data.eval_questions, fields=fields)
     held_questions = {r.question for r in held_out}
     train = [r for r in train if r.question not in held_questions]
-    n_val = min(data.val_questions, max(0, len(train) - data.sft_questions - 1))
+    worked = data.sft_questions if worked_questions is None else worked_questions
+    n_val = min(data.val_questions, max(0, len(train) - worked - 1))
     val, train = (train[len(train) - n_val:], train[:len(train) - n_val]) if n_val else ([], train)
-    return Splits(train[:data.sft_questions], train[data.sft_questions:] or train, held_out,
-                  val or held_out)
+    return Splits(train[:worked], train[worked:] or train, held_out, val or held_out)
 

@@ -19,8 +19,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed() -> None:
-    """Initialise torch.distributed once; a launcher-less process becomes rank 0 of 1."""
+DEFAULT_TIMEOUT_MINUTES = 60.0
+"""How long a collective waits for every rank before the run stops (`run.dist_timeout_minutes`;
+DeepSpeed's own default is 10 minutes)."""
+
+
+def init_distributed(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None:
+    """Initialise torch.distributed once; a launcher-less process becomes rank 0 of 1. A
+    collective that waits longer than `timeout_minutes` for a rank stops the run."""
+    from datetime import timedelta
+
     import torch
 
     if not torch.cuda.is_available():
@@ -44,7 +52,8 @@ def init_distributed() -> None:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False,
+                               timeout=timedelta(minutes=timeout_minutes))
 
 
 def world() -> tuple[int, int]:
@@ -148,12 +157,10 @@ def gathered_for_generation(engine):
     """Context in which `engine.module` holds its full weights and runs as a plain module: under
     ZeRO-3 the partitions are gathered once for the whole rollout (instead of once per generated
     token, the classic slow or hanging ZeRO-3 generation) and DeepSpeed's fetch hooks are lifted,
-    so a rank may generate alone (rank-0 evaluation) or for a different number of steps than the
-    others. A no-op below ZeRO-3."""
-    import contextlib
-
+    so a rank may generate or score alone, or for a different number of steps than the others.
+    Every rank must enter it together. Yields the module; below ZeRO-3 it only does that."""
     if engine.zero_optimization_stage() != 3:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(engine.module)
     return _zero3_plain_module(engine)
 
 
@@ -240,10 +247,14 @@ def checked_backward(engine, loss, where: str) -> None:
     with `where` (stage, step, micro-batch) named, before any gradient reaches the optimizer."""
     import torch
 
-    if not torch.isfinite(loss.detach()).all():
-        raise FloatingPointError(f"{where}: the loss is {loss.item()}; stopping before the "
-                                 "optimizer step (the last checkpoint is intact: fix and re-run "
-                                 "to resume)")
+    finite = bool(torch.isfinite(loss.detach()).all())
+    # Every rank learns of a non-finite loss on any rank and stops with it: one rank stopping
+    # alone would leave the others waiting in the backward pass's all-reduce.
+    if global_sum(float(not finite)) > 0:
+        owner = "the loss is " + str(loss.item()) if not finite else \
+            "another rank's loss is not finite"
+        raise FloatingPointError(f"{where}: {owner}; stopping before the optimizer step (the "
+                                 "last checkpoint is intact: fix and re-run to resume)")
     engine.backward(loss, scale_wrt_gas=False)
 
 

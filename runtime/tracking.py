@@ -48,7 +48,8 @@ class MetricsLogger:
                 mode = "offline"
             self.wandb_run = wandb.init(project=project, name=name, group=group or name,
                                         job_type=job_type or None, config=config,
-                                        dir=str(path.parent), mode=mode, reinit="create_new")
+                                        dir=str(path.parent), mode=mode, reinit="create_new",
+                                        id=stage_run_id(path.parent), resume="allow")
             self.offline = mode == "offline"
 
     def log(self, metrics: dict, step: int, media: dict | None = None) -> None:
@@ -89,6 +90,18 @@ class MetricsLogger:
             self.wandb_run = None
             if self.offline:
                 print(f"[igrpo] wandb run saved offline; upload it with `wandb sync {run_dir}`")
+
+
+def stage_run_id(folder: Path) -> str:
+    """The wandb run id of the stage whose folder is `folder`: drawn once and kept in
+    `<folder>/wandb-id`, so a stage restarted after a crash logs to the same wandb run (and
+    its steps redone after the last save are not logged in a second run)."""
+    import secrets
+
+    path = folder / "wandb-id"
+    if not path.exists():
+        atomic_write_text(path, secrets.token_hex(6) + "\n")
+    return path.read_text(encoding="utf-8").strip()
 
 
 def _has_netrc() -> bool:
