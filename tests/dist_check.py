@@ -6,6 +6,7 @@ tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on th
     torchrun --nproc_per_node 2 tests/dist_check.py rm OUT BASE ZERO_STAGE DATA.jsonl
     torchrun --nproc_per_node 2 tests/dist_check.py world OUT
     torchrun --nproc_per_node 2 tests/dist_check.py metrics OUT
+    torchrun --nproc_per_node 2 tests/dist_check.py shards OUT
 
 Rollouts are greedy (grpo.temperature=0), so they do not depend on how questions are spread over
 ranks; the process reward cuts every completion into 3-token steps and scores each step from its
@@ -106,6 +107,71 @@ def step_metrics() -> dict:
     return {**metrics, **{f"ppo:{k}": v for k, v in ppo.items()}}
 
 
+def sharded_phases(out: Path) -> dict:
+    """The phases that only generate or score, on the shipped warm start over this process's
+    world: evaluation, sampling for labels, Math-Shepherd labelling, best-of-N and a reward
+    model's step metrics. Returns what each computed, and the questions and prefixes each rank
+    generated for (every rank's lists gathered)."""
+    from configs.loader import BUNDLED
+    from policy import rollout
+    from policy.evaluate import evaluate_policy
+    from process_supervision import label, sampling
+    from process_supervision.label import Labeller, label_in_shards
+    from process_supervision.sampling import sample_solutions
+    from reward_model import report
+    from reward_model.examples import synthetic_step_examples
+    from reward_model.score import TagScorer
+    from runtime.data import load_splits
+    from runtime.engine import gather_objects
+    from runtime.models import load_causal_lm, load_tokenizer
+    from runtime.prompts import prompt_format
+    from configs import load_config
+
+    prompts: list[str] = []
+
+    def counting(model, tokenizer, batch, group_size, **kwargs):
+        prompts.extend(batch)
+        return rollout.generate_groups(model, tokenizer, batch, group_size, **kwargs)
+
+    for module in (sys.modules["policy.evaluate"], sampling, label, report):
+        module.generate_groups = counting
+    warm = BUNDLED / "tiny_warm_start"
+    cfg = load_config("configs/tiny.yaml", [])
+    model, tokenizer = load_causal_lm(warm).eval(), load_tokenizer(warm)
+    fmt = prompt_format(cfg.data)
+    records = load_splits(cfg.data, 0).eval[:8]
+    torch.manual_seed(1234)  # (each chunk is seeded: what ran before must not matter)
+    metrics = evaluate_policy(model, tokenizer, records, fmt, k=4, temperature=1.0,
+                              max_new_tokens=112, batch_size=4, outcomes_path=out / "eval.json")
+    solutions = sample_solutions(model, tokenizer, records[:6], fmt, 2, 112, 1.0,
+                                 questions_per_batch=2, seed=5)
+    labelled = label_in_shards(Labeller(model, tokenizer, fmt, 2, 112, 1.0, prefixes_per_batch=4),
+                               solutions, out / "shards", shard_size=3, seed=7)
+    scorer = TagScorer(model, tokenizer, "ки", 256, batch_size=4)
+    steps = report.labelled_report(scorer, synthetic_step_examples(records, 3))
+    best = report.best_of_n_report(model, tokenizer, records[:4], fmt, {"prm": (scorer, "prm")},
+                                   "min", 4, 1.0, 112, questions_per_batch=2, seed=0)
+    return {"eval": metrics, "solutions": [list(x.steps) for x in solutions],
+            "labels": [[list(x.hard), list(x.soft)] for x in labelled], "rm": steps,
+            "bon": best, "prompts_by_rank": gather_objects(prompts),
+            "nonfinite": gather_objects(nonfinite_on_the_last_rank(cfg))}
+
+
+def nonfinite_on_the_last_rank(cfg) -> str:
+    """How each rank stops when only the last rank's loss is NaN (checked_backward)."""
+    from runtime.engine import build_engine, checked_backward, world
+
+    rank, size = world()
+    engine = build_engine(torch.nn.Linear(2, 1), cfg.deepspeed, lr=0.1, micro_batch_size=1,
+                          grad_accum=1)
+    loss = engine(torch.ones(1, 2)).sum() * (float("nan") if rank == size - 1 else 1.0)
+    try:
+        checked_backward(engine, loss, "check")
+    except FloatingPointError as err:
+        return f"rank {rank}: " + str(err).split(": ", 1)[1].split(";")[0]
+    return f"rank {rank}: went on"
+
+
 def main() -> None:
     kind, out = sys.argv[1], Path(sys.argv[2])
     from configs import load_config
@@ -121,6 +187,12 @@ def main() -> None:
     if kind == "metrics":
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(step_metrics()))
+        return
+    if kind == "shards":
+        out.mkdir(parents=True, exist_ok=True)
+        result = sharded_phases(out)
+        if is_main():
+            (out / "shards.json").write_text(json.dumps(result))
         return
     rank, _ = world()
     base, stage = sys.argv[3], sys.argv[4]

@@ -29,28 +29,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 ZYGOTE = r"""
-import json, os, sys
+import json, os, socket, sys
 sys.path.insert(0, sys.argv[1])
 import igrpo, torch, deepspeed, transformers  # noqa: F401  (imported once, before any fork)
 import policy.grpo, iteration.loop, reward_model.train, process_supervision.label  # noqa: F401
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        code = 1
-        try:
-            code = igrpo.main(request["args"]) or 0
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    print(json.dumps({"pid": pid}), flush=True)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"status": status}), flush=True)
+    ranks = request.get("ranks", 1)
+    if ranks > 1:  # what a launcher (torchrun) gives each rank, on a fresh port per attempt
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    pids = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:
+            if ranks > 1:
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
+                                  LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=str(port))
+            log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            code = 1
+            try:
+                code = igrpo.main(request["args"]) or 0
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    print(json.dumps({"pids": pids}), flush=True)
+    print(json.dumps({"statuses": [os.waitpid(pid, 0)[1] for pid in pids]}), flush=True)
 """
 
 
@@ -67,25 +78,33 @@ DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 class Zygote:
-    def __init__(self, env: dict | None = None):
+    """Forks attempts of a command from a process that imported the project once. With `ranks`
+    > 1 each attempt is that many processes of one torch.distributed job (gloo), given the
+    variables torchrun gives its workers, all killed together (a node's preemption)."""
+
+    def __init__(self, env: dict | None = None, ranks: int = 1):
         clean = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+        self.ranks = ranks
         self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(ROOT)], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**clean, **(env or {})})
         assert json.loads(self.proc.stdout.readline())["ready"]
 
-    def start(self, args: list[str], log: Path) -> int:
-        self.proc.stdin.write(json.dumps({"args": args, "log": str(log)}) + "\n")
+    def start(self, args: list[str], log: Path) -> list[int]:
+        self.proc.stdin.write(json.dumps({"args": args, "log": str(log),
+                                          "ranks": self.ranks}) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["pid"]
+        return json.loads(self.proc.stdout.readline())["pids"]
 
-    def wait(self) -> int:
-        return json.loads(self.proc.stdout.readline())["status"]
+    def wait(self) -> list[int]:
+        """Every rank's wait status."""
+        return json.loads(self.proc.stdout.readline())["statuses"]
 
     def run(self, args: list[str], log: Path) -> int:
+        """Run to the end; the first failing rank's exit code (0 when all succeed)."""
         self.start(args, log)
-        status = self.wait()
-        return os.waitstatus_to_exitcode(status)
+        codes = [os.waitstatus_to_exitcode(s) for s in self.wait()]
+        return next((c for c in codes if c != 0), 0)
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -126,14 +145,15 @@ def unit_timeline(manifest: Path) -> list[tuple[str, float, float]]:
 
 
 def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
-                 rng: random.Random) -> list[tuple[str, float]]:
-    """`kills` moments of the uninterrupted run, as (unit, seconds into it): a unit drawn
-    uniformly (so short stages such as SFT, labelling and RM training are hit as often as long
-    ones), then a moment uniform within it; in timeline order, so each kill lands at or after the
-    previous one's place and the run keeps moving forward whatever the machine's speed."""
+                 rng: random.Random, required: tuple[str, ...] = ()) -> list[tuple[str, float]]:
+    """`kills` moments of the uninterrupted run, as (unit, seconds into it): one in each
+    `required` unit, the others in a unit drawn uniformly (so short stages such as SFT,
+    labelling and RM training are hit as often as long ones), then a moment uniform within it;
+    in timeline order, so each kill lands at or after the previous one's place and the run
+    keeps moving forward whatever the machine's speed."""
     order = {name: i for i, (name, _, _) in enumerate(timeline)}
     durations = {name: end - start for name, start, end in timeline}
-    picks = [rng.choice(timeline)[0] for _ in range(kills)]
+    picks = [*required, *(rng.choice(timeline)[0] for _ in range(kills - len(required)))]
     targets = [(name, rng.uniform(0, durations[name])) for name in picks]
     return sorted(targets, key=lambda t: (order[t[0]], t[1]))
 
@@ -149,38 +169,47 @@ def _unit_state(run_dir: Path, unit: str) -> str | None:
 def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path,
                     targets: list[tuple[str, float]]) -> Report:
     """For each target (unit, offset): start the command if it is not running, wait until the
-    unit runs, then `offset` seconds more (or until the unit is done), and SIGKILL it; re-run.
-    Finally let the command finish. Returns where each kill landed and the exit code."""
+    unit runs, then `offset` seconds more (or until the unit is done), and SIGKILL it (every
+    rank); re-run. Finally let the command finish. Returns where each kill landed and the exit
+    code."""
     report = Report()
-    pid = None
+    pids: list[int] = []
+
+    def alive() -> bool:
+        return any(_alive(pid) for pid in pids)
+
     for unit, offset in targets:
-        if pid is None:
+        if not pids:
             report.attempts += 1
-            pid = zygote.start(args, log)
+            pids = zygote.start(args, log)
         give_up = time.monotonic() + 300
-        while _alive(pid) and _unit_state(run_dir, unit) not in ("running", "done"):
+        while alive() and _unit_state(run_dir, unit) not in ("running", "done"):
             if time.monotonic() > give_up:  # a hung run must fail the test, not stall it
-                os.kill(pid, signal.SIGKILL)
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
                 raise TimeoutError(f"unit {unit} did not start within 300 s; see {log}")
             time.sleep(0.01)
         deadline = time.monotonic() + offset
-        while _alive(pid) and time.monotonic() < deadline and \
+        while alive() and time.monotonic() < deadline and \
                 _unit_state(run_dir, unit) != "done":
             time.sleep(0.01)
-        if not _alive(pid):
-            break  # the run finished (or failed) before this kill
-        os.kill(pid, signal.SIGKILL)
-        status = zygote.wait()
-        pid = None
-        if os.WIFSIGNALED(status):
+        if not all(_alive(pid) for pid in pids):
+            break  # the run finished (or a rank failed) before this kill
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        statuses = zygote.wait()
+        pids = []
+        if all(os.WIFSIGNALED(s) for s in statuses):
             report.kills.append({"target": unit, **where_killed(run_dir)})
         else:
-            report.exit_code = os.waitstatus_to_exitcode(status)
+            report.exit_code = next((os.waitstatus_to_exitcode(s) for s in statuses
+                                     if not os.WIFSIGNALED(s)), None)
             return report
-    if pid is None:
+    if not pids:
         report.attempts += 1
         zygote.start(args, log)
-    report.exit_code = os.waitstatus_to_exitcode(zygote.wait())
+    codes = [os.waitstatus_to_exitcode(s) for s in zygote.wait()]
+    report.exit_code = next((c for c in codes if c != 0), 0)
     return report
 
 

@@ -1,14 +1,10 @@
 """Data parallelism on CPU with gloo: 2 processes compute what 1 process computes on the same global
-batch (ZeRO-2 and ZeRO-3), a 2-process `iterate` finishes and resumes, and a 2-"node" run on
-localhost completes a GRPO step."""
+batch (ZeRO-2 and ZeRO-3), and a 2-"node" run on localhost completes a GRPO step. Algorithm 1 end
+to end on 2 processes, under every ZeRO stage and with kills: tests/test_zero_stages.py."""
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,25 +15,12 @@ from configs import load_config
 from process_supervision.formats import StepExample, write_math_shepherd_jsonl
 from runtime.tiny_model import build_tiny
 from runtime.tracking import read_metrics
-from small_config import ITERATE, SMALL
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+from launch import ENV, ROOT, free_port, torchrun
+from small_config import SMALL
+
 TOL = dict(rtol=1e-4, atol=1e-6)
 """fp32 on CPU: sums split across ranks and micro-batches round differently, nothing more."""
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(nproc: int, *args, timeout: int = 300) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--master_addr=127.0.0.1", f"--master_port={_port()}", *map(str, args)]
-    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +45,7 @@ def test_a_launched_rank_that_nobody_initialised_sees_its_world(tmp_path):
     """A stage called directly under torchrun (not through the CLI, which initialises the
     process group first) still learns it is one of two ranks, instead of running the whole
     batch as if alone while DeepSpeed averages the two."""
-    _torchrun(2, "tests/dist_check.py", "world", tmp_path)
+    torchrun(2, "tests/dist_check.py", "world", tmp_path)
     assert [(tmp_path / f"world-rank{r}.txt").read_text() for r in (0, 1)] == \
         ["(0, 2)", "(1, 2)"]
 
@@ -73,7 +56,7 @@ def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path):
     share (tests/dist_check.py builds the batch)."""
     metrics = {}
     for nproc in (1, 2):
-        _torchrun(nproc, "tests/dist_check.py", "metrics", tmp_path / f"p{nproc}")
+        torchrun(nproc, "tests/dist_check.py", "metrics", tmp_path / f"p{nproc}")
         metrics[nproc] = json.loads((tmp_path / f"p{nproc}" / "metrics.json").read_text())
     one, two = metrics[1], metrics[2]
     assert one.keys() == two.keys()
@@ -95,7 +78,7 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        _torchrun(nproc, "tests/dist_check.py", "grpo", out, base, stage)
+        torchrun(nproc, "tests/dist_check.py", "grpo", out, base, stage)
         row = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0]
         advantages = [torch.load(out / f"advantages-rank{r}.pt", weights_only=True)
                       for r in range(nproc)]
@@ -124,7 +107,7 @@ def test_ppo_step_two_processes_equal_one(tmp_path, base):
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        _torchrun(nproc, "tests/dist_check.py", "ppo", out, base, 2)
+        torchrun(nproc, "tests/dist_check.py", "ppo", out, base, 2)
         runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0],
                        out)
     (one, out1), (two, out2) = runs[1], runs[2]
@@ -147,7 +130,7 @@ def test_reward_model_step_two_processes_equal_one(tmp_path, base):
     losses = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        _torchrun(nproc, "tests/dist_check.py", "rm", out, base, 2, data)
+        torchrun(nproc, "tests/dist_check.py", "rm", out, base, 2, data)
         losses[nproc] = [r["rm/loss"] for r in read_metrics(out / "metrics.jsonl")
                          if "rm/loss" in r]
     assert len(losses[1]) == 1 and losses[1][0] > 0
@@ -155,44 +138,9 @@ def test_reward_model_step_two_processes_equal_one(tmp_path, base):
     _same_weights(tmp_path / "p1" / "rm" / "final", tmp_path / "p2" / "rm" / "final")
 
 
-def _iterate_cmd(root: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            "--master_addr=127.0.0.1", f"--master_port={_port()}", "-m", "igrpo", "iterate",
-            "--config", "configs/tiny.yaml", f"run.root={root}", *SMALL, *ITERATE,
-            "run.threads=1", "grpo.questions_per_step=2"]
-
-
-@pytest.mark.slow
-def test_two_process_iterate_finishes_and_resumes(tmp_path):
-    manifest = tmp_path / "tiny" / "manifest.json"
-    proc = subprocess.Popen(_iterate_cmd(tmp_path), cwd=ROOT, env=ENV, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if manifest.exists():
-            units = json.loads(manifest.read_text())["units"]
-            if units.get("grpo/1", {}).get("state") == "done":
-                break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # both ranks and the launcher, mid-run
-    proc.wait()
-    before = json.loads(manifest.read_text())["units"]
-    done = subprocess.run(_iterate_cmd(tmp_path), cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    after = json.loads(manifest.read_text())["units"]
-    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
-    assert [it["iteration"] for it in summary["iterations"]] == [0, 1, 2]
-    for name, unit in before.items():  # nothing finished was redone
-        if unit["state"] == "done":
-            assert after[name]["finished"] == unit["finished"], name
-    assert all(u["state"] == "done" for u in after.values())
-
-
 @pytest.mark.slow
 def test_two_nodes_on_localhost_complete_a_grpo_step(tmp_path, base):
-    port = _port()
+    port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
          "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",

@@ -167,6 +167,29 @@ class _CountingCrash(_Reward):
         self.calls = 0
 
 
+class _NaNFirst(_Reward):
+    """_Reward's stream with the first row of every call not a number (a reward model's NaN)."""
+
+    def __call__(self, records, rollout):
+        scores = super().__call__(records, rollout)
+        scores.rewards[0] = float("nan")
+        return scores
+
+
+@pytest.mark.parametrize("recipe", ["ppo", "t_ppo"])
+def test_a_non_finite_reward_is_dropped_not_trained_on(tmp_path, recipe):
+    """PPO and T-PPO score through GRPO's scoring step: a NaN reward's group (T-PPO: its row)
+    leaves the loss and is counted, and the step trains on the rest."""
+    _run(tmp_path, recipe, "grpo.steps=2", "ppo.value_pretrain_steps=0",
+         *(["ppo.window_share=1.0"] if recipe == "t_ppo" else []), reward=_NaNFirst())
+    rows = read_metrics(tmp_path / "m.jsonl")
+    assert [r["reward/nonfinite_groups"] for r in rows] == [1.0, 1.0]
+    for row in rows:
+        assert torch.isfinite(torch.tensor([row["train/loss"], row["critic/value_loss"],
+                                            row["reward/mean"]])).all()
+        assert row["train/grad_norm"] > 0
+
+
 def test_what_the_value_family_cannot_combine_with_fails_at_load():
     from configs import ConfigError
 
