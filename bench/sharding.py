@@ -3,6 +3,7 @@ shipped warm start with the same settings, as 1 process (1 and 2 threads) and as
 thread under `torchrun` (gloo), and whether the 2-process results equal the 1-process ones.
 
     python bench/sharding.py [--eval-questions 300] [--k 4] [--label-questions 16] [--repeats 2]
+        [--commands eval,label]
 
 Each repeat runs every layout of both commands once, interleaved, in a fresh run folder; times
 include start-up (about 5 s of imports a process). Ratios are medians over repeats of
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--label-questions", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--commands", default="eval,label", help="which of eval, label to time")
     ns = parser.parse_args()
     base = ["--config", "configs/tiny.yaml"]
     jobs = {
@@ -70,6 +72,7 @@ def main() -> None:
         "label": ["label", *base, f"label.questions={ns.label_questions}",
                   "label.shard_size=8"],
     }
+    jobs = {kind: jobs[kind] for kind in ns.commands.split(",")}
     seconds: dict[tuple[str, str], list[float]] = {}
     same: dict[str, bool] = {}
     for repeat in range(ns.repeats):
