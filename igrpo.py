@@ -51,7 +51,7 @@ COMMAND_HELP = {
     "iterate": ("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS),
     "demo": ("the main job: = iterate (make demo runs it on configs/tiny.yaml)", ALL_SECTIONS),
     "plan": ("memory per GPU of one GRPO iteration of the config; nothing is run",
-             ("data", "model", "deepspeed", "grpo", "eval", "label", "rm")),
+             ("data", "model", "deepspeed", "grpo", "eval", "label", "rm", "rollout")),
     "config": ("`igrpo config show`: print the resolved config", ALL_SECTIONS),
 }
 # Keys inside a section a command reads that it still ignores (another key decides for it).

@@ -15,6 +15,14 @@ the rollout's KV cache and the update's activations are computed from the archit
   activation recomputation", table 2, bf16), plus the micro-batch's logits.
 
 Rollout and update do not overlap in time, so the peak is the weights plus the larger of the two.
+
+With `rollout.backend=vllm` (both GPU configs) the rollout is the colocated vLLM engine's, not the
+decoding loop's: a pool of `rollout.memory_fraction` of the GPU (or the policy's weights plus
+`rollout.kv_cache_gb`) holds vLLM's copy of the weights and a paged KV cache that serves a
+question's G samples in waves (their prompt's blocks shared), so the plan asks how many full-length
+sequences it holds at once, not whether all G fit. Under ZeRO-3 the policy is gathered only to
+push the weights (beside vLLM's weights, before its KV cache wakes). With `rollout.sleep` the
+engine frees everything before the update (vLLM's sleep level 2).
 """
 
 from __future__ import annotations
@@ -169,12 +177,24 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
     weight_rows.append(PlanRow(f"{reward} (scoring)", value_bytes * params,
                                "replicated weights (scoring)"))
-    rollout_rows = [
-        PlanRow("rollout: gathered policy", gathered,
-                "ZeRO-3: the full weights, gathered once per rollout" if gathered else
-                "not partitioned: nothing to gather"),
-        PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
-                f"{rollout_seqs:g} sequences x {tokens} tokens")]
+    vllm = cfg.rollout.backend == "vllm"
+    if vllm:
+        r = cfg.rollout
+        pool = f"{r.kv_cache_gb:g} GB KV cache + the weights" if r.kv_cache_gb else \
+            f"rollout.memory_fraction {r.memory_fraction:g} of the GPU"
+        rollout_rows = [
+            PlanRow("rollout: gathered policy", gathered,
+                    "ZeRO-3: gathered to push the weights into vLLM, released before it "
+                    "generates" if gathered else "not partitioned: nothing to gather"),
+            PlanRow("rollout: vLLM weights", value_bytes * params,
+                    f"inside vLLM's pool ({pool}; per GPU size below)")]
+    else:
+        rollout_rows = [
+            PlanRow("rollout: gathered policy", gathered,
+                    "ZeRO-3: the full weights, gathered once per rollout" if gathered else
+                    "not partitioned: nothing to gather"),
+            PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
+                    f"{rollout_seqs:g} sequences x {tokens} tokens")]
     # The critic's update (after the policy's, not beside it) keeps no vocabulary logits.
     update = PlanRow("update: activations", activations + logits,
                      f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
@@ -187,8 +207,28 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     numbers = {"params": params, "largest_layer_params": largest, "weights": weights,
                "gathered": gathered, "update": update.gpu_bytes, "peak": peak,
                "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
-               "group_size": g.group_size, "total_gpus": total_gpus}
+               "group_size": g.group_size, "total_gpus": total_gpus, "tokens": tokens,
+               "vllm": None}
+    if vllm:
+        numbers["vllm"] = {"weights": value_bytes * params, "fraction": cfg.rollout.memory_fraction,
+                           "kv_fixed": cfg.rollout.kv_cache_gb * GB,
+                           "sleeps": cfg.rollout.sleep}
     return rows, numbers
+
+
+def vllm_phases(numbers: dict, gpu_gb: float) -> dict:
+    """The vLLM path on a GPU of `gpu_gb`: vLLM's pool (weights + KV cache), the KV tokens and
+    full-length sequences it holds at once, and the peaks of the rollout (the larger of the
+    push, when the gathered policy and vLLM's weights are resident, and generation, when the
+    whole pool is) and of the update (the pool gone when the engine sleeps)."""
+    v = numbers["vllm"]
+    pool = v["weights"] + v["kv_fixed"] if v["kv_fixed"] else v["fraction"] * gpu_gb * GB
+    kv = max(pool - v["weights"], 0.0)
+    sequences = int(kv // numbers["kv_per_sequence"])
+    rollout = numbers["weights"] + max(numbers["gathered"] + v["weights"], pool)
+    update = numbers["weights"] + numbers["update"] + (0.0 if v["sleeps"] else pool)
+    return {"pool": pool, "kv": kv, "sequences": sequences, "rollout": rollout,
+            "update": update, "peak": max(rollout, update)}
 
 
 def rollout_chunk(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> int:
@@ -199,6 +239,8 @@ def rollout_chunk(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> int:
 
 def verdict(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> str:
     usable = gpu_gb * GB * headroom
+    if numbers["vllm"] is not None:
+        return _vllm_verdict(numbers, gpu_gb, usable)
     if numbers["peak"] <= usable:
         return "fits"
     if numbers["weights"] + numbers["update"] > usable:
@@ -212,6 +254,22 @@ def verdict(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> str:
             f"({questions * numbers['group_size']} sequences per generate call)")
 
 
+def _vllm_verdict(numbers: dict, gpu_gb: float, usable: float) -> str:
+    v = vllm_phases(numbers, gpu_gb)
+    where = (f"peak {v['peak'] / GB:.1f} GiB (rollout {v['rollout'] / GB:.1f}, update "
+             f"{v['update'] / GB:.1f}); vLLM pool {v['pool'] / GB:.1f} GiB")
+    if v["sequences"] < 1:
+        return (f"does NOT fit: vLLM's KV cache ({v['kv'] / GB:.1f} GiB) holds no "
+                f"{numbers['tokens']}-token sequence; raise rollout.memory_fraction ({where})")
+    if v["peak"] > usable:
+        return (f"does NOT fit: {where}; lower rollout.memory_fraction or "
+                "deepspeed.micro_batch_size, or add GPUs")
+    waves = -(-numbers["group_size"] // v["sequences"])
+    return (f"fits: {where}, its KV cache {v['kv'] / GB:.1f} GiB holds {v['sequences']} "
+            f"sequences of {numbers['tokens']} tokens at once (a question's "
+            f"{numbers['group_size']} in {waves} wave{'s' if waves > 1 else ''})")
+
+
 def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus: int,
            nodes: int) -> str:
     g, ds = cfg.grpo, cfg.deepspeed
@@ -223,7 +281,8 @@ def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus
     for r in rows:
         lines.append(f"{r.item:<24}{r.gpu_bytes / GB:>10.2f}  {r.note}")
     lines.append("-" * 78)
-    lines.append(f"{'peak: weights + max(rollout, update)':<24}{numbers['peak'] / GB:>10.2f}")
+    if numbers["vllm"] is None:
+        lines.append(f"{'peak: weights + max(rollout, update)':<24}{numbers['peak'] / GB:>10.2f}")
     for size in gpu_sizes:
         lines.append(f"{size:g} GB GPU (90% usable): {verdict(numbers, size)}")
     return "\n".join(lines)

@@ -400,8 +400,12 @@ class RolloutConfig:
     """A fixed KV-cache size for vLLM in GB (0 = what `memory_fraction` leaves). The CPU backend
     counts the whole training process against `memory_fraction`, so CPU runs set this."""
     sleep: bool = True
-    """GPU: put the engine to sleep (weights and KV cache off the device) between generations,
-    so training has the memory back."""
+    """GPU: put the engine to sleep (level 2: weights and KV cache freed) before each training
+    update, so training has the memory back; the next rollout wakes it and pushes the new
+    weights. Generation-only stages (labelling, evaluation) never sleep it."""
+    cuda_graphs: bool = True
+    """GPU: let vLLM capture CUDA graphs for decoding (`enforce_eager=False`); the CPU backend
+    always runs eagerly."""
     prefix_caching: bool = True
     """vLLM's automatic prefix caching: Math-Shepherd's N continuations of a step prefix, and a
     question's G samples, prefill their shared prefix once."""

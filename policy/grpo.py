@@ -16,6 +16,7 @@ no signal (no kept token, or all advantages 0 and no KL term) skips the optimize
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -34,8 +35,8 @@ from policy.rewards import RewardFn, Scores, concat_scores
 from policy.rollout import Rollout, concat_rollouts, generate_groups
 from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            current_lr, gather_rows, gathered_for_generation, global_sum,
-                            is_main, world)
+                            current_lr, device_memory_gib, gather_rows, gathered_for_generation,
+                            global_sum, is_main, memory_metrics, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
 from runtime.shards import seeded
@@ -170,6 +171,8 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
                 rl_records, step, round_, g.questions_per_step, cfg.run.seed,
                 g.dynamic_sampling_max_rounds), (*key, round_)), g, tokenizer.pad_token_id)
         updating = time.perf_counter()
+        memory = device_memory_gib()  # the rollout's: vLLM's pool is awake
+        sampler.rest()
         batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
                                g, seed=cfg.run.seed * 1_000_003 + step)
         stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
@@ -179,7 +182,7 @@ def train_grpo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn
         trainer.advance()
         metrics = log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
                            timing)
-        metrics.update(sampled.stats)
+        metrics.update({**sampled.stats, **sampler.stats(), **memory_metrics(memory)})
         metrics["train/lr"] = current_lr(engine)
         metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
         media = None
@@ -267,7 +270,7 @@ def _sample_fn(sampler, tokenizer, fmt, reward_fn: RewardFn, g, rank: int, per_r
 class Sampler:
     """Who generates for the training engine: its own module (`rollout.backend=hf`), or a
     colocated vLLM engine that is handed the current weights once per optimizer step
-    (`rollout.backend=vllm`, policy/vllm_engine.py). Use inside `gathered_for_generation`."""
+    (`rollout.backend=vllm`, policy/vllm_engine.py)."""
 
     def __init__(self, engine, trainer: Trainer, cfg, policy_path):
         self.engine, self.trainer = engine, trainer
@@ -277,10 +280,32 @@ class Sampler:
 
             self.vllm = engine_for(cfg, policy_path)
 
-    def model(self):
+    @contextmanager
+    def generating(self):
+        """The model to generate with, inside the block (every rank enters it together): the
+        training module with its weights gathered for the whole generation (hf), or the vLLM
+        engine, handed the current weights inside the gather, which is released before the
+        engine generates (under ZeRO-3 the full policy is not held beside vLLM's copy)."""
+        with gathered_for_generation(self.engine) as module:
+            if self.vllm is None:
+                yield module
+                return
+            engine = self.vllm.sync(module, self.trainer.step)
+        yield engine
+
+    def rest(self) -> None:
+        """Before a training update: a vLLM engine frees its GPU memory (`rollout.sleep`); the
+        next `generating()` wakes it with the updated weights."""
+        if self.vllm is not None:
+            self.vllm.sleep()
+
+    def stats(self) -> dict:
+        """`time/weight_push`: seconds this rank spent pushing weights into vLLM since the last
+        call ({} with the hf backend)."""
         if self.vllm is None:
-            return self.engine.module
-        return self.vllm.sync(self.engine.module, self.trainer.step)
+            return {}
+        seconds, self.vllm.push_seconds = self.vllm.push_seconds, 0.0
+        return {"time/weight_push": seconds}
 
 
 def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt,
@@ -289,9 +314,9 @@ def _evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord],
     calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
     first."""
     def evaluate(sampled: bool) -> dict:
-        with gathered_for_generation(sampler.engine):
+        with sampler.generating() as model:
             return evaluate_policy(
-                sampler.model(), tokenizer, eval_records, fmt,
+                model, tokenizer, eval_records, fmt,
                 k=cfg.eval.k, temperature=cfg.eval.temperature,
                 max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
                 timeout_s=cfg.eval.grade_timeout_s, sampled=sampled, seed=cfg.run.seed)
@@ -310,15 +335,15 @@ def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g, key: tuple 
     processes either."""
     chunk = g.rollout_questions or len(prompts)
     parts = []
-    with gathered_for_generation(sampler.engine):
-        model = sampler.model()
+    with sampler.generating() as model:
         for i in range(0, len(prompts), chunk):
             with seeded(*key, first + i):
                 parts.append(generate_groups(
                     model, tokenizer, prompts[i:i + chunk], g.group_size,
                     max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
                     greedy=g.temperature == 0))
-    return concat_rollouts(parts, tokenizer.pad_token_id)
+    # every tensor of the step on the training engine's device (vLLM returns CPU tensors)
+    return concat_rollouts(parts, tokenizer.pad_token_id).to(sampler.engine.device)
 
 
 def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g,
@@ -531,7 +556,8 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
     `timing`: this rank's seconds of rollout, scoring and update (the ranks run side by side)."""
     mask = rollout.completion_mask.float()
     by_group = batch.normalised.reshape(-1, g.group_size * batch.normalised.shape[1])
-    check = torch.tensor([inspection.group_sum_check(batch.normalised, g.group_size)])
+    check = torch.tensor([inspection.group_sum_check(batch.normalised, g.group_size)],
+                         device=mask.device)
     correct = [] if scores.correct is None else [scores.correct.float()]
     (rewards, lengths, truncated, entropy, tokens, seen, keep, silent, broken, check,
      *correct) = gather_rows(

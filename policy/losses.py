@@ -82,7 +82,7 @@ def _masked_inputs(loss_fn):
         keep = mask.bool()
 
         def clean(t):
-            return None if t is None else torch.where(keep, t, torch.zeros((), dtype=t.dtype))
+            return None if t is None else torch.where(keep, t, t.new_zeros(()))
 
         return loss_fn(clean(logprobs), clean(old_logprobs), clean(ref_logprobs),
                        clean(advantages), mask, **kwargs)

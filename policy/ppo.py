@@ -92,9 +92,9 @@ def state_values(critic, rollout: Rollout, with_last: bool = False) -> torch.Ten
 @torch.no_grad()
 def _forward_values(critic, rollout: Rollout, micro: int, with_last: bool = False
                     ) -> torch.Tensor:
+    n, device = rollout.prompt_ids.shape[0], rollout.prompt_ids.device
     return torch.cat([state_values(critic, rollout.rows(torch.arange(
-        s, min(s + micro, rollout.prompt_ids.shape[0]))), with_last) for s in
-        range(0, rollout.prompt_ids.shape[0], micro)])
+        s, min(s + micro, n), device=device)), with_last) for s in range(0, n, micro)])
 
 
 @dataclass
@@ -152,7 +152,7 @@ def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p,
 
     def loss_of(rows: slice, mb: int):
         values = state_values(critic, rollout.rows(torch.arange(rows.start, min(
-            rows.stop, mask.shape[0]))))
+            rows.stop, mask.shape[0]), device=mask.device)))
         loss = clipped_value_loss(values, targets.old_values[rows], targets.returns[rows],
                                   mask[rows], p.value_clip, max(targets.num_tokens, 1.0))
         stats["value_loss"] += loss.item()
@@ -241,6 +241,7 @@ def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
             sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
                 step_questions(rl_records, step, g.questions_per_step, cfg.run.seed),
                 (trainer.state.get("sample_seed", cfg.run.seed), step))
+            sampler.rest()
             metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan, where,
                                  is_reference)
         timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
@@ -379,6 +380,7 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
         sampled = sample(step_questions(rl_records, step, g.questions_per_step,
                                         cfg.run.seed + 31_337),
                          (trainer.state.get("sample_seed", cfg.run.seed), step))
+        sampler.rest()
         critic.eval()
         values = _forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
         targets = ppo_targets(sampled.rollout, sampled.scores, sampled.rewards,

@@ -10,9 +10,12 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from transformers.cache_utils import StaticLayer
+
+from runtime.models import end_token_ids
 
 
 class _FilledLayer(StaticLayer):
@@ -129,9 +132,12 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    torch.cat([right(r.sampler_logprobs, width_c, 0.0) for r in parts]))
 
 
-def mask_after_eos(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """1 up to and including the first EOS; also whether each row never produced EOS."""
-    is_eos = completion_ids == eos_id
+def mask_after_eos(completion_ids: torch.Tensor, eos_id: int | Sequence[int]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 up to and including the first end token (`eos_id`: one id, or every end token's);
+    also whether each row never produced one."""
+    ends = torch.as_tensor(eos_id, device=completion_ids.device).reshape(-1)
+    is_eos = torch.isin(completion_ids, ends)
     has_eos = is_eos.any(-1)
     first_eos = torch.where(has_eos, is_eos.int().argmax(-1),
                             torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
@@ -160,11 +166,12 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
     repeat = group_size if share_prefill else 1
     if not share_prefill:
         ids, mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
-    completion, _ = decode(model, ids, mask, repeat, max_new_tokens, tokenizer.eos_token_id,
+    ends = end_token_ids(tokenizer)
+    completion, _ = decode(model, ids, mask, repeat, max_new_tokens, ends,
                            tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
                            greedy=greedy)
     ids, mask = ids.repeat_interleave(repeat, 0), mask.repeat_interleave(repeat, 0)
-    completion_mask, truncated = mask_after_eos(completion, tokenizer.eos_token_id)
+    completion_mask, truncated = mask_after_eos(completion, ends)
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
     return Rollout(ids, mask, completion, completion_mask, texts, truncated, group_size)
 
@@ -342,13 +349,14 @@ def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_
 
 
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int,
-           eos_id: int, pad_id: int, *, temperature: float = 1.0, top_p: float = 1.0,
-           greedy: bool = False, limits: list[int] | None = None,
+           eos_id: int | Sequence[int], pad_id: int, *, temperature: float = 1.0,
+           top_p: float = 1.0, greedy: bool = False, limits: list[int] | None = None,
            compact_share: float = 0.9,
            share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoding loop under every hf rollout: `repeat` completions of each left-padded row of
     `ids`, rows in order ([rows x repeat, T] tokens, padded after EOS; and each token's
-    log-prob under the sampling distribution, 0 on padding), as wide as the longest row.
+    log-prob under the sampling distribution, 0 on padding), as wide as the longest row. A row
+    ends at any of the end tokens `eos_id` (one id or several).
 
     Leaner than `model.generate` where rollout spends its time: the KV cache is preallocated
     (transformers' StaticCache: no per-token concatenation), each prompt is prefilled once and
@@ -366,6 +374,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
     it may not)."""
     warpers = _warpers(temperature, top_p, greedy)
     rows, device = ids.shape[0] * repeat, ids.device
+    ends = torch.as_tensor(eos_id, device=device).reshape(-1)
     limit = torch.full((rows,), max_new_tokens, device=device) if limits is None else \
         torch.tensor(limits, device=device).repeat_interleave(repeat)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -391,7 +400,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
                     tokens[alive, t] = chosen
                     logprobs[alive, t] = torch.log_softmax(scores, -1).gather(
                         -1, chosen[:, None]).squeeze(-1)
-                    running = (chosen != eos_id) & (limit[alive] > t + 1)
+                    running = ~torch.isin(chosen, ends) & (limit[alive] > t + 1)
                     if t + 1 == max_new_tokens or not running.any():
                         break
                     if running.sum() <= compact_share * len(alive):
@@ -425,10 +434,10 @@ def _warpers(temperature: float, top_p: float, greedy: bool):
     return warpers
 
 
-def _trimmed(tokens: torch.Tensor, logprobs: torch.Tensor, limit: torch.Tensor, eos_id: int,
-             pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens after a row's EOS or past its limit become padding (log-prob 0), and columns
-    that are padding in every row go."""
+def _trimmed(tokens: torch.Tensor, logprobs: torch.Tensor, limit: torch.Tensor,
+             eos_id: int | Sequence[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens after a row's end token or past its limit become padding (log-prob 0), and
+    columns that are padding in every row go."""
     ended, _ = mask_after_eos(tokens, eos_id)
     span = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < limit[:, None]
     keep = ended.bool() & span
@@ -442,12 +451,13 @@ def continue_rows(model, tokenizer, prefixes: list[list[int]], max_new_tokens: l
                   temperature: float = 1.0, top_p: float = 1.0) -> list[list[int]]:
     """T-PPO's windowed generation: each row of token ids (a prompt and what it has generated so
     far) continued by up to its own `max_new_tokens`, sampled; returns the new tokens of each
-    row, ending at its EOS where one came."""
+    row, ending at its end token where one came."""
     enc = tokenizer.pad({"input_ids": prefixes}, padding=True, return_tensors="pt")
     device = next(model.parameters()).device
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-    new, _ = decode(model, ids, mask, 1, max(max_new_tokens), tokenizer.eos_token_id,
+    ends = end_token_ids(tokenizer)
+    new, _ = decode(model, ids, mask, 1, max(max_new_tokens), ends,
                     tokenizer.pad_token_id, temperature=temperature, top_p=top_p,
                     limits=max_new_tokens)
-    keep, _ = mask_after_eos(new, tokenizer.eos_token_id)
+    keep, _ = mask_after_eos(new, ends)
     return [row[:int(k.sum())][:limit].tolist() for row, k, limit in zip(new, keep, max_new_tokens)]

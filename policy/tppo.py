@@ -25,8 +25,8 @@ from policy.grpo import score_step
 from policy.rewards import RewardFn, Scores
 from policy.rollout import Rollout, continue_rows
 from runtime.data import MathRecord
-from runtime.engine import (gather_objects, gather_rows, gathered_for_generation, global_sum,
-                            world)
+from runtime.engine import gather_objects, gather_rows, global_sum, world
+from runtime.models import end_token_ids
 from runtime.prompts import encode_prompts
 from runtime.training import Trainer, epoch_slice
 
@@ -50,11 +50,13 @@ def fill_pool(pool: list[dict], size: int, next_sample: int) -> tuple[list[dict]
     return pool, next_sample
 
 
-def window_rollout(pad_id: int, eos_id: int, prompts: list[list[int]], before: list[list[int]],
-                   new: list[list[int]], texts: list[str], max_new_tokens: int,
+def window_rollout(pad_id: int, eos_id: int | list[int], prompts: list[list[int]],
+                   before: list[list[int]], new: list[list[int]], texts: list[str],
+                   max_new_tokens: int,
                    group_size: int) -> tuple[Rollout, torch.Tensor, torch.Tensor]:
     """(the rows as a Rollout of everything generated so far, the [N, T] mask of this window's
-    tokens, the [N] rows that ended: EOS or out of tokens)."""
+    tokens, the [N] rows that ended: an end token (`eos_id`: one or several) or out of
+    tokens)."""
     rows = [b + n for b, n in zip(before, new)]
     width_p, width_c = max(map(len, prompts)), max(1, max(map(len, rows)))
     prompt_ids = torch.tensor([[pad_id] * (width_p - len(p)) + p for p in prompts])
@@ -63,7 +65,8 @@ def window_rollout(pad_id: int, eos_id: int, prompts: list[list[int]], before: l
     completion_mask = torch.tensor([[1] * len(r) + [0] * (width_c - len(r)) for r in rows])
     window = torch.tensor([[0] * len(b) + [1] * len(n) + [0] * (width_c - len(b) - len(n))
                            for b, n in zip(before, new)])
-    has_eos = torch.tensor([bool(r) and r[-1] == eos_id for r in rows])
+    ends = set(eos_id) if isinstance(eos_id, list) else {eos_id}
+    has_eos = torch.tensor([bool(r) and r[-1] in ends for r in rows])
     ended = has_eos | torch.tensor([len(r) >= max_new_tokens for r in rows])
     return (Rollout(prompt_ids, prompt_mask, completion, completion_mask, texts, ended & ~has_eos,
                     group_size), window, ended)
@@ -84,8 +87,8 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
     records = [sample_record(rl_records, row["k"], g.group_size, cfg.run.seed) for row in mine]
     prompts = encode_prompts(tokenizer, fmt.prompts(tokenizer, records))
     started = time.perf_counter()
-    with gathered_for_generation(sampler.engine):
-        new = continue_rows(sampler.model(), tokenizer,
+    with sampler.generating() as model:
+        new = continue_rows(model, tokenizer,
                             [q + row["tokens"] for q, row in zip(prompts, mine)],
                             [min(window_tokens(cfg), g.max_new_tokens - len(row["tokens"]))
                              for row in mine], temperature=g.temperature, top_p=g.top_p)
@@ -93,7 +96,7 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
     texts = tokenizer.batch_decode([row["tokens"] + n for row, n in zip(mine, new)],
                                    skip_special_tokens=True)
     rollout, window, ended = window_rollout(
-        tokenizer.pad_token_id, tokenizer.eos_token_id, prompts, [r["tokens"] for r in mine],
+        tokenizer.pad_token_id, end_token_ids(tokenizer), prompts, [r["tokens"] for r in mine],
         new, texts, g.max_new_tokens, g.group_size)
     device = sampler.engine.device
     rollout, window, ended = rollout.to(device), window.to(device), ended.to(device)

@@ -29,12 +29,14 @@ not bitwise identical to an uninterrupted run (the `hf` backend is).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from policy.rollout import Rollout, mask_after_eos
+from runtime.models import end_token_ids
 
 
 class VLLMEngine:
@@ -42,7 +44,10 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, *, dtype: str, max_model_len: int, seed: int,
                  gpu_memory_fraction: float = 0.3, kv_cache_gb: float = 0.0,
-                 prefix_caching: bool = True, sleep_between: bool = False):
+                 prefix_caching: bool = True, sleep: bool = False, cuda_graphs: bool = True):
+        """`seed`: this rank's (each rank's engine samples its own stream); `sleep`: on a GPU,
+        `sleep()` frees the engine's memory for a training update; `cuda_graphs`: on a GPU,
+        decoding runs captured CUDA graphs (vLLM's `enforce_eager=False`)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # In-process on the CPU backend, vLLM would pin this process's OpenMP threads: the
         # training code shares them, so the threads stay as run.threads set them.
@@ -52,16 +57,18 @@ class VLLMEngine:
         except ImportError as err:
             raise ImportError("rollout.backend=vllm needs vLLM: pip install -e '.[vllm]' "
                               "(README: Rollout on vLLM)") from err
+        gpu = torch.cuda.is_available()
         # On the CPU backend the memory fraction is of the machine's RAM (despite its name).
         kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
-                      enforce_eager=True, enable_prefix_caching=prefix_caching,
-                      gpu_memory_utilization=gpu_memory_fraction)
+                      enforce_eager=not (gpu and cuda_graphs),
+                      enable_prefix_caching=prefix_caching,
+                      gpu_memory_utilization=gpu_memory_fraction,
+                      **launch_settings(), **({"enable_sleep_mode": sleep} if gpu else {}))
         if kv_cache_gb:
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
-        if torch.cuda.is_available():
-            kwargs.update(enable_sleep_mode=sleep_between)
         self.llm = LLM(**kwargs)
-        self.sleep_between = sleep_between and torch.cuda.is_available()
+        self.can_sleep = sleep and gpu
+        self.push_seconds = 0.0
         self.asleep = self.weights_awake = False
         self.made_for = None  # (architecture, settings), set by engine_for
         self.version = ("checkpoint", str(model_path))
@@ -74,9 +81,12 @@ class VLLMEngine:
         return self
 
     def push(self, model) -> None:
-        """Load the training model's current weights into the engine (in memory)."""
+        """Load the training model's current weights into the engine (in memory); the seconds
+        it took are added to `push_seconds`."""
+        started = time.perf_counter()
         self._reload([(name, tensor.detach()) for name, tensor in model.state_dict().items()])
         self.version = None
+        self.push_seconds += time.perf_counter() - started
 
     def load(self, model_path: str | Path, config, trust_remote_code: bool = False) -> None:
         """Load a saved checkpoint's weights (its safetensors files; `config` its transformers
@@ -84,10 +94,23 @@ class VLLMEngine:
         self._reload(_checkpoint_tensors(model_path, config, trust_remote_code))
         self.version = ("checkpoint", str(model_path))
 
+    def sleep(self) -> None:
+        """Before a training update (GPU, `rollout.sleep`): free the engine's weights and KV
+        cache (vLLM's level 2: nothing is kept, since the weights are pushed again before the
+        next generation). A no-op on the CPU or when asleep."""
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep, self.weights_awake = True, False
+            self.version = None  # the weights are gone: the next sync pushes them
+
+    def _wake(self, tags: list[str]) -> None:
+        torch.cuda.empty_cache()  # what PyTorch's allocator holds, back for vLLM's pool
+        self.llm.wake_up(tags=tags)
+
     def _reload(self, weights) -> None:
         """Load (HF name, tensor) pairs, a list or a stream, into the engine's weights."""
         if self.asleep and not self.weights_awake:
-            self.llm.wake_up(tags=["weights"])  # asleep, the weights are off the device
+            self._wake(["weights"])  # asleep, the weights' memory is unmapped
             self.weights_awake = True
 
         def reload(worker):
@@ -109,27 +132,29 @@ class VLLMEngine:
         from runtime.prompts import encode_prompts
 
         if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"] if self.weights_awake else None)
-            self.asleep = self.weights_awake = False
+            if not self.weights_awake:
+                raise RuntimeError("the vLLM engine slept (level 2: its weights are gone) and "
+                                   "was asked to generate before any weights were pushed")
+            self._wake(["kv_cache"])
+            self.asleep = False
         ids = encode_prompts(tokenizer, prompts)
+        ends = end_token_ids(tokenizer)
         params = SamplingParams(n=group_size, max_tokens=max_new_tokens,
                                 temperature=0.0 if greedy else temperature,
                                 top_p=1.0 if greedy else top_p, top_k=-1 if not greedy else 1,
-                                stop_token_ids=[tokenizer.eos_token_id], logprobs=0,
-                                detokenize=False)
+                                stop_token_ids=ends, logprobs=0, detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params,
                                     use_tqdm=False)
-        if self.sleep_between:
-            self.llm.sleep(level=1)  # weights to host memory, KV cache freed, until the next call
-            self.asleep = True
         rows, logprobs = [], []
-        eos = tokenizer.eos_token_id
         for out in outputs:
             for sample in out.outputs:
                 tokens = list(sample.token_ids)
                 entries = list(sample.logprobs or [])
-                if sample.finish_reason == "stop" and (not tokens or tokens[-1] != eos):
-                    tokens.append(eos)  # stopped at EOS without returning it
+                if sample.finish_reason == "stop" and (not tokens or tokens[-1] not in ends):
+                    # stopped at an end token without returning it: the one it names (its EOS
+                    # when it names none), never one it did not sample
+                    stopped = sample.stop_reason
+                    tokens.append(stopped if isinstance(stopped, int) else ends[0])
                 rows.append(tokens)
                 logprobs.append([entry[token].logprob if entry and token in entry else 0.0
                                  for token, entry in zip(tokens, entries + [None])])
@@ -142,7 +167,7 @@ class VLLMEngine:
 def _as_rollout(prompt_ids: list[list[int]], completions: list[list[int]], tokenizer,
                 group_size: int) -> Rollout:
     """Left-padded prompts (each repeated G times) and right-padded completions."""
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad, eos = tokenizer.pad_token_id, end_token_ids(tokenizer)
     width_p = max(len(p) for p in prompt_ids)
     width_c = max(1, max(len(c) for c in completions))
     prompts = [p for p in prompt_ids for _ in range(group_size)]
@@ -188,6 +213,27 @@ def _checkpoint_tensors(model_path: str | Path, config, trust_remote_code: bool 
             yield name, handle.get_tensor(source)
 
 
+def launch_settings() -> dict:
+    """How the engine joins the job: where torch.distributed runs several ranks, vLLM's
+    `external_launcher` executor, so each rank's engine lives in its own process on its own
+    device (cuda:LOCAL_RANK; TRL's colocate mode does the same) instead of vLLM's default
+    single-process executor, which places every rank's engine on cuda:0."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return {"distributed_executor_backend": "external_launcher"}
+    return {}
+
+
+def rank_seed(seed: int) -> int:
+    """This rank's engine seed: each rank's engine samples its own stream (with one seed for
+    all, ranks given the same prompt would draw the same samples)."""
+    from runtime.engine import world
+    from runtime.shards import chunk_seed
+
+    return chunk_seed(seed, "vllm", world()[0])
+
+
 _ENGINE: VLLMEngine | None = None  # this process's engine; see engine_for
 # What makes two checkpoints interchangeable in one engine.
 ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
@@ -210,9 +256,10 @@ def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
     positions = getattr(config, "max_position_embeddings", None) or wanted
     architecture = {k: v for k, v in config.to_dict().items() if k in ARCHITECTURE_KEYS}
     settings = dict(dtype=cfg.model.dtype, max_model_len=min(wanted, positions),
-                    seed=cfg.run.seed, gpu_memory_fraction=cfg.rollout.memory_fraction,
+                    seed=rank_seed(cfg.run.seed), gpu_memory_fraction=cfg.rollout.memory_fraction,
                     kv_cache_gb=cfg.rollout.kv_cache_gb,
-                    prefix_caching=cfg.rollout.prefix_caching, sleep_between=cfg.rollout.sleep)
+                    prefix_caching=cfg.rollout.prefix_caching, sleep=cfg.rollout.sleep,
+                    cuda_graphs=cfg.rollout.cuda_graphs)
     if _ENGINE is None:
         _ENGINE = VLLMEngine(model_path, **settings)
         _ENGINE.made_for = (architecture, settings)

@@ -21,7 +21,7 @@ from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_c
 from reward_model.encoding import encode, ensure_tag_token, tag_tokens
 from reward_model.evaluate import step_metrics
 from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss
-from reward_model.score import TagScorer, spread_score, spread_tag_values
+from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
 from runtime.engine import (broadcast_from_main, build_engine, current_lr,
                             gathered_for_generation, global_sum, is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
@@ -138,9 +138,12 @@ def _batch_loss(engine, batch, tags, lm_weight: float, world_size: int):
 
     def loss_of(rows: slice, mb: int):
         ids = batch.input_ids[rows].to(engine.device)
-        logits = engine(input_ids=ids,
-                        attention_mask=batch.attention_mask[rows].to(engine.device)).logits
-        margin = tag_logit_margin(logits, tags.plus_id, tags.minus_id)
+        attention = batch.attention_mask[rows].to(engine.device)
+        if lm_weight:  # the LM loss reads every token's logits
+            logits = engine(input_ids=ids, attention_mask=attention).logits
+            margin = tag_logit_margin(logits, tags.plus_id, tags.minus_id)
+        else:  # the tag loss reads two rows of the output layer (`two_row_head`)
+            margin = tag_margins(engine, ids, attention, tags)
         mask = batch.label_mask[rows].to(engine.device)
         # Mean over the step's labels: this micro-batch's share of the global count.
         loss = tag_loss(margin, batch.targets[rows].to(engine.device), mask) \

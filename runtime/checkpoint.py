@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine import gather_objects, gathered_for_generation, is_main, world
+from runtime.engine import barrier, gather_objects, gathered_for_generation, is_main, world
 from runtime.rundir import atomic_write_text
 
 
@@ -51,7 +51,7 @@ def export(engine, tokenizer, out_dir: Path, config_yaml: str | None = None) -> 
     with gathered_for_generation(engine):
         if is_main():
             save_pretrained(engine, tokenizer, out_dir, config_yaml)
-    _barrier()
+    barrier()
     return Path(out_dir)
 
 
@@ -79,13 +79,6 @@ def _latest_tag(state_dir: Path) -> str | None:
     return latest.read_text().strip() if latest.exists() else None
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     """Optimizer, schedule, weights and `client_state` (+ RNG) in DeepSpeed's format, atomically.
 
@@ -100,7 +93,7 @@ def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
     tag = f"{index:06d}"
     if is_main():  # an orphan of a save killed before `latest` moved: never mix its files in
         shutil.rmtree(state_dir / tag, ignore_errors=True)
-    _barrier()
+    barrier()
     # Every rank's random state: under ZeRO-0/1/2 only rank 0 writes the client state, and the
     # ranks' states differ (each has drawn for its own share of the work).
     rng = gather_objects(rng_state())
@@ -114,13 +107,13 @@ def save_training_state(engine, state_dir: Path, client_state: dict) -> None:
         raise CheckpointError(f"could not write the training state {state_dir / tag}: {err}; "
                               f"{kept}. Free space and re-run the same command to resume.") \
             from err
-    _barrier()
+    barrier()
     if is_main():
         atomic_write_text(state_dir / "latest", tag)
         for old in state_dir.iterdir():
             if old.is_dir() and old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    barrier()
 
 
 def _deepspeed_state_classes() -> list:
@@ -169,7 +162,7 @@ def save_companion_state(engine, state_dir: Path, step: int) -> None:
     state_dir = Path(state_dir)
     engine.save_checkpoint(str(state_dir), tag=f"{step:06d}", save_latest=False,
                            client_state={"igrpo": {"step": step}})
-    _barrier()
+    barrier()
 
 
 def prune_companion_state(state_dir: Path, step: int) -> None:
@@ -178,7 +171,7 @@ def prune_companion_state(state_dir: Path, step: int) -> None:
         for old in Path(state_dir).iterdir():
             if old.is_dir() and old.name != f"{step:06d}":
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+    barrier()
 
 
 def load_companion_state(engine, state_dir: Path, step: int) -> None:

@@ -52,6 +52,8 @@ def init_distributed(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    if backend == "nccl":  # before any collective: NCCL's object collectives use this device
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.init_distributed(dist_backend=backend, verbose=False,
                                timeout=timedelta(minutes=timeout_minutes))
 
@@ -188,6 +190,17 @@ def current_lr(engine) -> float:
     return float(engine.get_lr()[0])
 
 
+def collective_device():
+    """Where a collective's tensors live: this rank's GPU under NCCL (a process group made with
+    `nccl` alone has no CPU backend), the CPU under gloo."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def global_sum(value: float) -> float:
     """Sum of a per-rank number over all ranks (the number itself on one process)."""
     import torch
@@ -195,7 +208,7 @@ def global_sum(value: float) -> float:
 
     if world()[1] == 1:
         return value
-    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=collective_device())
     dist.all_reduce(tensor)
     return float(tensor.item())
 
@@ -212,12 +225,38 @@ def gather_rows(*tensors):
     return [torch.cat([part[i] for part in parts]) for i in range(len(tensors))]
 
 
+def device_memory_gib() -> float | None:
+    """GiB in use on this rank's GPU now, by every allocator of the process (vLLM's pool
+    included, which PyTorch's own statistics do not see); None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+def memory_metrics(used_gib: float | None) -> dict:
+    """`memory/device_used_gib_rank<r>` (`used_gib`, as `device_memory_gib` read it) and
+    `memory/torch_peak_gib_rank<r>` (PyTorch's peak allocation) of every rank, on every rank;
+    {} without a GPU. Every rank calls it."""
+    import torch
+
+    if used_gib is None:
+        return {}
+    rows = gather_objects((used_gib, torch.cuda.max_memory_allocated() / 2**30))
+    return {key: value for r, (used, peak) in enumerate(rows)
+            for key, value in ((f"memory/device_used_gib_rank{r}", used),
+                               (f"memory/torch_peak_gib_rank{r}", peak))}
+
+
 def barrier() -> None:
     """Wait for every rank (a no-op in one process)."""
     import torch.distributed as dist
 
     if world()[1] > 1:
-        dist.barrier()
+        device = collective_device()
+        dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def broadcast_from_main(obj):

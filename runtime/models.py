@@ -8,6 +8,7 @@ left on the CPU of a GPU machine, and no load forgets the remote-code setting.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -33,6 +34,30 @@ def load_tokenizer(path: str | Path, model=None):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def end_token_ids(tokenizer) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS first, then the end tokens the
+    model's generation config lists (instruct models list several: Qwen2.5's `<|im_end|>` and
+    `<|endoftext|>`, Llama 3's `<|eot_id|>` beside `<|end_of_text|>`), read from where the
+    tokenizer was loaded (a folder, or a hub id in the local cache). Sampling stops at any of
+    them, and the completion is masked after it."""
+    ends = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    return list(dict.fromkeys([*ends, *_generation_config_ends(str(tokenizer.name_or_path))]))
+
+
+@functools.lru_cache(maxsize=64)
+def _generation_config_ends(path: str) -> tuple[int, ...]:
+    if not path:
+        return ()
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(path)
+    except (OSError, ValueError):  # no generation_config.json there
+        return ()
+    ends = config.eos_token_id
+    return tuple(ends) if isinstance(ends, (list, tuple)) else () if ends is None else (ends,)
 
 
 def load_causal_lm(path: str | Path, model=None, *, train: bool = False, device=None):

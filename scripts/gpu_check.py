@@ -1,14 +1,23 @@
-"""A few GRPO steps of a ~0.4B random-init Qwen2 in bf16 on one GPU: tokens/s, peak memory, MFU.
+"""GPU checks. Two of them:
 
-    bash scripts/gpu_check.sh              # on a GPU machine, within ~8 minutes
-    python scripts/gpu_check.py --small    # the same code path in seconds (CPU smoke run)
+    python scripts/gpu_check.py iterate --config deepseekmath_7b.yaml --backend vllm --nproc 8
+    python scripts/gpu_check.py speed --backend hf            # --small: a CPU smoke run
 
-The model (hidden 1024, 24 layers, 16 heads, FFN 4096, over the shipped GPT-2 tokenizer) is built
-with random weights, so nothing is downloaded; the reward is
-the rule reward on GSM8K train questions (a random model earns none, which changes nothing about
-the speed). Rollout and update throughput come from the GRPO loop's own metrics; MFU counts
+`iterate`: the config's GPU path on `--nproc` processes (one per GPU, under torchrun), its model
+swapped for a tiny random stand-in of the same family (runtime.tiny_model.build_stand_in) and its
+counts made small: Algorithm 1 with one GRPO iteration of 4 steps, SIGKILLed (every rank) in the
+middle of GRPO and resumed with the same command. It prints whether it finished, and per GPU the
+rollout's tokens/s, the seconds spent pushing weights into vLLM and the peak memory (PyTorch's,
+and the device's as a whole, vLLM's pool included). `--cpu` runs the same on gloo processes.
+
+`speed`: a few GRPO steps of a ~0.4B random-init Qwen2 in bf16 on one GPU: tokens/s, peak memory,
+MFU. The model (hidden 1024, 24 layers, 16 heads, FFN 4096, over the shipped GPT-2 tokenizer) is
+built with random weights, so nothing is downloaded; the reward is the rule reward on GSM8K
+train questions (a random model earns none, which changes nothing about the speed). MFU counts
 6 x params x tokens per update (forward 2, backward 4) against the GPU's dense bf16 peak
 (`--peak-tflops`, 989 for H100/H200 SXM).
+
+`bash scripts/gpu_check.sh` runs both on every GPU it finds.
 """
 
 from __future__ import annotations
@@ -24,8 +33,88 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_RUN = ["grpo.steps=4", "grpo.save_every=1", "grpo.questions_per_step={n}",
+             "grpo.group_size=4", "grpo.max_new_tokens=16", "deepspeed.micro_batch_size=4",
+             "eval.max_new_tokens=16", "eval.k=2", "eval.batch_size=8", "data.eval_questions=4",
+             "label.questions=3", "label.samples_per_question=2", "label.num_completions=2",
+             "label.max_new_tokens=16", "rm.batch_size={n}", "rm.bon_questions=2",
+             "rm.bon_samples=2", "iterate.iterations=1", "run.wandb_mode=disabled"]
+
+
+def iterate_check(args) -> dict:
+    """The config's GPU path on a stand-in: run, SIGKILL in GRPO, resume; what it measured."""
+    import json as json_
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    from configs import load_config
+    from runtime.tiny_model import STAND_INS, build_stand_in
+    from runtime.tracking import read_metrics
+
+    work = Path(tempfile.mkdtemp(prefix="igrpo-gpu-iterate-"))
+    stand_in = build_stand_in(work / "model", STAND_INS[args.config], chat=True, hidden=128)
+    overrides = [o.format(n=2 * args.nproc) for o in SMALL_RUN] + [
+        f"run.root={work}", f"model.policy_path={stand_in}", f"rollout.backend={args.backend}"]
+    env = dict(os.environ)
+    if args.cpu:
+        env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+        overrides += ["model.dtype=float32", "deepspeed.bf16=false", "rollout.kv_cache_gb=1",
+                      "run.threads=1"]
+
+    def launch():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        log = open(work / "log.txt", "a")
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
+             "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "igrpo", "iterate",
+             "--config", f"configs/{args.config}", *overrides], cwd=ROOT, env=env, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+    run = work / load_config(f"configs/{args.config}").run.name
+    started = time.perf_counter()
+    proc, killed = launch(), None
+    deadline = time.monotonic() + args.timeout
+    metrics = run / "grpo" / "iteration-1" / "metrics.jsonl"
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and any("train/loss" in r for r in read_metrics(metrics)):
+            os.killpg(proc.pid, signal.SIGKILL)  # every rank and the launcher, mid-GRPO
+            proc.wait()
+            killed = max(r["step"] for r in read_metrics(metrics))
+            break
+        time.sleep(0.2)
+    if killed is not None:
+        proc = launch()
+    code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    rows = [r for r in read_metrics(metrics) if "train/loss" in r] if metrics.exists() else []
+    per_rank = {}
+    for key in sorted({k for r in rows for k in r if k.startswith("memory/")}):
+        per_rank[key] = max(r[key] for r in rows if key in r)
+    units = json_.loads((run / "manifest.json").read_text())["units"] \
+        if (run / "manifest.json").exists() else {}
+    return {"config": args.config, "backend": args.backend, "processes": args.nproc,
+            "exit_code": code, "killed_after_step": killed,
+            "finished": bool(units) and all(u["state"] == "done" for u in units.values()),
+            "grpo_steps_logged": [r["step"] for r in rows],
+            "rollout_tokens_per_s": [round(r["rollout/tokens_per_s"], 1) for r in rows],
+            "weight_push_s": [round(r["time/weight_push"], 3) for r in rows
+                              if "time/weight_push" in r],
+            **{k: round(v, 2) for k, v in per_rank.items()},
+            "wall_s": round(time.perf_counter() - started, 1), "log": str(work / "log.txt")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("check", choices=("iterate", "speed"), nargs="?", default="speed")
+    parser.add_argument("--config", default="qwen25_math_1p5b.yaml",
+                        help="iterate: a GPU config of configs/")
+    parser.add_argument("--nproc", type=int, default=1, help="iterate: processes (GPUs)")
+    parser.add_argument("--cpu", action="store_true", help="iterate: gloo processes on the CPU")
+    parser.add_argument("--timeout", type=float, default=600.0, help="iterate: seconds")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--group", type=int, default=16)
@@ -36,6 +125,9 @@ def main() -> None:
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
                         help="rollout.backend: transformers generate or a colocated vLLM engine")
     args = parser.parse_args()
+    if args.check == "iterate":
+        print(json.dumps(iterate_check(args), indent=2))
+        return
     import torch
 
     from configs import load_config

@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# GPU checks, ready to run on one GPU (about 12 minutes): the gpu-marked tests (one iterate unit of
-# tiny random models on CUDA, every model of the loop on the GPU), then a few GRPO steps of a
-# ~0.4B random-init model in bf16 printing tokens/s, peak memory and MFU.
-set -euo pipefail
+# GPU checks on every GPU this machine has (about 12 minutes on one H100/H200 with vLLM
+# installed): the gpu-marked tests; each GPU config's path (tiny stand-in model, one GRPO
+# iteration killed mid-way and resumed) with the hf and the vLLM backend on all GPUs, printing
+# tokens/s, weight-push seconds and peak memory per GPU; then a ~0.4B model's GRPO step speed.
+# `bash scripts/gpu_check.sh --cpu` runs the iterate checks on 2 gloo processes instead (smoke).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-timeout 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py
-# The same GRPO steps with each rollout backend (vLLM needs `pip install -e '.[vllm]'`).
-timeout 300 "$PY" scripts/gpu_check.py --backend hf "$@"
-if "$PY" -c "import vllm" 2>/dev/null; then
-  timeout 300 "$PY" scripts/gpu_check.py --backend vllm "$@"
+export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+if [ "${1:-}" = "--cpu" ]; then
+  NGPU=2; CPU=--cpu; SPEED=--small
 else
-  echo "vllm is not installed: the vllm backend's check is skipped"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || exit 1
+  NGPU=$(nvidia-smi -L | wc -l); CPU=; SPEED=
+  timeout 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py
 fi
+BACKENDS="hf"
+if "$PY" -c "import vllm" 2>/dev/null; then BACKENDS="hf vllm"; else
+  echo "vllm is not installed (pip install -e '.[vllm]'): only the hf backend is checked"; fi
+for config in qwen25_math_1p5b.yaml deepseekmath_7b.yaml; do
+  for backend in $BACKENDS; do
+    timeout 420 "$PY" scripts/gpu_check.py iterate --config "$config" --backend "$backend" \
+      --nproc "$NGPU" --timeout 400 $CPU
+  done
+done
+for backend in $BACKENDS; do
+  timeout 300 "$PY" scripts/gpu_check.py speed --backend "$backend" $SPEED
+done

@@ -7,6 +7,7 @@ tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on th
     torchrun --nproc_per_node 2 tests/dist_check.py world OUT
     torchrun --nproc_per_node 2 tests/dist_check.py metrics OUT
     torchrun --nproc_per_node 2 tests/dist_check.py shards OUT
+    torchrun --nproc_per_node 2 tests/dist_check.py vllm OUT      (in the vLLM venv)
 
 Rollouts are greedy (grpo.temperature=0), so they do not depend on how questions are spread over
 ranks; the process reward cuts every completion into 3-token steps and scores each step from its
@@ -172,6 +173,39 @@ def nonfinite_on_the_last_rank(cfg) -> str:
     return f"rank {rank}: went on"
 
 
+def vllm_ranks() -> dict:
+    """Each rank's colocated vLLM engine (run in the vLLM venv): how it was launched, its seed,
+    the same prompt sampled on every rank, and greedy completions after this rank pushed
+    weights of its own (rank 1: noise added to the warm start's output layer)."""
+    from configs import load_config
+    from configs.loader import BUNDLED
+    from policy.rollout import generate_groups
+    from policy.vllm_engine import engine_for, launch_settings
+    from runtime.engine import gather_objects, world
+    from runtime.models import load_causal_lm, load_tokenizer
+
+    rank, _ = world()
+    warm = BUNDLED / "tiny_warm_start"
+    cfg = load_config("configs/tiny.yaml", ["rollout.backend=vllm", "rollout.kv_cache_gb=1"])
+    engine = engine_for(cfg, warm)
+    tokenizer = load_tokenizer(warm)
+    prompt = ["12+34*5-6=?\n"]
+    sampled = generate_groups(engine, tokenizer, prompt, 8, max_new_tokens=40).texts
+    model = load_causal_lm(warm)
+    with torch.no_grad():  # this rank's own weights: rank 1 adds noise to the output layer
+        noise = torch.randn(model.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+        model.lm_head.weight.add_(0.5 * rank * noise)
+    engine.push(model)
+    greedy = generate_groups(engine, tokenizer, prompt * 4, 1, max_new_tokens=40,
+                             greedy=True).texts
+    local = generate_groups(model, tokenizer, prompt * 4, 1, max_new_tokens=40,
+                            greedy=True).texts
+    return {"launch": gather_objects(launch_settings()),
+            "seed": gather_objects(engine.made_for[1]["seed"]),
+            "sampled": gather_objects(sampled), "greedy": gather_objects(greedy),
+            "transformers_greedy": gather_objects(local)}
+
+
 def main() -> None:
     kind, out = sys.argv[1], Path(sys.argv[2])
     from configs import load_config
@@ -187,6 +221,12 @@ def main() -> None:
     if kind == "metrics":
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(step_metrics()))
+        return
+    if kind == "vllm":
+        out.mkdir(parents=True, exist_ok=True)
+        result = vllm_ranks()
+        if is_main():
+            (out / "vllm.json").write_text(json.dumps(result))
         return
     if kind == "shards":
         out.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,10 @@ from configs import load_config
 from configs.memory import KNOWN, plan, verdict
 
 
-def test_seven_b_plan_by_hand(capsys, tmp_path):
-    cfg = load_config("configs/deepseekmath_7b.yaml")
+def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
+    """The 7B recipe sampled by our decoding loop (`rollout.backend=hf`) instead of vLLM."""
+    cfg = load_config("configs/deepseekmath_7b.yaml", ["rollout.backend=hf",
+                                                       "grpo.rollout_questions=1"])
     rows, numbers = plan(cfg, gpus=8, nodes=1, prompt_tokens=256)
     arch = KNOWN["deepseek-ai/deepseek-math-7b-instruct"]
     # DeepSeek LLM 7B: 30 layers of 4096 wide, 102,400-token vocabulary, untied head: 6.91B.
@@ -32,15 +34,53 @@ def test_seven_b_plan_by_hand(capsys, tmp_path):
     weights = by_item["policy model states"] + by_item["reference model"] + by_item["PRM (scoring)"]
     assert numbers["peak"] == weights + by_item["rollout: gathered policy"] \
         + by_item["rollout: KV cache"]
-    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "--gpus", "8",
-                       "--nodes", "1", f"run.root={tmp_path}", "--gpu-gb", "80", "141"]) == 0
+    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "rollout.backend=hf",
+                       "grpo.rollout_questions=1", "--gpus", "8", "--nodes", "1",
+                       f"run.root={tmp_path}", "--gpu-gb", "80", "141"]) == 0
     out = capsys.readouterr().out
     assert "80 GB GPU" in out and "141 GB GPU (90% usable): fits" in out
     assert not list(tmp_path.iterdir())  # planning runs nothing and writes nothing
 
 
+def test_seven_b_recipe_fits_eight_80_gb_gpus_on_vllm(capsys):
+    """The recipe as shipped (vLLM, ZeRO-3, rollout.memory_fraction 0.4, asleep during the
+    update), by hand: on an 80 GB GPU (the plan counts GB as GiB, 90% usable), vLLM's pool is
+    0.4 x 80 = 32 GiB, its KV cache what its 12.87 GiB of bf16 weights leave; the rollout's peak
+    is the training side's weights plus the pool, the update's the same weights plus the
+    activations (the pool gone)."""
+    from configs.memory import vllm_phases
+
+    cfg = load_config("configs/deepseekmath_7b.yaml")
+    rows, numbers = plan(cfg, gpus=8, nodes=1, prompt_tokens=512)
+    by_item = {r.item: r.gpu_bytes for r in rows}
+    params, gib = KNOWN["deepseek-ai/deepseek-math-7b-instruct"].params, 1024 ** 3
+    assert "rollout: KV cache" not in by_item  # the decoding loop's term is not counted
+    assert by_item["rollout: vLLM weights"] == 2 * params
+    assert by_item["rollout: gathered policy"] == 2 * params
+    weights = by_item["policy model states"] + by_item["reference model"] + by_item["PRM (scoring)"]
+    v = vllm_phases(numbers, 80)
+    assert v["pool"] == 0.4 * 80 * gib
+    assert v["kv"] == 0.4 * 80 * gib - 2 * params
+    per_sequence = (512 + 1024) * 30 * 2 * 32 * 128 * 2  # tokens x layers x K,V x heads x dim
+    assert v["sequences"] == int(v["kv"] // per_sequence) == 27
+    assert v["rollout"] == weights + max(2 * params + 2 * params, 0.4 * 80 * gib)
+    assert v["update"] == weights + by_item["update: activations"]
+    assert v["peak"] <= 0.9 * 80 * gib < v["peak"] + 0.4 * 80 * gib  # sleeping is what fits it
+    assert verdict(numbers, 80).startswith("fits") and verdict(numbers, 141).startswith("fits")
+    awake = plan(load_config("configs/deepseekmath_7b.yaml", ["rollout.sleep=false"]), 8, 1,
+                 512)[1]
+    assert vllm_phases(awake, 80)["update"] == v["update"] + v["pool"]
+    tight = plan(load_config("configs/deepseekmath_7b.yaml", ["rollout.memory_fraction=0.16"]),
+                 8, 1, 512)[1]
+    assert verdict(tight, 80).startswith("does NOT fit: vLLM's KV cache")  # 12.8 < 12.87 GiB
+    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "--gpus", "8",
+                       "--gpu-gb", "80"]) == 0
+    assert "80 GB GPU (90% usable): fits" in capsys.readouterr().out
+
+
 def test_two_nodes_halve_the_partitioned_states():
-    cfg = load_config("configs/deepseekmath_7b.yaml", ["grpo.rollout_questions=0"])
+    cfg = load_config("configs/deepseekmath_7b.yaml", ["grpo.rollout_questions=0",
+                                                       "rollout.backend=hf"])
     one = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 1)[0])
     two = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 2)[0])
     assert two["rollout: KV cache"] == one["rollout: KV cache"] / 2
@@ -54,9 +94,16 @@ def test_one_gpu_plan_for_the_qwen_config(capsys):
     assert numbers["params"] == KNOWN["Qwen/Qwen2.5-Math-1.5B-Instruct"].params
     assert 1.5e9 < numbers["params"] < 1.6e9
     by_item = {r.item: r.gpu_bytes for r in rows}
-    # 4 questions on one GPU, 2 per generate call: 128 sequences of 512 + 1,024 tokens.
-    assert by_item["rollout: KV cache"] == 128 * 1536 * 28 * 2 * 2 * 128 * 2
-    assert verdict(numbers, 80) == "fits"
+    assert by_item["rollout: vLLM weights"] == 2 * numbers["params"]
+    assert by_item["rollout: gathered policy"] == 0  # ZeRO-1: nothing partitioned
+    # vLLM's pool 0.3 x 80 GiB less its weights; a sequence: 512 + 1,024 tokens of 28 layers of
+    # K and V, 2 KV heads of 128 in bf16. A question's 64 samples fit at once.
+    from configs.memory import vllm_phases
+
+    v = vllm_phases(numbers, 80)
+    assert v["sequences"] == int((0.3 * 80 * 1024 ** 3 - 2 * numbers["params"])
+                                 // (1536 * 28 * 2 * 2 * 128 * 2)) >= 64
+    assert verdict(numbers, 80).startswith("fits")
     assert igrpo.main(["plan", "--config", "configs/qwen25_math_1p5b.yaml", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
     assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "80 GB GPU (90% usable): fits" in out

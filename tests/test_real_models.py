@@ -14,28 +14,18 @@ from reward_model.encoding import (TagTokenError, check_tag_tokens, encode, ensu
                                    tag_tokens)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import PromptFormat, encode_prompts
-from runtime.tiny_model import GPT2_TOKENIZER, build_model, build_tokenizer
+from runtime.tiny_model import (GPT2_TOKENIZER, STAND_IN_CHAT, STAND_INS, build_model,
+                                build_stand_in, build_tokenizer)
 from small_config import ITERATE, SMALL
 
 TAG = "ки"
-# A DeepSeek-style chat template (BOS, "User: ...", "Assistant:"), for a tokenizer that has none.
-CHAT = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}"
-        "\n\n{% endif %}{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
-
-
 def gpt2():
     return load_tokenizer(GPT2_TOKENIZER)
 
 
 def tiny_random(out, architecture: str, chat: bool = False):
     """A 2-layer random model of `architecture` over the GPT-2 tokenizer, saved in `out`."""
-    tokenizer = gpt2()
-    if chat:
-        tokenizer.chat_template = CHAT
-    model = build_model(tokenizer, 32, 2, 2, 64, 2048, seed=0, architecture=architecture)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return build_stand_in(out, architecture, chat)
 
 
 def test_shipped_gpt2_tokenizer_is_gpt2s_bpe():
@@ -81,7 +71,7 @@ def test_prompts_get_one_bos_as_the_tokenizer_adds_it():
     bos = tok.eos_token_id  # GPT-2's only special token serves as BOS here
     tok.backend_tokenizer.post_processor = TemplateProcessing(
         single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
-    tok.chat_template = CHAT
+    tok.chat_template = STAND_IN_CHAT
     plain, chat = PromptFormat("{question}\n"), PromptFormat("boxed {question}", chat=True)
     ids = encode_prompts(tok, [plain.prompt(tok, "1+1?"), chat.prompt(tok, "1+1?")])
     assert [row.count(bos) for row in ids] == [1, 1] and all(row[0] == bos for row in ids)
@@ -93,7 +83,7 @@ def test_prompts_get_one_bos_as_the_tokenizer_adds_it():
 # One unit of every stage (SFT where the config has it, label, ORM and PRM training, evaluation,
 # GRPO) for each shipped config with its model swapped for a tiny random one of the same
 # architecture over the GPT-2 tokenizer; tiny.yaml runs a third family on GSM8K.
-SHIPPED_ARCHITECTURES = {"deepseekmath_7b.yaml": "llama", "qwen25_math_1p5b.yaml": "qwen2"}
+SHIPPED_ARCHITECTURES = STAND_INS
 FEW = ["grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=16",
        "grpo.rollout_questions=1", "deepspeed.micro_batch_size=4", "eval.max_new_tokens=16",
        "eval.k=2", "eval.batch_size=8", "data.eval_questions=4", "label.questions=3",

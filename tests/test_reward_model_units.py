@@ -254,3 +254,43 @@ def build_model_small(tok):
     from runtime.tiny_model import build_model
 
     return build_model(tok, 32, 2, 2, 64, 64, seed=0)
+
+
+@pytest.mark.parametrize("architecture", ["tiny", "qwen2", "llama"])
+def test_two_row_read_out_equals_the_full_logits(architecture):
+    """The tag margin read through the output layer's `+` and `-` rows (`tag_margins`) equals
+    the one read from [B, L, V] logits, 1e-5, and so do its gradients: on the tiny model and on
+    random Qwen2 (tied head) and Llama (untied head) models over GPT-2's byte-level BPE."""
+    from reward_model.encoding import ensure_tag_token
+    from reward_model.score import tag_margins
+    from runtime.models import load_tokenizer
+    from runtime.tiny_model import GPT2_TOKENIZER, build_model
+
+    if architecture == "tiny":
+        tokenizer = build_tokenizer((STEP_TAG,))
+        model = build_model(tokenizer, 32, 2, 2, 64, 256, seed=0)
+    else:
+        tokenizer = load_tokenizer(GPT2_TOKENIZER)
+        model = build_model(tokenizer, 32, 2, 2, 64, 512, seed=0, architecture=architecture)
+        ensure_tag_token(tokenizer, model, STEP_TAG, add=True)
+        if architecture == "llama":  # an untied output layer, as DeepSeek's 7B has
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone()
+                                                      + 0.01)
+            model.config.tie_word_embeddings = False
+    tags = tag_tokens(tokenizer, STEP_TAG)
+    examples = [StepExample("3+4*2?", ("4*2=8", "3+8=11", "The answer is 11"), (1.0, 1.0, 1.0)),
+                StepExample("9-5?", ("9-5=3", "The answer is 3"), (0.0, 0.0))]
+    batch = encode(tokenizer, examples, tags, STEP_TAG, 128)
+    full = tag_logit_margin(model(input_ids=batch.input_ids,
+                                  attention_mask=batch.attention_mask).logits,
+                            tags.plus_id, tags.minus_id)
+    full.sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    read = tag_margins(model, batch.input_ids, batch.attention_mask, tags)
+    read.sum().backward()
+    torch.testing.assert_close(read, full, rtol=1e-5, atol=1e-5)
+    for name, grad in want.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-5,
+                                   atol=1e-5, msg=name)
+    assert model(input_ids=batch.input_ids).logits.shape[-1] == len(tokenizer)  # head restored

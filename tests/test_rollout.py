@@ -3,11 +3,16 @@
 import pytest
 import torch
 
+from configs import load_config
 from configs.schema import TinyModelConfig
 from policy.logprobs import completion_logprobs, selective_log_softmax
 from policy.rollout import concat_rollouts, generate_groups
 from runtime.tiny_model import build_tiny
+from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+
+from end_tokens import expected_stops, two_end_tokens
 
 PROMPTS = ["Start with 7. Add 3.\n", "Start with 12. Multiply by 2. Subtract 4.\n"]
 
@@ -338,3 +343,34 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkey
         assert (a - b).abs().max() <= tolerance * max(b.abs().max(), 1.0)
     assert sum(float(g.abs().sum()) for g in out[True][3]) > 0
     assert model.config._attn_implementation != lp_module._PACKED  # restored
+
+
+def test_every_end_token_of_the_generation_config_stops_and_masks(tmp_path):
+    """A tokenizer whose model's generation config lists two end tokens: the decoding loop
+    stops each row at the first of either (or EOS), masks everything after it, marks the row
+    not truncated, and appends nothing it did not sample. Without them, rows run on."""
+    from configs.loader import BUNDLED
+    from runtime.models import end_token_ids
+
+    folder, ends = two_end_tokens(tmp_path)
+    tokenizer = load_tokenizer(folder)
+    assert end_token_ids(tokenizer) == ends
+    assert end_token_ids(load_tokenizer(BUNDLED / "tiny_warm_start")) == ends[:1]
+    cfg = load_config("configs/tiny.yaml", [])
+    prompts = prompt_format(cfg.data).prompts(tokenizer, load_splits(cfg.data, 0).eval[:6])
+    model = load_causal_lm(folder).eval()
+    free = generate_groups(model, load_tokenizer(BUNDLED / "tiny_warm_start"), prompts, 1,
+                           max_new_tokens=40, greedy=True)
+    stopped = generate_groups(model, tokenizer, prompts, 1, max_new_tokens=40, greedy=True)
+    reference = [row[m.bool()].tolist() for row, m in zip(free.completion_ids,
+                                                           free.completion_mask)]
+    wanted = expected_stops(reference, ends)
+    got = [row[m.bool()].tolist() for row, m in zip(stopped.completion_ids,
+                                                    stopped.completion_mask)]
+    assert got == wanted
+    assert sum(len(w) < len(r) for w, r in zip(wanted, reference)) >= 4  # rows really cut
+    # a row ends at an end token, or runs out of tokens (truncated)
+    assert [row[-1] not in ends for row in got] == stopped.truncated.tolist()
+    assert all(len(row) == 40 for row, cut in zip(got, stopped.truncated) if cut)
+    assert (stopped.completion_ids[~stopped.completion_mask.bool()]
+            == tokenizer.pad_token_id).all()

@@ -168,3 +168,49 @@ def test_iterate_on_vllm_samples_every_stage_on_one_engine(setting, tmp_path, mo
                                                           "deepspeed.bf16=true"]),
                    cfg.model.policy_path)
     assert made == []
+
+
+def test_every_end_token_stops_vllm_and_none_is_appended(setting, tmp_path):
+    """The generation config's end tokens ('7' and '3' beside EOS) stop the engine's samples
+    too: each greedy row is the unconstrained one cut just after its first end token, masked
+    after it, and the engine never appends an end token it did not sample."""
+    from configs.loader import BUNDLED
+    from policy.vllm_engine import engine_for
+
+    from end_tokens import expected_stops, two_end_tokens
+
+    cfg, _ = setting
+    folder, ends = two_end_tokens(tmp_path)
+    plain = load_tokenizer(BUNDLED / "tiny_warm_start")
+    engine = engine_for(cfg, folder)  # the process's engine, loaded with the copy's weights
+    prompts = prompt_format(cfg.data).prompts(plain, load_splits(cfg.data, 0).eval[:6])
+    free = generate_groups(engine, plain, prompts, 1, max_new_tokens=40, greedy=True)
+    stopped = generate_groups(engine, load_tokenizer(folder), prompts, 1, max_new_tokens=40,
+                              greedy=True)
+    reference = [row[m.bool()].tolist() for row, m in zip(free.completion_ids,
+                                                           free.completion_mask)]
+    got = [row[m.bool()].tolist() for row, m in zip(stopped.completion_ids,
+                                                    stopped.completion_mask)]
+    wanted = expected_stops(reference, ends)
+    assert got == wanted
+    assert sum(len(w) < len(r) for w, r in zip(wanted, reference)) >= 4
+    assert [row[-1] not in ends for row in got] == stopped.truncated.tolist()
+
+
+def test_two_ranks_each_hold_their_own_engine(tmp_path):
+    """On 2 processes each rank's engine joins through vLLM's `external_launcher` executor (on a
+    GPU: its own device, cuda:LOCAL_RANK, not cuda:0), with a seed of its own, so the same
+    prompt draws different samples on the two ranks; and each engine holds the weights its own
+    rank pushed (noise in rank 1's output layer changes rank 1's greedy text alone), equal to what
+    transformers greedily decodes with them."""
+    import json
+
+    from launch import torchrun
+
+    torchrun(2, "tests/dist_check.py", "vllm", tmp_path, timeout=600)
+    got = json.loads((tmp_path / "vllm.json").read_text())
+    assert got["launch"] == [{"distributed_executor_backend": "external_launcher"}] * 2
+    assert got["seed"][0] != got["seed"][1]
+    assert got["sampled"][0] != got["sampled"][1]
+    assert got["greedy"] == got["transformers_greedy"]
+    assert got["greedy"][0] != got["greedy"][1]

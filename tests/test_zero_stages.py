@@ -98,7 +98,8 @@ def iterate_runs(tmp_path_factory):
 
 def _flat(value, key=""):
     if isinstance(value, dict):
-        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}/{name}").items()}
+        return {k: v for name, item in value.items()
+                for k, v in _flat(item, f"{key}/{name}").items()}
     if isinstance(value, list):
         return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{key}[{i}]").items()}
     return {key: value}
@@ -192,7 +193,8 @@ def test_generation_and_scoring_phases_are_spread_over_the_ranks(tmp_path):
     assert one["eval"]["eval/greedy_accuracy"] > 0.5 and one["eval"]["eval/mean_at_k"] > 0.3
     for key in ("eval", "solutions", "labels", "rm", "bon"):
         assert two[key] == one[key], key
-    assert (tmp_path / "p1" / "eval.json").read_text() == (tmp_path / "p2" / "eval.json").read_text()
+    outcomes = [(tmp_path / f"p{n}" / "eval.json").read_text() for n in (1, 2)]
+    assert outcomes[0] == outcomes[1]
     (alone,), (first, second) = one["prompts_by_rank"], two["prompts_by_rank"]
     assert sorted(first + second) == sorted(alone)
     assert 0.3 < len(first) / len(alone) < 0.7

@@ -30,7 +30,7 @@ from dist_check import GRPO, RM, ChunkStepReward  # noqa: E402
 STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1", "data.val_questions=4",
             "eval.max_new_tokens=6", "deepspeed.micro_batch_size=4"],
-    "rm": ["rm.epochs=2", "rm.save_every=1"],
+    "rm": ["rm.epochs=2", "rm.save_every=1", "rm.lm_weight=0"],  # tag rows alone, as on GPUs
     "grpo": ["grpo.steps=2", "grpo.save_every=1", "grpo.mu=1", "grpo.temperature=1.0",
              "grpo.rollout_questions=1"],
     "ppo": ["grpo.steps=2", "grpo.save_every=1", "grpo.mu=1", "ppo.critic_lr=1e-3"],

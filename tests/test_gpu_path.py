@@ -1,0 +1,126 @@
+"""The GPU path, shown on the CPU: every tensor of a step on the training engine's device
+whichever backend sampled it, collectives on the process group's device, and the per-rank GPU
+set before any collective. What only a GPU can show is in scripts/gpu_check.sh."""
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from configs import load_config
+from policy.grpo import Sampler, rollout_step, score_step
+from policy.rewards import Scores
+from policy.rollout import generate_groups
+from runtime import engine as engine_module
+from runtime.data import load_splits
+from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import prompt_format
+
+META = torch.device("meta")
+
+
+class _VLLMLike:
+    """A sampler with its own `generate_groups` that returns CPU tensors, as the vLLM engine
+    does (its rows from the hf loop: what matters is where they land)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def sync(self, module, version):
+        return self
+
+    def generate_groups(self, tokenizer, prompts, group_size, **kwargs):
+        rollout = generate_groups(self.model, tokenizer, prompts, group_size, **kwargs)
+        return replace(rollout, sampler_logprobs=torch.zeros(rollout.completion_ids.shape))
+
+
+def _sampler(engine, vllm) -> Sampler:
+    sampler = Sampler.__new__(Sampler)
+    sampler.engine, sampler.trainer, sampler.vllm = engine, SimpleNamespace(step=0), vllm
+    return sampler
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_a_rollout_and_what_the_step_builds_from_it_are_on_the_engines_device(warm_start,
+                                                                               backend):
+    """The training engine reports the meta device here (on a GPU: cuda:LOCAL_RANK): the rollout
+    of either backend comes out on it (vLLM's is built on the CPU)."""
+    cfg = load_config("configs/tiny.yaml", ["grpo.group_size=2", "grpo.max_new_tokens=8",
+                                            "grpo.supervision=outcome"])
+    model = load_causal_lm(warm_start).eval()
+    tokenizer = load_tokenizer(warm_start)
+    engine = SimpleNamespace(device=META, module=model, zero_optimization_stage=lambda: 0)
+    sampler = _sampler(engine, None if backend == "hf" else _VLLMLike(model))
+    records = load_splits(cfg.data, 0).eval[:2]
+    rollout = rollout_step(sampler, tokenizer, prompt_format(cfg.data).prompts(tokenizer, records),
+                           cfg.grpo, (0, 0))
+    tensors = [rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+               rollout.completion_mask, rollout.truncated]
+    if backend == "vllm":
+        tensors.append(rollout.sampler_logprobs)
+    assert all(t.device == META for t in tensors)
+
+
+def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
+    """Every tensor a GRPO step makes (scoring, advantages, the update through a DeepSpeed
+    engine, the metrics) is made on the device of the tensors it came from: with the default
+    device set to `meta`, a tensor made without a device would be meta, and mixing it with the
+    CPU rollout, or reading its value, fails. (Only the reward callable, which builds its
+    scores from Python numbers, runs outside: `score_step` moves them.)"""
+    from policy.grpo import advantage_step, log_step, update_step
+    from policy.grpo import policy_engines
+    from runtime.training import Trainer
+    from runtime.tracking import MetricsLogger
+
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", "grpo.group_size=4",
+                                            "grpo.max_new_tokens=12", "grpo.supervision=outcome",
+                                            "deepspeed.micro_batch_size=4", "grpo.mu=2"])
+    g = cfg.grpo
+    tokenizer, plan, engine, reference = policy_engines(cfg, warm_start)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="",
+                           name="")
+    trainer = Trainer(tmp_path / "grpo", engine, logger, 1, desc="grpo")
+    sampler = _sampler(engine, None)
+    records = load_splits(cfg.data, 0).eval[:g.questions_per_step]
+    rollout = rollout_step(sampler, tokenizer, prompt_format(cfg.data).prompts(tokenizer,
+                                                                               records), g, (0, 0))
+    cpu_scores = Scores(rewards=torch.arange(len(rollout.texts)).float() % 3,
+                        correct=torch.arange(len(rollout.texts)) % 2 == 0)
+    with torch.device("meta"):
+        scores, rewards, broken = score_step(lambda r, o: cpu_scores, records, rollout, g)
+        batch = advantage_step(scores, rewards, broken, rollout, g)
+        stats = update_step(trainer, reference, rollout, batch, g, plan, "test", False)
+        metrics = log_step(rollout, scores, rewards, batch, stats, g,
+                           {"rollout": 1.0, "scoring": 1.0, "update": 1.0})
+    assert stats["grad_norm"] > 0 and metrics["train/kl"] >= 0
+    assert metrics["reward/mean"] == pytest.approx(float(cpu_scores.rewards.mean()))
+
+
+def test_collectives_allocate_on_the_process_groups_device(monkeypatch):
+    """Under NCCL (no CPU backend) a collective's tensor is on this rank's GPU, under gloo on
+    the CPU; `global_sum` allocates where `collective_device` says."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert engine_module.collective_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
+    assert engine_module.collective_device() == torch.device("cpu")
+
+    seen = []
+
+    class Reduced(Exception):
+        pass
+
+    def all_reduce(tensor, *args, **kwargs):
+        seen.append(tensor.device)
+        raise Reduced
+
+    monkeypatch.setattr(engine_module, "world", lambda: (0, 2))
+    monkeypatch.setattr(engine_module, "collective_device", lambda: META)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    with pytest.raises(Reduced):
+        engine_module.global_sum(1.0)
+    assert seen == [META]
