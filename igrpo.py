@@ -242,7 +242,7 @@ def warm_start(session: Session, required: bool = True) -> Path:
 
 
 def run_sft(session: Session) -> Path:
-    from policy.sft import train_sft
+    from policy.algorithms.sft import train_sft
     from runtime.data import run_splits
 
     if not session.cfg.sft.enabled:
@@ -259,7 +259,7 @@ def run_sft(session: Session) -> Path:
 
 def run_grpo(session: Session) -> Path:
     from iteration import stages
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
     from runtime.data import run_splits
     from runtime.models import load_tokenizer
 
@@ -272,7 +272,7 @@ def run_grpo(session: Session) -> Path:
     reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.grpo.reward)
     logger = session.logger("grpo")
     try:
-        return train_grpo(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
+        return train_policy(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
                           session.config_yaml)
     finally:
         logger.close()

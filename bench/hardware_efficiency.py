@@ -37,7 +37,7 @@ def matmul_flops(n: int = 2048, repeats: int = 10) -> float:
 
 def main() -> None:
     from configs.schema import DeepSpeedConfig
-    from policy.logprobs import completion_logprobs
+    from policy.generation.logprobs import completion_logprobs
     from runtime.engine import build_engine
     from runtime.tiny_model import build_model, build_tokenizer
 

@@ -5,7 +5,7 @@
 On the shipped tiny warm start (2.6M), 2 threads, medians of `--repeats`:
 - rollout: 8 questions x G = 8 and 64 questions x k = 4 (the evaluation's batch), sampled, up to
   112 tokens: transformers `generate` with the prompt prefilled once (what rollout used),
-  `generate` with a static cache, and `policy.rollout.decode` (preallocated cache read up to its
+  `generate` with a static cache, and `policy.generation.rollout.decode` (preallocated cache read up to its
   filled length, shared prefill, ended rows leaving the batch, a prompt's keys and values read
   once per group), also against itself with the prompt's cache copied to every row;
 - update: forward + backward and a no-gradient forward of a 64-row rollout: the plain padded
@@ -77,7 +77,7 @@ def rollout_rows(model, tok, fmt, splits, repeats: int) -> list[str]:
     """The rollout levers' table rows: GRPO's 8 x G = 8 and the evaluation's 64 x k = 4."""
     import torch
 
-    from policy.rollout import decode
+    from policy.generation.rollout import decode
     from runtime.prompts import encode_prompts
 
     rows = []
@@ -116,9 +116,9 @@ def main() -> None:
     import torch
 
     from configs import load_config
-    from policy import logprobs as lp_module
-    from policy.logprobs import completion_logprobs
-    from policy.rollout import generate_groups
+    from policy.generation import logprobs as lp_module
+    from policy.generation.logprobs import completion_logprobs
+    from policy.generation.rollout import generate_groups
     from runtime.data import load_splits
     from runtime.models import load_causal_lm, load_tokenizer
     from runtime.prompts import prompt_format

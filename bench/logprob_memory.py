@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from policy.logprobs import selective_log_softmax
+from policy.generation.logprobs import selective_log_softmax
 n, t, v, how = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 torch.manual_seed(0)
 logits = (torch.randn(n, t, v) * 3).to(torch.bfloat16)

@@ -35,8 +35,8 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
 
 def measure(name: str, path: str, repeats: int, solutions: int) -> list[str]:
     from configs import load_config
-    from policy.rollout import generate_groups
-    from policy.vllm_engine import engine_for
+    from policy.generation.rollout import generate_groups
+    from policy.generation.vllm import engine_for
     from process_supervision.label import Labeller, Solution
     from runtime.data import load_splits, synthetic_records
     from runtime.models import load_causal_lm, load_tokenizer

@@ -21,7 +21,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
     "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po"),
-    "grpo.algorithm": ("grpo", "offline_rft", "ppo"),
+    "grpo.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo"),
     "ppo.critic_init": ("policy", "reward_model"),
     "grpo.supervision": ("outcome", "process", "rft"),
     "grpo.reward": ("rule", "step_oracle"),
@@ -191,11 +191,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def _check_value_family(cfg, where: str) -> None:
     """What the PPO family cannot combine with (checked before any work starts)."""
     g, p = cfg.grpo, cfg.ppo
-    if g.algorithm != "ppo":
+    if g.algorithm not in ("ppo", "t_ppo"):
         return
     if g.supervision == "rft":
-        raise ConfigError(f"{where}: grpo.algorithm=ppo with grpo.supervision=rft: online RFT "
-                          "has no critic; use outcome or process supervision")
+        raise ConfigError(f"{where}: grpo.algorithm={g.algorithm} with grpo.supervision=rft: "
+                          "online RFT has no critic; use outcome or process supervision")
+    if (p.window_share > 0) != (g.algorithm == "t_ppo"):
+        raise ConfigError(f"{where}: grpo.algorithm={g.algorithm} with ppo.window_share="
+                          f"{p.window_share}: T-PPO (grpo.algorithm=t_ppo) needs a window "
+                          "share above 0, PPO (ppo) generates whole responses (0)")
     if p.window_share > 0 and (g.supervision != "outcome" or cfg.rollout.backend != "hf"):
         raise ConfigError(f"{where}: ppo.window_share={p.window_share} (T-PPO) runs with "
                           "grpo.supervision=outcome and rollout.backend=hf; got "

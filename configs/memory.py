@@ -164,7 +164,7 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     gathered = value_bytes * params if ds.zero_stage == 3 else 0.0
     weight_rows = [
         PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB")]
-    if g.algorithm == "ppo":
+    if g.algorithm in ("ppo", "t_ppo"):
         # The critic: the policy's backbone under a one-output head (no LM head), trained by its
         # own DeepSpeed engine: its model states count like the policy's.
         critic_params = params - (0 if arch.tied else arch.vocab * arch.hidden) + arch.hidden

@@ -192,11 +192,13 @@ class GRPOConfig:
     clip_eps_high: float = 0.2
     """Upper clip range (DAPO's clip-higher raises it, e.g. 0.28)."""
     loss: str = "grpo"
-    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po (see policy/losses.py)."""
+    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po (see policy/math/losses.py)."""
     algorithm: str = "grpo"
-    """grpo (every loss above, online RFT included), offline_rft (DeepSeekMath §5.2.1: sample
-    the starting policy once, keep its right solutions, fine-tune on them) or ppo (a critic and
-    GAE in place of the group baseline, DeepSeekMath §4.1; the `ppo` section)."""
+    """The trainer (policy/algorithms/, `TRAINERS`): grpo (every loss above, online RFT
+    included), offline_rft (DeepSeekMath §5.2.1: sample the starting policy once, keep its
+    right solutions, fine-tune on them), ppo (a critic and GAE in place of the group baseline,
+    DeepSeekMath §4.1; the `ppo` section) or t_ppo (PPO on windows of tokens,
+    `ppo.window_share`)."""
     supervision: str = "outcome"
     """outcome (one reward per sample) or process (one reward per step); rft is the paper's
     online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
@@ -413,9 +415,9 @@ class RolloutConfig:
 
 @dataclass
 class PPOConfig:
-    """The value-based family (grpo.algorithm=ppo; recipes ppo, vc_ppo, vapo): the policy side
-    (loss, clip, lr, mu, beta as the KL penalty in the reward, G samples per question) comes
-    from `grpo`."""
+    """The value-based family (grpo.algorithm=ppo or t_ppo; recipes ppo, vc_ppo, vapo, t_ppo):
+    the policy side (loss, clip, lr, mu, beta as the KL penalty in the reward, G samples per
+    question) comes from `grpo`."""
     critic_init: str = "policy"
     """The critic's backbone: policy (the starting policy) or reward_model (the reward model
     GRPO is rewarded by; its scalar head starts as the reward model's P(+) logit margin)."""
@@ -438,8 +440,9 @@ class PPOConfig:
     """VAPO's positive-example LM loss weight on right samples (VAPO: 0.1); 0 = off."""
     window_share: float = 0.0
     """T-PPO: each step generates a window of this share of `grpo.max_new_tokens` for every
-    sequence in flight, trains on it and carries the unfinished sequences on (policy/tppo.py;
-    T-PPO: 1/8); 0 = whole responses (PPO). Outcome supervision and rollout.backend=hf only."""
+    sequence in flight, trains on it and carries the unfinished sequences on
+    (grpo.algorithm=t_ppo, policy/algorithms/tppo.py; T-PPO: 1/8); 0 with ppo. Outcome
+    supervision and rollout.backend=hf only."""
 
 
 @dataclass

@@ -26,8 +26,8 @@ from iteration.manifest import Manifest
 from iteration.replay import refresh_set, save_iteration
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, write_summary
-from policy.grpo import train_grpo
-from policy.sft import train_sft
+from policy.algorithms import train_policy
+from policy.algorithms.sft import train_sft
 from process_supervision.label import label_statistics
 from reward_model.examples import as_orm, worked_examples
 from reward_model.train import train_reward_model
@@ -97,7 +97,7 @@ class IterationRun:
         tokenizer = load_tokenizer(policy, cfg.model)
         logger = self.make_logger(f"grpo/iteration-{k}")
         try:
-            final = train_grpo(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
+            final = train_policy(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
                                self.splits.rl, self.splits.eval, logger, self.config_yaml,
                                out_name=f"grpo/iteration-{k}", reference_path=policy,
                                evaluate_ends=False)  # eval/{k-1} and eval/k do that

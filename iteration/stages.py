@@ -33,9 +33,9 @@ def load_policy(cfg, path: str | Path):
     """(sampler, tokenizer) of a checkpoint, for the stages that only generate from it
     (labelling, evaluation, best-of-N): the model in eval mode, loaded with the config's model
     options (dtype, attention, trust_remote_code), or with `rollout.backend=vllm` a vLLM engine
-    over it (both go through policy.rollout.generate_groups)."""
+    over it (both go through policy.generation.rollout.generate_groups)."""
     if cfg.rollout.backend == "vllm":
-        from policy.vllm_engine import engine_for
+        from policy.generation.vllm import engine_for
 
         return engine_for(cfg, path), load_tokenizer(path, cfg.model)
     return load_causal_lm(path, cfg.model).eval(), load_tokenizer(path, cfg.model)

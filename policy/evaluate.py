@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from policy.rollout import generate_groups
+from policy.generation.rollout import generate_groups
 from runtime.data import MathRecord
 from runtime.engine import is_main
 from runtime.grading import answers_match, extract_final_answer

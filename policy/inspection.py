@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from policy.rewards import Scores
-from policy.rollout import Rollout
+from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
 from runtime.rundir import atomic_write_text
 from runtime.steps import step_end_token_indices

@@ -9,11 +9,11 @@ The ORM/PRM scorers (reward_model/) and the step oracles (process_supervision/) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from policy.rollout import Rollout
+from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
 from runtime.grading import grade
 
@@ -70,6 +70,16 @@ def concat_scores(parts: list[Scores]) -> Scores:
 class RewardFn(Protocol):
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         """Score the samples of `rollout`; `records[i]` is the question of sample i."""
+
+
+@runtime_checkable
+class ValueSource(Protocol):
+    """A reward that can seed a critic (`ppo.critic_init=reward_model`): the reward models."""
+
+    def value_init(self) -> tuple[torch.nn.Module, torch.Tensor]:
+        """(a backbone, [H] the direction of its final hidden state that is its score's logit):
+        the critic starts as this backbone with that head, valuing every state as the reward
+        model scores it."""
         ...
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from policy.rollout import generate_groups
+from policy.generation.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.data import MathRecord
 from runtime.engine import barrier, broadcast_from_main, world

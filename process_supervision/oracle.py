@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from policy.rewards import Scores, grade_samples
-from policy.rollout import Rollout
+from policy.generation.rollout import Rollout
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.data import MathRecord
 from runtime.synthetic import step_correctness

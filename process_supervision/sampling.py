@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from policy.rollout import generate_groups
+from policy.generation.rollout import generate_groups
 from process_supervision.label import Solution
 from runtime.data import MathRecord
 from runtime.engine import barrier, broadcast_from_main, is_main

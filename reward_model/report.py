@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from policy.rollout import generate_groups
+from policy.generation.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.steps import split_steps
 from reward_model.encoding import orm_example

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from policy.rewards import Scores, grade_samples
-from policy.rollout import Rollout
+from policy.generation.rollout import Rollout
 from process_supervision.formats import StepExample
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from reward_model.encoding import TagTokens, encode, orm_example, tag_tokens
@@ -76,6 +76,12 @@ class TagScorer:
 
         model = load_causal_lm(path, model_cfg).eval()
         return cls(model, load_tokenizer(path, model_cfg), tag, max_length, batch_size)
+
+    def value_init(self) -> tuple[torch.nn.Module, torch.Tensor]:
+        """(the model, [H] lm_head['+'] - lm_head['-']): the hidden-state direction whose dot
+        product is the tag's logit margin (a critic starts from it)."""
+        head = self.model.get_output_embeddings().weight
+        return self.model, head[self.tags.plus_id] - head[self.tags.minus_id]
 
     @torch.no_grad()
     def tag_values(self, examples: list[StepExample], with_surprise: bool
@@ -153,6 +159,10 @@ class PRMReward:
         self.aggregate = STEP_AGGREGATORS[aggregate]
         self.timeout_s = timeout_s
 
+    def value_init(self):
+        """`policy.rewards.ValueSource`: this reward model's backbone and its `+` - `-` rows."""
+        return self.scorer.value_init()
+
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         step_lists = [split_steps(t, self.separator) for t in rollout.texts]
         examples = [StepExample(r.question, tuple(steps), (0.0,) * len(steps))
@@ -177,6 +187,10 @@ class ORMReward:
 
     def __init__(self, scorer: TagScorer, timeout_s: int = 2):
         self.scorer, self.timeout_s = scorer, timeout_s
+
+    def value_init(self):
+        """`policy.rewards.ValueSource`: this reward model's backbone and its `+` - `-` rows."""
+        return self.scorer.value_init()
 
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         examples = [orm_example(r.question, t) for r, t in zip(records, rollout.texts)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from policy.logprobs import selective_log_softmax
+from policy.generation.logprobs import selective_log_softmax
 
 
 def tag_logit_margin(logits: torch.Tensor, plus_id: int, minus_id: int) -> torch.Tensor:

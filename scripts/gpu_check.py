@@ -131,7 +131,7 @@ def main() -> None:
     import torch
 
     from configs import load_config
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.models import accelerator
@@ -163,7 +163,7 @@ def main() -> None:
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(work / "metrics.jsonl", config={}, mode="disabled", project="", name="")
     started = time.perf_counter()
-    train_grpo(cfg, work, work / "model", RuleReward(), splits.rl, splits.eval[:2], logger, "",
+    train_policy(cfg, work, work / "model", RuleReward(), splits.rl, splits.eval[:2], logger, "",
                evaluate_ends=False)
     rows = [r for r in read_metrics(work / "metrics.jsonl") if "time/step" in r][1:] or \
         [r for r in read_metrics(work / "metrics.jsonl") if "time/step" in r]

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
-from policy.rollout import generate_groups  # noqa: E402
+from policy.generation.rollout import generate_groups  # noqa: E402
 from process_supervision.formats import StepExample, write_math_shepherd_jsonl  # noqa: E402
 from runtime import synthetic  # noqa: E402
 from runtime.data import load_splits  # noqa: E402

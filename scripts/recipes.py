@@ -71,7 +71,7 @@ def run_arm(root: Path, arm: str, seed: int, minutes: float, extra: list[str]) -
     import torch
 
     from iteration import stages
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
     from runtime.data import load_splits
     from runtime.models import load_tokenizer
     from runtime.tracking import MetricsLogger
@@ -90,7 +90,7 @@ def run_arm(root: Path, arm: str, seed: int, minutes: float, extra: list[str]) -
                            project="", name=cfg.run.name)
     try:
         reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), "rule")
-        final = train_grpo(cfg, run, start, reward, splits.rl, splits.eval, logger, to_yaml(cfg),
+        final = train_policy(cfg, run, start, reward, splits.rl, splits.eval, logger, to_yaml(cfg),
                            evaluate_ends=False)
     finally:
         logger.close()

@@ -69,10 +69,10 @@ def step_metrics() -> dict:
     questions' rows as GRPO deals them (a contiguous share)."""
     from types import SimpleNamespace
 
-    from policy.grpo import StepBatch, log_step
-    from policy.ppo import Targets, value_metrics
+    from policy.algorithms.grpo import StepBatch, log_step
+    from policy.critic import Targets, value_metrics
     from policy.rewards import Scores
-    from policy.rollout import Rollout
+    from policy.generation.rollout import Rollout
     from runtime.engine import world
 
     rank, size = world()
@@ -114,7 +114,7 @@ def sharded_phases(out: Path) -> dict:
     model's step metrics. Returns what each computed, and the questions and prefixes each rank
     generated for (every rank's lists gathered)."""
     from configs.loader import BUNDLED
-    from policy import rollout
+    from policy.generation import rollout
     from policy.evaluate import evaluate_policy
     from process_supervision import label, sampling
     from process_supervision.label import Labeller, label_in_shards
@@ -179,8 +179,8 @@ def vllm_ranks() -> dict:
     weights of its own (rank 1: noise added to the warm start's output layer)."""
     from configs import load_config
     from configs.loader import BUNDLED
-    from policy.rollout import generate_groups
-    from policy.vllm_engine import engine_for, launch_settings
+    from policy.generation.rollout import generate_groups
+    from policy.generation.vllm import engine_for, launch_settings
     from runtime.engine import gather_objects, world
     from runtime.models import load_causal_lm, load_tokenizer
 
@@ -241,15 +241,15 @@ def main() -> None:
                            name="", enabled=is_main())
     torch.manual_seed(0)
     if kind == "ppo":  # PPO with its critic, process rewards at the steps' last tokens
-        from policy.grpo import train_grpo
+        from policy.algorithms import train_policy
         from runtime.data import load_splits
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "ppo.critic_lr=1e-3"],
                           recipe="ppo")
         splits = load_splits(cfg.data, 0)
-        train_grpo(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+        train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
     elif kind == "grpo":
-        from policy import grpo as grpo_module
+        from policy.algorithms import grpo as grpo_module
         from runtime.data import load_splits
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides])

@@ -32,7 +32,7 @@ ZYGOTE = r"""
 import json, os, socket, sys
 sys.path.insert(0, sys.argv[1])
 import igrpo, torch, deepspeed, transformers  # noqa: F401  (imported once, before any fork)
-import policy.grpo, iteration.loop, reward_model.train, process_supervision.label  # noqa: F401
+import policy.algorithms, iteration.loop, reward_model.train, process_supervision.label  # noqa: F401
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)

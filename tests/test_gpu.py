@@ -26,7 +26,8 @@ def test_iterate_unit_on_cuda(tmp_path, monkeypatch, config):
         return model
 
     monkeypatch.setattr(runtime.models, "load_causal_lm", recording)
-    for module in ("policy.grpo", "policy.sft", "iteration.loop", "reward_model.train"):
+    for module in ("policy.kit", "policy.critic", "policy.algorithms.sft",
+                   "policy.algorithms.offline_rft", "iteration.loop", "reward_model.train"):
         monkeypatch.setattr(f"{module}.load_causal_lm", recording)
     arch = {"qwen25_math_1p5b.yaml": "qwen2", "deepseekmath_7b.yaml": "llama"}[config]
     stand_in = tiny_random(tmp_path / "model", arch, chat=True)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from configs import load_config
-from policy.grpo import Sampler, rollout_step, score_step
+from policy.kit import Sampler, rollout_step, score_step
 from policy.rewards import Scores
-from policy.rollout import generate_groups
+from policy.generation.rollout import generate_groups
 from runtime import engine as engine_module
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
@@ -68,8 +68,8 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     device set to `meta`, a tensor made without a device would be meta, and mixing it with the
     CPU rollout, or reading its value, fails. (Only the reward callable, which builds its
     scores from Python numbers, runs outside: `score_step` moves them.)"""
-    from policy.grpo import advantage_step, log_step, update_step
-    from policy.grpo import policy_engines
+    from policy.algorithms.grpo import advantage_step, log_step, update_step
+    from policy.kit import policy_engines
     from runtime.training import Trainer
     from runtime.tracking import MetricsLogger
 

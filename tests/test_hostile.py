@@ -7,7 +7,7 @@ import torch
 
 from hostile_corpus import INJECTIONS, hostile_outputs
 from policy.rewards import RuleReward
-from policy.rollout import Rollout
+from policy.generation.rollout import Rollout
 from process_supervision.oracle import StepOracleReward
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer, grade, too_costly

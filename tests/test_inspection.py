@@ -10,12 +10,12 @@ import torch
 from datasets import load_dataset
 
 from configs import load_config
-from policy import grpo as grpo_module
+from policy.algorithms import grpo as grpo_module
 from policy import inspection
-from policy.advantages import normalised_step_rewards
+from policy.math.advantages import normalised_step_rewards
 from policy.rewards import Scores, grade_samples
-from policy.rollout import Rollout
-from policy.grpo import train_grpo
+from policy.generation.rollout import Rollout
+from policy.algorithms import train_policy
 from runtime.data import MathRecord, load_splits
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.tiny_model import build_tiny
@@ -76,7 +76,7 @@ def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch
     torch.manual_seed(0)  # the rollout samples from the global RNG: fix it for this test
     logger = MetricsLogger(tmp_path / "grpo" / "metrics.jsonl", config={"grpo": {"x": 1}},
                            mode="offline", project="igrpo-test", name="inspect")
-    train_grpo(cfg, tmp_path, base, _VariedStepReward(tokenizer), splits.rl, splits.eval[:2],
+    train_policy(cfg, tmp_path, base, _VariedStepReward(tokenizer), splits.rl, splits.eval[:2],
                logger, "")
     logger.close()
     assert len(captured) == 2  # one micro-batch, mu = 1, two steps

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from policy.advantages import (outcome_advantages, process_advantages,
-                               rejection_sampling_advantages)
-from policy.logprobs import selective_log_softmax
-from policy.advantages import informative_groups
-from policy.losses import POLICY_LOSSES, k3_kl, overlong_penalty
+from policy.math.advantages import (outcome_advantages, process_advantages,
+                                    rejection_sampling_advantages)
+from policy.generation.logprobs import selective_log_softmax
+from policy.math.advantages import informative_groups
+from policy.math.losses import POLICY_LOSSES, k3_kl, overlong_penalty
 
 # The seed's worked example (003_69686f70371876c1.txt): G = 4, eps = 0.2, per-token old/new probs.
 OLD = [
@@ -258,7 +258,7 @@ def test_majority_vote():
 
 
 def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
-    from policy.grpo import shuffled_rewards
+    from policy.kit import shuffled_rewards
     from policy.rewards import Scores
 
     torch.manual_seed(0)

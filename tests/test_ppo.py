@@ -1,4 +1,4 @@
-"""PPO, VC-PPO and VAPO (policy/ppo.py) end to end on a small model: every recipe runs, both
+"""PPO, VC-PPO and VAPO (policy/algorithms/ppo.py) end to end on a small model: every recipe runs, both
 engines learn and are exported, value pretraining runs first, and a crash resumes bitwise."""
 
 import json
@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from configs import load_config
-from policy.grpo import train_grpo
+from policy.algorithms import train_policy
 from policy.rewards import Scores
 from runtime.data import load_splits
 from runtime.models import load_causal_lm
@@ -40,7 +40,7 @@ def _run(tmp_path, recipe: str, *extra: str, reward=None):
     if not (base / "config.json").exists():
         build_tiny(base, cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    final = train_grpo(cfg, tmp_path, base, reward or _Reward(), splits.rl, splits.eval[:2],
+    final = train_policy(cfg, tmp_path, base, reward or _Reward(), splits.rl, splits.eval[:2],
                        logger, "", evaluate_ends=False)
     return base, final
 
@@ -102,7 +102,7 @@ def test_ppo_resumes_bitwise_after_a_crash(tmp_path):
 def test_critic_from_the_reward_model_starts_at_its_logit_margin(tmp_path):
     """A critic initialised from a reward model with the head lm_head['+'] - lm_head['-'] values
     every state at the reward model's logit margin there."""
-    from policy.ppo import critic_from
+    from policy.critic import critic_from
     from runtime.tiny_model import build_tokenizer
 
     cfg = load_config("configs/tiny.yaml", [*SMALL])
@@ -122,7 +122,7 @@ def test_tppo_windows_carry_unfinished_sequences_and_filter_ended_ones(tmp_path)
     """T-PPO with a 4-token window of a 12-token budget: each step trains only its window's
     tokens, sequences still running carry over (with their tokens) and ended ones leave; the
     pool is saved with the state, so a crash resumes the same sequences bitwise."""
-    from policy.tppo import fill_pool, window_rollout
+    from policy.algorithms.tppo import fill_pool, window_rollout
 
     pool, nxt = fill_pool([{"k": 0, "tokens": [5, 6]}], 3, 7)
     assert pool == [{"k": 0, "tokens": [5, 6]}, {"k": 7, "tokens": []}, {"k": 8, "tokens": []}]

@@ -9,12 +9,13 @@ import torch
 
 from configs import load_config
 from configs.loader import ConfigError, RECIPE_KEYS, recipes
-from policy.advantages import (outcome_advantages, process_advantages, token_budget_mask,
-                               zero_group_correction)
-from policy.grpo import Sampled, advantage_step, refill_step, score_step
-from policy.losses import POLICY_LOSSES
+from policy.math.advantages import (outcome_advantages, process_advantages, token_budget_mask,
+                                    zero_group_correction)
+from policy.kit import Sampled, score_step
+from policy.algorithms.grpo import advantage_step, refill_step
+from policy.math.losses import POLICY_LOSSES
 from policy.rewards import Scores
-from policy.rollout import Rollout
+from policy.generation.rollout import Rollout
 
 
 # One batch for every recipe: 2 questions x G = 3 samples, completion lengths 3, 1, 2 | 2, 2, 1.
@@ -281,7 +282,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     """A step whose every group was dropped (dynamic sampling found no signal) must not call
     AdamW: after one real step its momentum is non-zero and would move the weights again."""
     from configs.batching import plan_grpo_batch
-    from policy.grpo import StepBatch, update_step
+    from policy.algorithms.grpo import StepBatch, update_step
     from runtime.engine import build_engine
     from runtime.models import load_causal_lm
     from runtime.tiny_model import build_tiny
@@ -336,7 +337,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
 def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
     """mu = 2: the second update's ratio is no longer 1, and a large step size pushes ratios
     past 1 + eps_high: the upper clip fraction is > 0 (CISPO: all of its clipping)."""
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
     from runtime.data import load_splits
     from runtime.tiny_model import build_tiny
     from runtime.tracking import MetricsLogger, read_metrics
@@ -350,7 +351,7 @@ def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     gen = torch.Generator().manual_seed(0)
-    train_grpo(cfg, tmp_path, base, lambda records, rollout: Scores(
+    train_policy(cfg, tmp_path, base, lambda records, rollout: Scores(
         rewards=torch.rand(len(records), generator=gen)), splits.rl, splits.eval[:2], logger, "",
         evaluate_ends=False)
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/clip_high" in r]
@@ -364,7 +365,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
     rule), only the right ones are fine-tuned on, and a rerun samples nothing again."""
     import json
 
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.models import load_causal_lm
@@ -384,7 +385,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
         return RuleReward()(records, rollout)
 
     start = cfg.model.policy_path
-    final = train_grpo(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
+    final = train_policy(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
     rows = [json.loads(line) for line in open(tmp_path / "grpo" / "samples.jsonl")]
     assert len(rows) == 2 * 2 * 4 and calls == [8, 8]
     right = [r for r in rows if r["right"]]
@@ -399,7 +400,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
                            load_causal_lm(final).lm_head.weight)
     # a crash after sampling: the samples are reused, nothing is drawn again
     (tmp_path / "grpo" / "done.json").unlink()
-    train_grpo(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
+    train_policy(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
     assert calls == [8, 8]
 
 
@@ -427,7 +428,7 @@ def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path
     the step that reaches 120 s (3 steps, 150 s) and the fine-tuning gets the 90 s left."""
     import json
 
-    import policy.offline_rft as offline_rft
+    import policy.algorithms.offline_rft as offline_rft
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from small_config import SMALL

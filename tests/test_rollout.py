@@ -5,8 +5,8 @@ import torch
 
 from configs import load_config
 from configs.schema import TinyModelConfig
-from policy.logprobs import completion_logprobs, selective_log_softmax
-from policy.rollout import concat_rollouts, generate_groups
+from policy.generation.logprobs import completion_logprobs, selective_log_softmax
+from policy.generation.rollout import concat_rollouts, generate_groups
 from runtime.tiny_model import build_tiny
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
@@ -120,7 +120,7 @@ def test_sampled_tokens_have_the_models_log_probs_after_rows_leave(warm_start):
     """Sampling at temperature 1: each sampled token's log-prob in the loop equals the
     teacher-forced log-prob of the full forward, row by row, so dropping ended rows from the
     cache kept every row with its own keys and values. T-PPO's per-row limits stop rows early."""
-    from policy.rollout import continue_rows, decode, mask_after_eos
+    from policy.generation.rollout import continue_rows, decode, mask_after_eos
     from runtime.prompts import encode_prompts
 
     model, tok, prompts = _warm_start_prompts(warm_start, 16)
@@ -145,7 +145,7 @@ def test_decoding_runs_in_inference_mode_and_returns_ordinary_tensors(warm_start
     """The decoding loop runs the model under inference mode (no autograd bookkeeping), and its
     tokens and log-probs then feed a training forward and backward like any tensor: autograd
     saves them (it refuses to save inference tensors)."""
-    from policy.rollout import decode
+    from policy.generation.rollout import decode
     from runtime.prompts import encode_prompts
 
     model, tok, prompts = _warm_start_prompts(warm_start, 2)
@@ -170,7 +170,7 @@ def test_decoding_runs_in_inference_mode_and_returns_ordinary_tensors(warm_start
 def test_filled_cache_layer_keeps_one_count_of_written_positions():
     """The decoding cache's layer counts what is written once: transformers' `cumulative_length`
     reads the same count as attention's `filled`, and crop and reset move both."""
-    from policy.rollout import _FilledLayer
+    from policy.generation.rollout import _FilledLayer
 
     layer = _FilledLayer(8)
     step = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 1, 3, 4)
@@ -191,7 +191,7 @@ def test_filled_cache_layer_keeps_one_count_of_written_positions():
 def test_prompt_shared_update_equals_the_plain_one(warm_start):
     """The update's forward with each question's prompt run once for its G samples gives the
     plain forward's log-probs, GRPO loss and gradients (1e-5), with and without gradient."""
-    from policy.losses import grpo_loss
+    from policy.math.losses import grpo_loss
 
     model, tok, prompts = _warm_start_prompts(warm_start, 4)
     torch.manual_seed(0)
@@ -250,7 +250,7 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
     attentions merged by their log-sum-exps (same tokens; log-probs to bf16's rounding)."""
     import transformers
 
-    from policy import rollout
+    from policy.generation import rollout
 
     name, extra = ARCHITECTURES[architecture]
     config = getattr(transformers, name)(
@@ -295,8 +295,8 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkey
     backward runs in fp32 on the packed path) to bf16's rounding."""
     import transformers
 
-    from policy import logprobs as lp_module
-    from policy.losses import grpo_loss
+    from policy.generation import logprobs as lp_module
+    from policy.math.losses import grpo_loss
 
     name, extra = ARCHITECTURES[architecture]
     config = getattr(transformers, name)(

@@ -7,7 +7,7 @@ import torch
 
 import igrpo
 from configs import load_config
-from policy.grpo import train_grpo
+from policy.algorithms import train_policy
 from policy.rewards import RuleReward
 from runtime.data import load_splits
 from runtime.tiny_model import build_tiny
@@ -132,9 +132,9 @@ def test_grpo_resumes_after_crash(tmp_path):
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train_grpo(cfg, tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
+        train_policy(cfg, tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
     reward = _CrashAt(0)
-    train_grpo(cfg, tmp_path, base, reward, splits.rl, splits.eval, logger, "")
+    train_policy(cfg, tmp_path, base, reward, splits.rl, splits.eval, logger, "")
     assert reward.calls == 1  # only step 3 was left to do
     steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl")]
     assert steps == [0, 1, 2, 3]
@@ -152,7 +152,7 @@ def test_every_loss_variant_runs_a_step(tmp_path, loss):
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    final = train_grpo(cfg, tmp_path, base, _RandomReward(), splits.rl, splits.eval[:2], logger, "")
+    final = train_policy(cfg, tmp_path, base, _RandomReward(), splits.rl, splits.eval[:2], logger, "")
     row = read_metrics(tmp_path / "m.jsonl")[-1]
     assert torch.isfinite(torch.tensor(row["train/loss"])) and row["train/grad_norm"] > 0
     before, after = load_causal_lm(base), load_causal_lm(final)
@@ -189,16 +189,19 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
     same losses and KL, weights within 1e-6. Later steps do run it."""
     import shutil
 
-    import policy.grpo as grpo
+    import policy.algorithms.grpo
+    import policy.critic
+    import policy.kit
 
     calls = {"reference": 0}
-    forward = grpo._forward_logprobs
+    forward = policy.kit.forward_logprobs
 
     def counting(model, rollout, micro):  # the reference's forwards (and pi_old's: mu = 2)
         calls["reference"] += 1
         return forward(model, rollout, micro)
 
-    monkeypatch.setattr(grpo, "_forward_logprobs", counting)
+    for module in (policy.kit, policy.algorithms.grpo, policy.critic):  # where it is called
+        monkeypatch.setattr(module, "forward_logprobs", counting)
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
                                             "grpo.eval_every=0", "run.wandb_mode=disabled",
                                             "grpo.supervision=outcome", *extra])
@@ -211,7 +214,7 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
         logger = MetricsLogger(tmp_path / f"{name}.jsonl", config={}, mode="disabled",
                                project="", name="")
         torch.manual_seed(0)
-        finals.append(train_grpo(cfg, tmp_path, base, _RandomReward(), splits.rl, splits.eval[:2],
+        finals.append(train_policy(cfg, tmp_path, base, _RandomReward(), splits.rl, splits.eval[:2],
                                  logger, "", out_name=name, reference_path=reference,
                                  evaluate_ends=False))
         rows.append([r for r in read_metrics(tmp_path / f"{name}.jsonl") if "train/loss" in r])

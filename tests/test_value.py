@@ -1,12 +1,12 @@
-"""The value-based family's formulas (policy/value.py) against hand computations and plain loops."""
+"""The value-based family's formulas (policy/math/value.py) against hand computations and plain loops."""
 
 import math
 
 import pytest
 import torch
 
-from policy.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
-                          length_adaptive_lambda, positive_nll, step_end_rewards)
+from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
+                               length_adaptive_lambda, positive_nll, step_end_rewards)
 
 
 def _loop_gae(rewards, values, length, gamma, lam, last_value):

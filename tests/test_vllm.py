@@ -15,7 +15,7 @@ if os.environ.get("IGRPO_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
 from configs import load_config  # noqa: E402
-from policy.rollout import generate_groups  # noqa: E402
+from policy.generation.rollout import generate_groups  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
 from runtime.prompts import prompt_format  # noqa: E402
@@ -26,7 +26,7 @@ VLLM = ["rollout.backend=vllm", "rollout.kv_cache_gb=1"]
 @pytest.fixture(scope="module")
 def setting():
     cfg = load_config("configs/tiny.yaml", VLLM)
-    from policy.vllm_engine import engine_for
+    from policy.generation.vllm import engine_for
 
     return cfg, engine_for(cfg, cfg.model.policy_path)
 
@@ -43,8 +43,8 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     greedy completions of 32 held-out prompts equal transformers' token for token, where the
     engine's earlier completions (the old weights) differ. A later stage over the saved
     checkpoint gets the same engine back, holding that checkpoint's weights."""
-    from policy.sft import sft_tensors, token_nll_sum
-    from policy.vllm_engine import engine_for
+    from policy.kit import sft_tensors, token_nll_sum
+    from policy.generation.vllm import engine_for
 
     cfg, engine = setting
     path = cfg.model.policy_path
@@ -80,9 +80,9 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
 def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
     """Two GRPO steps sampled by the engine: the loss's log-probs come from the training model,
     and vLLM's own log-probs of the same tokens differ from them by float noise only."""
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
     from policy.rewards import RuleReward
-    from policy.vllm_engine import engine_for
+    from policy.generation.vllm import engine_for
     from runtime.tracking import MetricsLogger, read_metrics
 
     cfg = load_config("configs/tiny.yaml", [*VLLM, f"run.root={tmp_path}", "grpo.steps=2",
@@ -93,7 +93,7 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     start = cfg.model.policy_path
-    final = train_grpo(cfg, tmp_path, start, RuleReward(), splits.rl, splits.eval, logger, "",
+    final = train_policy(cfg, tmp_path, start, RuleReward(), splits.rl, splits.eval, logger, "",
                        evaluate_ends=False)
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
     assert len(rows) == 2
@@ -144,8 +144,8 @@ def test_iterate_on_vllm_samples_every_stage_on_one_engine(setting, tmp_path, mo
     import json
 
     import igrpo
-    from policy import vllm_engine
-    from policy.vllm_engine import engine_for
+    from policy.generation import vllm as vllm_engine
+    from policy.generation.vllm import engine_for
     from small_config import ITERATE, SMALL
 
     cfg, engine = setting
@@ -175,7 +175,7 @@ def test_every_end_token_stops_vllm_and_none_is_appended(setting, tmp_path):
     too: each greedy row is the unconstrained one cut just after its first end token, masked
     after it, and the engine never appends an end token it did not sample."""
     from configs.loader import BUNDLED
-    from policy.vllm_engine import engine_for
+    from policy.generation.vllm import engine_for
 
     from end_tokens import expected_stops, two_end_tokens
 

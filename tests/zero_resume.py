@@ -48,7 +48,7 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
 
     torch.manual_seed(0)
     if kind == "sft":
-        from policy.sft import train_sft
+        from policy.algorithms.sft import train_sft
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides])
         splits = load_splits(cfg.data, 0)
@@ -62,12 +62,12 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
                                                              f"The answer is {i + 1 + i % 2}"),
                                 (float(i % 2 == 0),) * 2, f"row{i}") for i in range(8)]
         return train_reward_model(cfg, out / "rm", base, examples, logger, "")
-    from policy.grpo import train_grpo
+    from policy.algorithms import train_policy
 
     cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides],
                       recipe="ppo" if kind == "ppo" else None)
     splits = load_splits(cfg.data, 0)
-    return train_grpo(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+    return train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
 
 
 def main() -> None:

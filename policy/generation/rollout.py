@@ -151,7 +151,7 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
                     greedy: bool = False, share_prefill: bool = True) -> Rollout:
     """Sample `group_size` completions for each prompt; rows are grouped prompt by prompt.
     `model` is a transformers model, or an engine with its own `generate_groups` (the vLLM
-    backend, policy/vllm_engine.py). `share_prefill=False` prefills every row itself (the
+    backend, policy/generation/vllm.py). `share_prefill=False` prefills every row itself (the
     reference the shared prefill is tested against)."""
     if hasattr(model, "generate_groups"):
         return model.generate_groups(tokenizer, prompts, group_size,

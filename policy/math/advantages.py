@@ -9,6 +9,9 @@ into full-size advantages.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 
@@ -107,6 +110,55 @@ def step_sums_to_tokens(normalised: torch.Tensor, step_mask: torch.Tensor,
     token = torch.arange(num_tokens, device=normalised.device)
     covers = (step_end_index[:, None, :] >= token[None, :, None]) & step_mask[:, None, :]
     return (covers.to(normalised.dtype) * normalised[:, None, :]).sum(-1)
+
+
+@dataclass(frozen=True)
+class GroupNorm:
+    """How a group's rewards are normalised (`grpo.group_size`, `grpo.scale_by_std` and the
+    variant's own choice, `grpo.std_unbiased`, `grpo.std_eps`, `grpo.min_reward_std`)."""
+    group_size: int
+    scale_by_std: bool = True
+    unbiased: bool = False
+    eps: float = 1e-6
+    min_std: float = 0.0
+
+
+def outcome_estimate(rewards: torch.Tensor, step_rewards, step_mask, step_end_index,
+                     num_tokens: int, norm: GroupNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outcome supervision (§4.1.2): every token of a sample gets its normalised reward.
+    rewards: [N]. Returns ([N, T] token advantages, [N, 1] normalised rewards)."""
+    normalised = outcome_advantages(rewards, norm.group_size, scale_by_std=norm.scale_by_std,
+                                    unbiased=norm.unbiased, eps=norm.eps,
+                                    min_std=norm.min_std)[:, None]
+    return normalised.expand(-1, num_tokens), normalised
+
+
+def rft_estimate(rewards: torch.Tensor, step_rewards, step_mask, step_end_index,
+                 num_tokens: int, norm: GroupNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online RFT (§5.2.1): every token of a right sample gets 1, of a wrong one 0.
+    Returns ([N, T], [N, 1])."""
+    normalised = rejection_sampling_advantages(rewards)[:, None]
+    return normalised.expand(-1, num_tokens), normalised
+
+
+def process_estimate(rewards: torch.Tensor, step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                     step_end_index: torch.Tensor, num_tokens: int, norm: GroupNorm
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Process supervision (§4.1.3): a token gets the sum of the normalised rewards of its step
+    and every later one. step_*: [N, S]. Returns ([N, T], [N, S] normalised step rewards)."""
+    normalised = normalised_step_rewards(step_rewards.float(), step_mask, norm.group_size,
+                                         scale_by_std=norm.scale_by_std, unbiased=norm.unbiased,
+                                         eps=norm.eps, min_std=norm.min_std)
+    return step_sums_to_tokens(normalised, step_mask, step_end_index, num_tokens), normalised
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "outcome": outcome_estimate,
+    "process": process_estimate,
+    "rft": rft_estimate,
+}
+"""`grpo.supervision` -> estimator(rewards [N], step_rewards, step_mask, step_end_index [N, S]
+(None for outcome rewards), T, GroupNorm) -> (token advantages [N, T], what was normalised)."""
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int,

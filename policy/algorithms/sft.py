@@ -15,49 +15,16 @@ import math
 import time
 from pathlib import Path
 
-import torch
-
 from configs.batching import plan_batch
 from policy.evaluate import evaluate_policy
+from configs.schema import Config
+from policy.kit import sft_tensors, supervised_step
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
-from runtime.engine import (build_engine, current_lr, gathered_for_generation, global_sum,
-                            world)
+from runtime.engine import build_engine, current_lr, gathered_for_generation, world
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import PromptFormat, encode_prompts, prompt_format
+from runtime.prompts import prompt_format
 from runtime.training import Trainer, epoch_slice, stage_done
-
-
-def sft_tensors(tokenizer, records: list[MathRecord], fmt: PromptFormat):
-    """Right-padded [prompt | solution | EOS] rows with labels only on solution tokens; the
-    prompt tokenised as the rollout tokenises it (BOS where the model expects one).
-
-    Returns input_ids, attention_mask, labels: [B, L] each (labels -100 on prompt and padding).
-    """
-    rows, label_rows = [], []
-    prompts = encode_prompts(tokenizer, fmt.prompts(tokenizer, records))
-    for rec, prompt in zip(records, prompts):
-        answer = tokenizer(fmt.join(rec.solution_steps),
-                           add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(prompt + answer)
-        label_rows.append([-100] * len(prompt) + answer)
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    labels = torch.tensor([r + [-100] * (width - len(r)) for r in label_rows])
-    return input_ids, mask, labels
-
-
-def token_nll_sum(model, input_ids, attention_mask, labels) -> tuple[torch.Tensor, int]:
-    """Summed next-token NLL over labelled positions, and their count."""
-    from policy.logprobs import selective_log_softmax
-
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    targets = labels[:, 1:]
-    valid = targets != -100
-    logp = selective_log_softmax(logits, targets.clamp(min=0))
-    return -(logp * valid).sum(), int(valid.sum())
 
 
 def _check_worked_solutions(records: list[MathRecord]) -> None:
@@ -69,7 +36,7 @@ def _check_worked_solutions(records: list[MathRecord]) -> None:
                          "sft.enabled=false to start from model.policy_path as it is")
 
 
-def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[MathRecord],
+def train_sft(cfg: Config, run_path: Path, policy_path: str | Path, sft_records: list[MathRecord],
               val_records: list[MathRecord], logger, config_yaml: str) -> Path:
     """Train the warm start; returns the folder of the best export (`<run>/sft/best`), the best
     by greedy accuracy on `val_records` (not the held-out questions the policy is scored on)."""
@@ -91,15 +58,7 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     trainer = Trainer(out, engine, logger, total_steps, desc="sft",
                       fresh_state={"best": -1.0, "stale": 0})
     state, fmt = trainer.state, prompt_format(cfg.data)
-
-    def validate() -> float:
-        """Greedy validation accuracy, the questions spread over the ranks."""
-        with gathered_for_generation(engine):
-            return evaluate_policy(
-                engine.module, tokenizer, val_records, fmt, k=1, temperature=0.0,
-                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                timeout_s=cfg.eval.grade_timeout_s, sampled=False)["eval/greedy_accuracy"]
-
+    validate = validator(engine, tokenizer, val_records, fmt, cfg)
     if state["step"] == 0:
         state["best"] = validate()
         export(engine, tokenizer, best_dir, config_yaml)
@@ -110,22 +69,13 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
         epoch, batch_ids = epoch_slice(len(sft_records), step, plan.global_sequences,
                                        cfg.run.seed * 100_003)
         mine = batch_ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
-        tensors = sft_tensors(tokenizer, [sft_records[i] for i in mine], fmt)
-        global_tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
-        started, losses = time.perf_counter(), []
-
-        def loss_of(rows: slice, mb: int):
-            ids, mask, labels = (t[rows].to(engine.device) for t in tensors)
-            loss = token_nll_sum(engine, ids, mask, labels)[0] / global_tokens * world_size
-            losses.append(loss.item())
-            return loss
-
-        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
-                                     f"sft step {step + 1}")
+        started = time.perf_counter()
+        batch = sft_tensors(tokenizer, [sft_records[i] for i in mine], fmt)
+        loss, grad_norm = supervised_step(trainer, batch, plan, f"sft step {step + 1}")
         trainer.advance()
-        metrics = {"train/loss": global_sum(sum(losses)) / world_size,
-                   "train/lr": current_lr(engine), "train/grad_norm": grad_norm,
-                   "time/step": time.perf_counter() - started, "train/epoch": epoch}
+        metrics = {"train/loss": loss, "train/lr": current_lr(engine),
+                   "train/grad_norm": grad_norm, "time/step": time.perf_counter() - started,
+                   "train/epoch": epoch}
         validated = trainer.due(cfg.sft.eval_every)
         if validated:
             metrics["val/greedy_accuracy"] = _keep_best(trainer, validate(), cfg.sft,
@@ -137,6 +87,18 @@ def train_sft(cfg, run_path: Path, policy_path: str | Path, sft_records: list[Ma
     trainer.finish(tokenizer, None, config_yaml,
                    {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
     return best_dir
+
+
+def validator(engine, tokenizer, val_records: list[MathRecord], fmt, cfg: Config):
+    """validate() -> greedy accuracy of the model in training on `val_records`, the questions
+    spread over the ranks (every rank calls it)."""
+    def validate() -> float:
+        with gathered_for_generation(engine):
+            return evaluate_policy(
+                engine.module, tokenizer, val_records, fmt, k=1, temperature=0.0,
+                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                timeout_s=cfg.eval.grade_timeout_s, sampled=False)["eval/greedy_accuracy"]
+    return validate
 
 
 def _keep_best(trainer: Trainer, accuracy: float, sft, export_best) -> float:

@@ -1,34 +1,59 @@
 """T-PPO (Fan et al. 2025, "Truncated Proximal Policy Optimization"): PPO whose rollout advances
 a window of tokens per step, so that the update need not wait for the longest response.
 
-Selected by `ppo.window_share` > 0 under `grpo.algorithm=ppo` (the `t_ppo` recipe). The batch
-is a pool of `questions_per_step x G` sequences in flight. Each step: empty slots take the next
-samples of a seeded stream (G consecutive samples per question); every sequence is extended by
-up to one window under the current policy; those that end (EOS, or `grpo.max_new_tokens`) are
-scored by the reward callable. Extended GAE: the advantages of a sequence still unfinished
-bootstrap from the critic's value of the state after its last token. Token filtering: the
-policy and the critic train on this window's tokens only (earlier windows were trained when an
-older policy wrote them), and sequences that ended leave the pool, their slots going to new
-samples. The pool is part of the saved state: a resumed run continues the same sequences.
-Outcome rewards only (a PRM's step scores would need every window rescored).
+Launch as GRPO with `grpo.algorithm=t_ppo` (the `t_ppo` recipe; `ppo.window_share` sets the
+window). The batch is a pool of `questions_per_step x G` sequences in flight. Each step: empty
+slots take the next samples of a seeded stream (G consecutive samples per question); every
+sequence is extended by up to one window under the current policy; those that end (an end
+token, or `grpo.max_new_tokens`) are scored by the reward callable. Extended GAE: the
+advantages of a sequence still unfinished bootstrap from the critic's value of the state after
+its last token. Token filtering: the policy and the critic train on this window's tokens only
+(earlier windows were trained when an older policy wrote them), and sequences that ended leave
+the pool, their slots going to new samples. The pool is part of the saved state: a resumed run
+continues the same sequences. Outcome rewards only (a PRM's step scores would need every
+window rescored). The critic and its targets: policy/critic.py, as PPO's.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
-from policy.ppo import (_forward_values, ppo_targets, rollout_logprobs, train_passes,
-                        value_metrics)
-from policy.grpo import score_step
+from configs.schema import Config
+from policy.critic import (end_value_step, finish_value_stage, forward_values, ppo_targets,
+                           rollout_logprobs, train_passes, value_metrics, value_stage)
+from policy.generation.rollout import Rollout, continue_rows
+from policy.kit import score_step, starts_at
 from policy.rewards import RewardFn, Scores
-from policy.rollout import Rollout, continue_rows
 from runtime.data import MathRecord
 from runtime.engine import gather_objects, gather_rows, global_sum, world
 from runtime.models import end_token_ids
 from runtime.prompts import encode_prompts
-from runtime.training import Trainer, epoch_slice
+from runtime.training import Trainer, epoch_slice, stage_done
+
+
+def train_tppo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
+               rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
+               config_yaml: str, out_name: str = "grpo",
+               reference_path: str | Path | None = None, evaluate_ends: bool = True) -> Path:
+    """`grpo.steps` T-PPO steps from `policy_path` (train_grpo's contract); returns the
+    policy's export (`<run>/<out_name>/final`)."""
+    out = run_path / out_name
+    if stage_done(out):
+        return out / "final"
+    stage = value_stage(cfg, out, f"{out_name} (t_ppo)", policy_path, reward_fn, rl_records,
+                        eval_records, logger, reference_path, evaluate_ends)
+    while stage.trainer.running():
+        step = stage.trainer.step
+        started = time.perf_counter()
+        metrics, timing = tppo_step(stage.trainer, stage.critic, stage.reference, stage.sampler,
+                                    stage.tokenizer, stage.fmt, reward_fn, rl_records, cfg,
+                                    stage.plan, f"{out_name} step {step + 1}",
+                                    step == 0 and starts_at(reference_path, policy_path))
+        end_value_step(stage, metrics, timing, started, cfg.grpo, evaluate_ends)
+    return finish_value_stage(stage, out, config_yaml)
 
 
 def sample_record(records: list[MathRecord], k: int, group_size: int, seed: int) -> MathRecord:
@@ -105,7 +130,7 @@ def tppo_step(trainer: Trainer, critic, reference, sampler, tokenizer, fmt, rewa
     critic.eval()
     old_logprobs, ref_logprobs = rollout_logprobs(trainer, rollout, reference, g.mu, plan,
                                                   is_reference)
-    values = _forward_values(critic.module, rollout, plan.micro_batch_size, with_last=True)
+    values = forward_values(critic.module, rollout, plan.micro_batch_size, with_last=True)
     last = values.gather(1, rollout.lengths[:, None].long())[:, 0] * (~ended).float()
     # a row whose reward is not finite is left out of the loss (dropped, as GRPO drops its group)
     targets = ppo_targets(rollout, Scores(rewards), rewards, old_logprobs, ref_logprobs,

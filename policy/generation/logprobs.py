@@ -133,9 +133,9 @@ _PACKED = "igrpo_packed"
 
 def _packable(config, completion_mask: torch.Tensor) -> bool:
     """The packed pass serves models whose attention runs through a function of ours
-    (`policy.rollout.serves_custom_attention`), and completions whose real tokens come first in
+    (`policy.generation.rollout.serves_custom_attention`), and completions whose real tokens come first in
     their row (right padding only), at least one of them."""
-    from policy.rollout import serves_custom_attention
+    from policy.generation.rollout import serves_custom_attention
 
     return (serves_custom_attention(config) and bool(completion_mask.any())
             and bool((completion_mask.cummin(-1).values == completion_mask).all()))
@@ -196,7 +196,7 @@ def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_i
                      first: torch.Tensor, run: torch.Tensor, chunk_tokens: int, entropy_out):
     """The per-row pass of `completion_logprobs` on real tokens only: row i's inputs are its last
     prompt token and its completion but the last token, one packed sequence for all rows."""
-    from policy.rollout import custom_attention
+    from policy.generation.rollout import custom_attention
 
     lengths = attention_mask[:, start:].sum(-1)
     packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths)

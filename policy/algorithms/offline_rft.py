@@ -23,12 +23,12 @@ import torch
 from tqdm import tqdm
 
 from configs.batching import plan_batch
+from configs.schema import Config
+from policy.generation.rollout import generate_groups
+from policy.kit import sft_tensors, step_questions, supervised_step
 from policy.rewards import RewardFn
-from policy.rollout import generate_groups
-from policy.sft import sft_tensors, token_nll_sum
 from runtime.data import MathRecord
-from runtime.engine import (broadcast_from_main, build_engine, current_lr, global_sum, is_main,
-                            world)
+from runtime.engine import broadcast_from_main, build_engine, current_lr, is_main, world
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
 from runtime.training import Trainer, epoch_slice, stage_done
@@ -66,8 +66,6 @@ def sampled_seconds(rows: list[dict]) -> float:
 def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
                 rl_records: list[MathRecord]) -> list[dict]:
     """Every sample of the starting policy with its grade (main rank; every rank gets the rows)."""
-    from policy.grpo import step_questions
-
     g = cfg.grpo
     rows = None
     if is_main():
@@ -106,11 +104,14 @@ def sample_once(cfg, out: Path, policy_path, reward_fn: RewardFn,
     return broadcast_from_main(rows)
 
 
-def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
-                      rl_records: list[MathRecord], logger, config_yaml: str,
-                      out_name: str = "grpo") -> Path:
+def train_offline_rft(cfg: Config, run_path: Path, policy_path: str | Path,
+                      reward_fn: RewardFn, rl_records: list[MathRecord],
+                      eval_records: list[MathRecord], logger, config_yaml: str,
+                      out_name: str = "grpo", reference_path: str | Path | None = None,
+                      evaluate_ends: bool = True) -> Path:
     """Sample the starting policy once, keep the right solutions, fine-tune on them; returns
-    the export's folder (`<run>/<out_name>/final`)."""
+    the export's folder (`<run>/<out_name>/final`). train_grpo's contract; no evaluation of its
+    own and no reference (`igrpo eval` or the outer loop evaluates)."""
     g = cfg.grpo
     out = run_path / out_name
     if stage_done(out):
@@ -122,22 +123,14 @@ def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: R
         raise ValueError(f"offline RFT ({out}): none of the {len(rows)} samples of the starting "
                          "policy is right; there is nothing to fine-tune on")
     rank, world_size = world()
-    unit = cfg.deepspeed.micro_batch_size * world_size
-    per_step = g.questions_per_step * g.group_size
-    if len(kept) < per_step:  # a batch no larger than the kept set, in whole micro-batches
-        per_step = len(kept) // unit * unit or len(kept) // world_size * world_size
-    if per_step == 0:
-        raise ValueError(f"offline RFT ({out}): {len(kept)} right samples cannot be shared "
-                         f"over {world_size} ranks")
-    plan = plan_batch(per_step, cfg.deepspeed.micro_batch_size, world_size,
-                      f"offline RFT batch of {per_step}")
-    total_steps = max(1, len(kept) // plan.global_sequences)
+    plan = fine_tune_plan(len(kept), cfg, world_size, out)
     tokenizer = load_tokenizer(policy_path, cfg.model)
     engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
                           lr=g.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     sampling = sampled_seconds(rows)
-    trainer = Trainer(out, engine, logger, total_steps, desc=f"{out_name} (offline RFT)",
+    trainer = Trainer(out, engine, logger, max(1, len(kept) // plan.global_sequences),
+                      desc=f"{out_name} (offline RFT)",
                       max_seconds=budget_split(g.max_minutes, g.offline_rft_sampling_share,
                                                sampling)[1])
     fmt = prompt_format(cfg.data)
@@ -146,23 +139,12 @@ def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: R
         step = trainer.step
         ids = epoch_slice(len(kept), step, plan.global_sequences, cfg.run.seed * 7_919)[1]
         mine = ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
-        tensors = sft_tensors(tokenizer, [kept[i] for i in mine], fmt)
-        tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
-        losses = []
-
-        def loss_of(rows_: slice, mb: int):
-            batch = (t[rows_].to(engine.device) for t in tensors)
-            loss = token_nll_sum(engine, *batch)[0] / tokens * world_size
-            losses.append(loss.item())
-            return loss
-
-        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
-                                     f"offline RFT step {step + 1}")
+        batch = sft_tensors(tokenizer, [kept[i] for i in mine], fmt)
+        loss, grad_norm = supervised_step(trainer, batch, plan, f"offline RFT step {step + 1}")
         trainer.advance()
-        trainer.log({"train/loss": global_sum(sum(losses)) / world_size,
-                     "train/grad_norm": grad_norm, "train/lr": current_lr(engine),
-                     "rft/samples": float(len(rows)), "rft/kept": float(len(kept)),
-                     "rft/sampling_seconds": sampling,
+        trainer.log({"train/loss": loss, "train/grad_norm": grad_norm,
+                     "train/lr": current_lr(engine), "rft/samples": float(len(rows)),
+                     "rft/kept": float(len(kept)), "rft/sampling_seconds": sampling,
                      "reward/accuracy": len(kept) / len(rows)})
         if trainer.due(g.save_every):
             trainer.save()
@@ -171,3 +153,17 @@ def train_offline_rft(cfg, run_path: Path, policy_path: str | Path, reward_fn: R
                     "sampling_seconds": sampling,
                     "fine_tune_seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def fine_tune_plan(kept: int, cfg: Config, world_size: int, out: Path):
+    """GRPO's batch (questions_per_step x G sequences), or one no larger than the kept set in
+    whole micro-batches."""
+    unit = cfg.deepspeed.micro_batch_size * world_size
+    per_step = cfg.grpo.questions_per_step * cfg.grpo.group_size
+    if kept < per_step:
+        per_step = kept // unit * unit or kept // world_size * world_size
+    if per_step == 0:
+        raise ValueError(f"offline RFT ({out}): {kept} right samples cannot be shared "
+                         f"over {world_size} ranks")
+    return plan_batch(per_step, cfg.deepspeed.micro_batch_size, world_size,
+                      f"offline RFT batch of {per_step}")

@@ -102,44 +102,51 @@ def _seq_mean(per_token, mask):
     return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-@_masked_inputs
-def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
-              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """GRPO (DeepSeekMath §4.1.1, eq. 3): 1/G sum_i 1/|o_i| sum_t [min(r A, clip(r) A) - beta KL]."""
-    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
-                                       clip_eps_low, clip_eps_high, beta)
-    return _output(_seq_mean(per_token, mask).sum() / num_sequences, active, kl, mask)
+# The clipped-surrogate objectives differ only in how the per-token terms of the step are
+# summed and normalised: [N, T] terms, [N, T] mask and the step's global counts -> a scalar.
+
+def sequence_mean(per_token, mask, num_sequences, num_tokens, max_tokens):
+    """GRPO (DeepSeekMath eq. 3): 1/G sum_i 1/|o_i| sum_t."""
+    return _seq_mean(per_token, mask).sum() / num_sequences
 
 
-@_masked_inputs
-def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
-            clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """GRPO as the seed writes DeepSeek-R1's objective: 1/G sum_i sum_t [min(r A, clip(r) A) -
-    beta KL] (no 1/|o_i|)."""
-    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
-                                       clip_eps_low, clip_eps_high, beta)
-    return _output((per_token * mask).sum() / num_sequences, active, kl, mask)
+def sequence_sum(per_token, mask, num_sequences, num_tokens, max_tokens):
+    """DeepSeek-R1 as the seed writes it: 1/G sum_i sum_t (no 1/|o_i|)."""
+    return (per_token * mask).sum() / num_sequences
 
 
-@_masked_inputs
-def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
-                 clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training", §3.2): no 1/|o_i|, a
-    constant normaliser G * max_tokens, advantages r - mean(r) not divided by the std (see
-    POLICY_LOSSES)."""
-    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
-                                       clip_eps_low, clip_eps_high, beta)
-    return _output((per_token * mask).sum() / (num_sequences * max_tokens), active, kl, mask)
+def constant_length(per_token, mask, num_sequences, num_tokens, max_tokens):
+    """Dr. GRPO (Liu et al. 2025, §3.2): a constant normaliser, G * max_tokens."""
+    return (per_token * mask).sum() / (num_sequences * max_tokens)
 
 
-@_masked_inputs
-def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
-              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """DAPO (Yu et al. 2025, eq. 8): token-level 1/sum_i |o_i| sum_i sum_t min(r A, clip(r,
-    1 - eps_low, 1 + eps_high) A): clip-higher and the token-level loss."""
-    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
-                                       clip_eps_low, clip_eps_high, beta)
-    return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
+def token_mean(per_token, mask, num_sequences, num_tokens, max_tokens):
+    """DAPO (Yu et al. 2025, eq. 8): token level, 1/sum_i |o_i| sum_i sum_t. C3PO (Ring-lite,
+    eq. 4) is the same sum over its token budget, `num_tokens` being the budget Phi and `mask`
+    the budget's tokens (policy.math.advantages.token_budget_mask)."""
+    return (per_token * mask).sum() / num_tokens
+
+
+def clipped_loss(normalise: Callable[..., torch.Tensor]) -> Callable[..., LossOutput]:
+    """The loss -normalise(min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) - beta KL)."""
+
+    @_masked_inputs
+    def loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+             clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+        per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                           clip_eps_low, clip_eps_high, beta)
+        return _output(normalise(per_token, mask, num_sequences, num_tokens, max_tokens),
+                       active, kl, mask)
+
+    loss.__doc__ = f"The clipped surrogate, normalised as: {normalise.__doc__}"
+    return loss
+
+
+grpo_loss = clipped_loss(sequence_mean)
+r1_loss = clipped_loss(sequence_sum)
+dr_grpo_loss = clipped_loss(constant_length)  # with advantages not divided by the std
+dapo_loss = clipped_loss(token_mean)  # with clip-higher: grpo.clip_eps_high > grpo.clip_eps
+c3po_loss = dapo_loss  # over the token budget (grpo.token_budget_share)
 
 
 @_masked_inputs
@@ -147,7 +154,7 @@ def gpg_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps
              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """GPG (Chu et al. 2025, eq. 6): 1/sum_i |o_i| sum_i sum_t A log pi: no ratio, no clipping,
     advantages r - mean(r) (F_norm = 1, see POLICY_LOSSES) and GPG's alpha correction
-    (policy.advantages.zero_group_correction)."""
+    (policy.math.advantages.zero_group_correction)."""
     per_token, kl = _with_kl(logprobs * advantages, logprobs, ref_logprobs, beta)
     return _output((per_token * mask).sum() / num_tokens, torch.zeros_like(mask), kl, mask)
 
@@ -162,17 +169,6 @@ def cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_e
     weight = is_weight.clamp(max=1 + clip_eps_high)
     active = 2 * (is_weight > 1 + clip_eps_high).long()
     per_token, kl = _with_kl(weight * advantages * logprobs, logprobs, ref_logprobs, beta)
-    return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
-
-
-@_masked_inputs
-def c3po_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
-              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-    """C3PO (Ring-lite, eq. 4): 1/Phi sum over the budget's tokens Psi of [min(r A, clip(r) A) -
-    beta KL]. The step's token normaliser `num_tokens` is the budget Phi here and `mask` holds
-    only the tokens Psi (`grpo.token_budget`; see policy.advantages.token_budget_mask)."""
-    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
-                                       clip_eps_low, clip_eps_high, beta)
     return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
 
 

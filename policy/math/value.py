@@ -1,7 +1,7 @@
 """The value-based family's formulas (PPO, VC-PPO, VAPO, T-PPO), one function each.
 
 Tensors are per completion token, [N, T] (N sequences, T completion tokens, `mask` 1 on real
-tokens, right padding), as in policy/losses.py. A value `values[:, t]` is the critic's estimate
+tokens, right padding), as in policy/math/losses.py. A value `values[:, t]` is the critic's estimate
 for the state before token t (the question and tokens < t), read at the position whose logits
 predict token t, so values line up with log-probs. `last_values` [N] is the state after a
 sequence's last real token: 0 for a finished sequence, the critic's estimate for one cut short

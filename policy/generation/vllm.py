@@ -7,7 +7,7 @@ in this process and `collective_rpc` reaches it). Weights reach it without a dis
 (`model_runner.reload_weights`); the model's own `load_weights` is not used because the CPU backend
 re-lays out its weights after loading. Prompts go in as token ids encoded exactly as the `hf`
 backend encodes them, and completions come back as token ids, so a `Rollout` is the same object
-whichever backend made it; `generate_groups(engine, ...)` in policy/rollout.py dispatches here.
+whichever backend made it; `generate_groups(engine, ...)` in policy/generation/rollout.py dispatches here.
 
 What vLLM's sampler returns never reaches the loss: the loss's log-probs are recomputed by the
 training model. The log-probs vLLM reports for its sampled tokens (`Rollout.sampler_logprobs`) serve only the
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from policy.rollout import Rollout, mask_after_eos
+from policy.generation.rollout import Rollout, mask_after_eos
 from runtime.models import end_token_ids
 
 

@@ -1,16 +1,7 @@
-"""PPO with a critic (DeepSeekMath §4.1, the baseline GRPO replaces) and its value-based
-successors VC-PPO and VAPO, on DeepSpeed engines for the actor and the critic.
-
-Selected by `grpo.algorithm=ppo` (recipes ppo, vc_ppo, vapo) wherever GRPO runs. Each step draws
-the questions GRPO would, G samples each, scored by the same reward callable. The token rewards
-are the reward at the last token (process supervision: each step's reward at the step's last
-token) plus the KL penalty -beta * log(pi/pi_ref) on every token (eq. 2); the critic values
-every state; GAE gives the policy's advantages (`ppo.lam_actor`, or VAPO's length-adaptive
-lambda) and the critic's targets (`ppo.lam_critic`). Then `grpo.mu` passes, each one optimizer
-step of the policy (the clipped surrogate of `grpo.loss`, no KL term: it is in the reward) and
-one of the critic (the clipped value loss). VC-PPO pretrains the critic on the starting policy's
-samples first (`ppo.value_pretrain_steps`), VAPO adds an LM loss on right samples.
-The critic is exported beside the policy (`<out>/critic`); resume restores both engines.
+"""The critic of the value-based algorithms (PPO and its successors in ppo.py, T-PPO in
+tppo.py): the value model, the step's targets (token rewards, GAE advantages, returns), the
+critic's and the actor's optimizer steps, and their metrics. Both algorithms import it; neither
+imports the other.
 """
 
 from __future__ import annotations
@@ -18,18 +9,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from policy.grpo import (Sampler, _evaluator, _forward_logprobs, _sample_fn, due_evaluation,
-                         policy_engines, reference_logprobs, sampling_seed, starts_at,
-                         step_questions)
-from policy.logprobs import completion_logprobs
-from policy.losses import POLICY_LOSSES
-from policy.rewards import RewardFn
-from policy.rollout import Rollout
-from policy.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
-                          length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
+from configs.schema import Config, GRPOConfig, PPOConfig
+from policy.generation.logprobs import completion_logprobs
+from policy.generation.rollout import Rollout
+from policy.kit import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
+                        policy_engines, reference_logprobs, sampling_seed, step_questions)
+from policy.math.losses import POLICY_LOSSES
+from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
+                               length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
+from policy.rewards import RewardFn, ValueSource
+from runtime.checkpoint import export
 from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gather_rows, global_sum, world
 from runtime.models import accelerator, load_causal_lm, load_tokenizer
@@ -68,14 +61,11 @@ def load_critic(cfg, policy_path, reward_fn: RewardFn, path: Path | None = None)
             str(path), dtype=getattr(torch, cfg.model.dtype)).to(accelerator())
     if cfg.ppo.critic_init == "policy":
         return critic_from(load_causal_lm(policy_path, cfg.model, device="cpu")).to(accelerator())
-    scorer = getattr(reward_fn, "scorer", None)
-    if scorer is None:
+    if not isinstance(reward_fn, ValueSource):
         raise ValueError("ppo.critic_init=reward_model: the reward here is not a reward model "
                          "(grpo.reward rule or step_oracle); use ppo.critic_init=policy, or "
                          "`igrpo iterate`, whose GRPO is rewarded by the reward models")
-    head = scorer.model.get_output_embeddings().weight
-    return critic_from(scorer.model, head[scorer.tags.plus_id] - head[scorer.tags.minus_id]
-                       ).to(accelerator())
+    return critic_from(*reward_fn.value_init()).to(accelerator())
 
 
 def state_values(critic, rollout: Rollout, with_last: bool = False) -> torch.Tensor:
@@ -90,7 +80,7 @@ def state_values(critic, rollout: Rollout, with_last: bool = False) -> torch.Ten
 
 
 @torch.no_grad()
-def _forward_values(critic, rollout: Rollout, micro: int, with_last: bool = False
+def forward_values(critic, rollout: Rollout, micro: int, with_last: bool = False
                     ) -> torch.Tensor:
     n, device = rollout.prompt_ids.shape[0], rollout.prompt_ids.device
     return torch.cat([state_values(critic, rollout.rows(torch.arange(
@@ -144,7 +134,7 @@ def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, r
                    num_tokens)
 
 
-def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p, plan,
+def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p: PPOConfig, plan,
                 where: str) -> dict:
     """One optimizer step of the critic on the clipped value loss."""
     stats = {"value_loss": 0.0}
@@ -163,8 +153,8 @@ def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p,
     return {"value_loss": global_sum(stats["value_loss"]), "critic_grad_norm": grad_norm}
 
 
-def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torch.Tensor, g, p,
-               plan, where: str) -> dict:
+def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torch.Tensor,
+               g: GRPOConfig, p: PPOConfig, plan, where: str) -> dict:
     """One optimizer step of the policy: `grpo.loss`'s clipped surrogate on the GAE advantages
     (no KL term: it is in the rewards), plus VAPO's LM loss on right samples."""
     engine, world_size = trainer.engine, world()[1]
@@ -197,69 +187,6 @@ def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torc
     return {**{k: global_sum(v) for k, v in stats.items()}, "grad_norm": grad_norm}
 
 
-def train_ppo(cfg, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
-              rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
-              config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
-              evaluate_ends: bool = True) -> Path:
-    """`grpo.steps` PPO steps from `policy_path` (train_grpo's contract); returns the policy's
-    export (`<run>/<out_name>/final`)."""
-    from policy.tppo import tppo_step
-
-    g, p = cfg.grpo, cfg.ppo
-    out = run_path / out_name
-    if stage_done(out):
-        return out / "final"
-    rank, world_size = world()
-    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
-    sampler = Sampler(engine, None, cfg, policy_path)
-    pretrained = pretrain_values(cfg, out, sampler, policy_path, reward_fn, rl_records, plan) \
-        if p.value_pretrain_steps else None
-    critic = build_engine(load_critic(cfg, policy_path, reward_fn, pretrained), cfg.deepspeed,
-                          lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
-                          grad_accum=plan.grad_accum)
-    fmt = prompt_format(cfg.data)
-    # grpo.max_minutes covers value pretraining too: PPO gets what it left
-    budget = g.max_minutes * 60
-    if budget and pretrained is not None:
-        budget = max(budget - pretrain_seconds(pretrained), 1e-3)
-    trainer = Trainer(out, engine, logger, g.steps, desc=f"{out_name} (ppo)",
-                      max_seconds=budget, companions={"critic": critic},
-                      fresh_state={"sample_seed": sampling_seed()})
-    sampler.trainer = trainer
-    evaluate = _evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
-    per_rank = g.questions_per_step // world_size
-    while trainer.running():
-        step = trainer.step
-        started = time.perf_counter()
-        where = f"{out_name} step {step + 1}"
-        is_reference = step == 0 and starts_at(reference_path, policy_path)
-        if p.window_share:  # T-PPO: the pool of sequences in flight lives in trainer.state
-            metrics, timing = tppo_step(trainer, critic, reference, sampler, tokenizer, fmt,
-                                        reward_fn, rl_records, cfg, plan, where, is_reference)
-        else:
-            timing = {"rollout": 0.0, "scoring": 0.0}
-            sampled = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)(
-                step_questions(rl_records, step, g.questions_per_step, cfg.run.seed),
-                (trainer.state.get("sample_seed", cfg.run.seed), step))
-            sampler.rest()
-            metrics = ppo_update(trainer, critic, reference, sampled, cfg, plan, where,
-                                 is_reference)
-        timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
-        trainer.advance()
-        metrics.update({"train/lr": current_lr(engine), "time/rollout": timing["rollout"],
-                        "time/scoring": timing["scoring"], "time/update": timing["update"]})
-        metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
-        trainer.log(metrics)
-        if trainer.due(g.save_every):
-            trainer.save()
-    from runtime.checkpoint import export
-
-    export(critic, tokenizer, out / "critic", config_yaml)
-    trainer.finish(tokenizer, out / "final", config_yaml,
-                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
-    return out / "final"
-
-
 def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, plan,
                      is_reference: bool = False):
     """(pi_old, reference) log-probs of the rollout before the update, where something needs
@@ -267,30 +194,9 @@ def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, pla
     (with one pass the ratio is exactly 1 and the loss detaches its own log-probs). While the
     policy still is the reference (`is_reference`) one forward serves both."""
     old = None if reference is None and mu == 1 else \
-        _forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
+        forward_logprobs(trainer.engine.module, rollout, plan.micro_batch_size)
     ref = reference_logprobs(reference, rollout, plan.micro_batch_size, is_reference)
     return old, old if reference is not None and ref is None else ref
-
-
-def ppo_update(trainer: Trainer, critic, reference, sampled, cfg, plan, where: str,
-               is_reference: bool = False) -> dict:
-    """The rollout's log-probs and values, the targets, then `grpo.mu` passes of one policy and
-    one critic step each; returns the step's metrics."""
-    rollout = sampled.rollout
-    critic.eval()
-    old_logprobs, ref_logprobs = rollout_logprobs(trainer, rollout, reference, cfg.grpo.mu, plan,
-                                                  is_reference)
-    values = _forward_values(critic.module, rollout, plan.micro_batch_size)
-    # groups holding a non-finite reward are left out of both losses (as GRPO leaves them out)
-    kept = ~sampled.broken.repeat_interleave(cfg.grpo.group_size)
-    targets = ppo_targets(rollout, sampled.scores, sampled.rewards, old_logprobs, ref_logprobs,
-                          values, cfg, loss_mask=rollout.completion_mask * kept[:, None])
-    right = sampled.scores.correct if sampled.scores.correct is not None \
-        else sampled.rewards >= 0.5
-    stats = train_passes(trainer, critic, rollout, targets, right, cfg, plan, where)
-    return {**value_metrics(rollout, sampled.rewards, sampled.scores.correct, targets,
-                            ref_logprobs, stats),
-            "reward/nonfinite_groups": global_sum(float(sampled.broken.sum()))}
 
 
 def train_passes(trainer: Trainer, critic, rollout: Rollout, targets: Targets,
@@ -344,6 +250,72 @@ def value_metrics(rollout: Rollout, rewards: torch.Tensor, correct: torch.Tensor
     return metrics
 
 
+@dataclass
+class ValueStage:
+    """What a value-based algorithm's loop works with: the engines (policy, frozen reference,
+    critic), the batch plan, the stage's trainer (the critic its companion), the sampler and
+    the held-out evaluator."""
+    tokenizer: object
+    plan: object
+    engine: object
+    reference: object
+    critic: object
+    trainer: Trainer
+    sampler: Sampler
+    evaluate: Callable[[bool], dict]
+    fmt: object
+
+
+def value_stage(cfg: Config, out: Path, desc: str, policy_path, reward_fn: RewardFn,
+                rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
+                reference_path=None, evaluate_ends: bool = True) -> ValueStage:
+    """Build a value-based stage in `out`: the policy and reference engines, the critic (after
+    VC-PPO's value pretraining where `ppo.value_pretrain_steps` asks for it), and a trainer
+    whose wall-clock budget (`grpo.max_minutes`) is what value pretraining left."""
+    g, p = cfg.grpo, cfg.ppo
+    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
+    sampler = Sampler(engine, None, cfg, policy_path)
+    pretrained = pretrain_values(cfg, out, sampler, policy_path, reward_fn, rl_records, plan) \
+        if p.value_pretrain_steps else None
+    critic = build_engine(load_critic(cfg, policy_path, reward_fn, pretrained), cfg.deepspeed,
+                          lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    fmt = prompt_format(cfg.data)
+    budget = g.max_minutes * 60
+    if budget and pretrained is not None:
+        budget = max(budget - pretrain_seconds(pretrained), 1e-3)
+    trainer = Trainer(out, engine, logger, g.steps, desc=desc, max_seconds=budget,
+                      companions={"critic": critic},
+                      fresh_state={"sample_seed": sampling_seed()})
+    sampler.trainer = trainer
+    evaluate = make_evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
+    return ValueStage(tokenizer, plan, engine, reference, critic, trainer, sampler, evaluate, fmt)
+
+
+def end_value_step(stage: ValueStage, metrics: dict, timing: dict, started: float,
+                   g: GRPOConfig, evaluate_ends: bool) -> None:
+    """Close a step: its update's seconds, the optimizer step count, the metrics (with the
+    evaluation due), and the state when a save is due."""
+    trainer = stage.trainer
+    timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
+    trainer.advance()
+    metrics.update({"train/lr": current_lr(stage.engine), "time/rollout": timing["rollout"],
+                    "time/scoring": timing["scoring"], "time/update": timing["update"]})
+    metrics.update(due_evaluation(trainer, g, stage.evaluate, evaluate_ends))
+    trainer.log(metrics)
+    if trainer.due(g.save_every):
+        trainer.save()
+
+
+def finish_value_stage(stage: ValueStage, out: Path, config_yaml: str) -> Path:
+    """Export the critic (`<out>/critic`) and the policy (`<out>/final`); returns the latter."""
+    export(stage.critic, stage.tokenizer, out / "critic", config_yaml)
+    stage.trainer.finish(stage.tokenizer, out / "final", config_yaml,
+                         {"steps": stage.trainer.step,
+                          "seconds": stage.trainer.state.get("seconds", 0.0)})
+    return out / "final"
+
+
 def pretrain_seconds(critic_path: Path) -> float:
     """Wall clock value pretraining spent (its done.json)."""
     import json
@@ -373,7 +345,7 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
                       max_seconds=g.max_minutes * 60, fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
     fmt = prompt_format(cfg.data)
-    sample = _sample_fn(sampler, tokenizer, fmt, reward_fn, g, rank,
+    sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank,
                         g.questions_per_step // world_size, {"rollout": 0.0, "scoring": 0.0})
     while trainer.running():
         step = trainer.step
@@ -382,7 +354,7 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
                          (trainer.state.get("sample_seed", cfg.run.seed), step))
         sampler.rest()
         critic.eval()
-        values = _forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
+        values = forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
         targets = ppo_targets(sampled.rollout, sampled.scores, sampled.rewards,
                               torch.zeros_like(values), None, values, cfg, lam_critic=1.0)
         critic.train()

@@ -1,0 +1,353 @@
+"""GRPO (DeepSeekMath §4.1): the policy loop with outcome or process advantages, on DeepSpeed.
+
+Launch: `igrpo grpo --config configs/tiny.yaml [key=value ...]` (one process), or
+`torchrun --nproc_per_node N -m policy grpo ...`. Each step: take a batch of questions,
+pi_old <- pi, roll out G samples per question, score them with the injected reward callable,
+compute group-relative advantages, then `grpo.mu` updates with the reference model frozen.
+Re-running the same command resumes from the last saved step.
+
+Departures from the paper, each a config switch: the loss table offers the seed's variants
+(`grpo.loss`), and the recipes (configs/recipes/) set each variant's paper settings: DAPO's
+dynamic sampling (more questions sampled until the step holds enough informative groups),
+overlong filtering and punishment, GPG's correction, C3PO's token budget. A step whose loss has
+no signal (no kept token, or all advantages 0 and no KL term) skips the optimizer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from configs.schema import Config, GRPOConfig
+from policy import inspection
+from policy.generation.logprobs import completion_logprobs
+from policy.generation.rollout import Rollout
+from policy.kit import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
+                        make_evaluator, make_sample, policy_engines, reference_logprobs,
+                        refill_questions, sampling_seed, starts_at, step_questions)
+from policy.math.advantages import (ADVANTAGE_ESTIMATORS, GroupNorm, informative_groups,
+                                    token_budget_mask, zero_group_correction)
+from policy.math.losses import POLICY_LOSSES
+from policy.rewards import RewardFn, Scores
+from runtime.data import MathRecord
+from runtime.engine import (current_lr, device_memory_gib, gather_rows, global_sum, is_main,
+                            memory_metrics, world)
+from runtime.prompts import prompt_format
+from runtime.training import Trainer, stage_done
+
+
+def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
+               rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
+               config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
+               evaluate_ends: bool = True) -> Path:
+    """Run `cfg.grpo.steps` GRPO steps from `policy_path`; returns the final export's folder.
+
+    The reference model is `reference_path` (default: the starting policy), frozen throughout.
+    `evaluate_ends=False` skips the held-out evaluation of the starting and the final policy
+    (the outer loop evaluates both in its own units; `grpo.eval_every` still applies between).
+    Each step is sample (rollout + score, refilled under dynamic sampling) -> advantages ->
+    update -> log, one function each.
+    """
+    g = cfg.grpo
+    out = run_path / out_name
+    if stage_done(out):
+        return out / "final"
+    rank, world_size = world()
+    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
+    fmt = prompt_format(cfg.data)
+    trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60,
+                      fresh_state={"sample_seed": sampling_seed()})
+    sampler = Sampler(engine, trainer, cfg, policy_path)
+    evaluate = make_evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
+    per_rank = g.questions_per_step // world_size
+    while trainer.running():
+        step = trainer.step
+        timing = {"rollout": 0.0, "scoring": 0.0}
+        sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
+        sampled = sample_step(sample, rl_records, step, g, cfg.run.seed,
+                              trainer.state.get("sample_seed", cfg.run.seed),
+                              tokenizer.pad_token_id)
+        updating = time.perf_counter()
+        memory = device_memory_gib()  # the rollout's: vLLM's pool is awake
+        sampler.rest()
+        batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
+                               g, seed=cfg.run.seed * 1_000_003 + step)
+        stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
+                            f"{out_name} step {step + 1}",
+                            is_reference=step == 0 and starts_at(reference_path, policy_path))
+        timing["update"] = time.perf_counter() - updating
+        trainer.advance()
+        metrics = log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
+                           timing)
+        metrics.update({**sampled.stats, **sampler.stats(), **memory_metrics(memory),
+                        "train/lr": current_lr(engine)})
+        metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
+        trainer.log(metrics, inspect_step(out / "inspect", trainer.step, g, tokenizer, sampled,
+                                          batch, logger))
+        if trainer.due(g.save_every):
+            trainer.save()
+    trainer.finish(tokenizer, out / "final", config_yaml,
+                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
+    return out / "final"
+
+
+def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
+                rl_records: list[MathRecord], step: int, g: GRPOConfig, seed: int,
+                sample_seed: int, pad_id: int) -> Sampled:
+    """The step's questions rolled out and scored (`kit.make_sample`, seeded from the stage's
+    sampling seed, the step and the round), refilled under DAPO's dynamic sampling."""
+    key = (sample_seed, step)
+    sampled = sample(step_questions(rl_records, step, g.questions_per_step, seed), (*key, 0))
+    if g.dynamic_sampling:
+        sampled = refill_step(sampled, lambda round_: sample(refill_questions(
+            rl_records, step, round_, g.questions_per_step, seed,
+            g.dynamic_sampling_max_rounds), (*key, round_)), g, pad_id)
+    return sampled
+
+
+def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout,
+                       g: GRPOConfig, *, std_normalised: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] token advantages of the estimator `grpo.supervision` names
+    (`ADVANTAGE_ESTIMATORS`), and the normalised rewards they were built from: [N, S] per step
+    (process) or [N, 1] (outcome, rft). `std_normalised`: whether the loss variant divides by
+    the group's std at all (Dr. GRPO and GPG do not)."""
+    if g.supervision == "process" and scores.step_rewards is None:
+        raise ValueError("grpo.supervision=process needs a reward that returns step rewards "
+                         "(a PRM or a step oracle), but this reward returned only outcomes")
+    norm = GroupNorm(g.group_size, g.scale_by_std and std_normalised, g.std_unbiased, g.std_eps,
+                     g.min_reward_std)
+    advantages, normalised = ADVANTAGE_ESTIMATORS[g.supervision](
+        rewards, scores.step_rewards, scores.step_mask, scores.step_end_index,
+        rollout.completion_ids.shape[1], norm)
+    return advantages * rollout.completion_mask, normalised
+
+
+def informative(sampled: Sampled, g: GRPOConfig) -> torch.Tensor:
+    """[Q] bool: groups whose advantages can be non-zero (DAPO's filter on the values the
+    supervision normalises), and whose rewards are finite."""
+    steps = sampled.scores.step_rewards if g.supervision == "process" else None
+    return informative_groups(sampled.rewards, g.group_size, steps,
+                              sampled.scores.step_mask if steps is not None else None) \
+        & ~sampled.broken
+
+
+def refill_step(first: Sampled, sample_more: Callable[[int], Sampled], g: GRPOConfig,
+                pad_id: int) -> Sampled:
+    """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step holds fewer informative
+    groups than questions (on any rank), sample `sample_more(round)` (round = 1, 2, ...; at most
+    `grpo.dynamic_sampling_max_rounds`); then keep the first informative groups, topped up with
+    uninformative ones if the cap was hit (those stay out of the loss). The batch keeps its size.
+    Stats: the extra rounds and samples drawn and the informative groups kept."""
+    want = len(first.records)
+    parts = [first]
+    found = int(informative(first, g).sum())
+    rounds = 0
+    while rounds < g.dynamic_sampling_max_rounds and global_sum(float(max(0, want - found))) > 0:
+        rounds += 1
+        parts.append(sample_more(rounds))
+        found += int(informative(parts[-1], g).sum())
+    joined = concat_sampled(parts, pad_id)
+    good = informative(joined, g).tolist()
+    chosen = ([q for q, ok in enumerate(good) if ok] + [q for q, ok in enumerate(good) if not ok])
+    batch = joined.groups(sorted(chosen[:want]))
+    batch.stats = {"rollout/refill_rounds": float(rounds),
+                   "rollout/extra_samples": float((len(joined.records) - want) * g.group_size),
+                   "train/informative_groups": float(min(sum(good), want))}
+    return batch
+
+
+@dataclass
+class StepBatch:
+    """What the loss of one step uses: token advantages, the normalised rewards they came from,
+    the kept rows, the loss mask and the global normalisers (summed over ranks)."""
+    advantages: torch.Tensor
+    normalised: torch.Tensor
+    keep: torch.Tensor
+    broken: torch.Tensor
+    loss_mask: torch.Tensor
+    num_sequences: float
+    num_tokens: float
+    stats: dict = field(default_factory=dict)
+
+
+def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
+                   rollout: Rollout, g: GRPOConfig, seed: int = 0) -> StepBatch:
+    """Group-relative advantages and the loss mask: groups dropped by dynamic sampling or with
+    non-finite rewards leave it, truncated samples too under overlong filtering; GPG's alpha
+    scales the advantages; C3PO's token budget (drawn in an order seeded by `seed`) picks the
+    tokens and becomes the token normaliser."""
+    advantages, normalised = compute_advantages(
+        scores, rewards, rollout, g,
+        std_normalised=POLICY_LOSSES[g.loss].std_normalised_advantages)
+    if g.zero_advantages:
+        advantages = torch.zeros_like(advantages)
+    keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
+    if g.dynamic_sampling:
+        steps = scores.step_rewards if g.supervision == "process" else None
+        keep = informative_groups(rewards, g.group_size, steps,
+                                  scores.step_mask if steps is not None else None
+                                  ).repeat_interleave(g.group_size)
+    keep &= ~broken.repeat_interleave(g.group_size)
+    if g.overlong_filter:
+        keep &= ~rollout.truncated
+    stats = {}
+    if g.zero_group_correction:
+        signal = (advantages != 0).any(-1) & keep
+        alpha = zero_group_correction(global_sum(float(keep.sum())),
+                                      global_sum(float((keep & ~signal).sum())))
+        advantages = advantages * alpha
+        stats["train/gpg_alpha"] = alpha
+    loss_mask = rollout.completion_mask.float() * keep[:, None]
+    num_tokens = global_sum(float(loss_mask.sum()))
+    if g.token_budget_share:
+        budget = round(g.token_budget_share * g.questions_per_step * g.group_size
+                       * g.max_new_tokens)
+        order = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(seed))
+        lengths = (loss_mask.sum(-1)).long().cpu()
+        kept = token_budget_mask(lengths, budget // world()[1], order).to(loss_mask.device)
+        positions = torch.arange(loss_mask.shape[1], device=loss_mask.device)
+        loss_mask = loss_mask * (positions[None, :] < kept[:, None])
+        keep = keep & (kept > 0)
+        stats["train/budget_tokens"] = global_sum(float(loss_mask.sum()))
+        num_tokens = float(budget)
+    return StepBatch(advantages, normalised, keep, broken, loss_mask,
+                     global_sum(float(keep.sum())), num_tokens, stats)
+
+
+def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g: GRPOConfig,
+                plan, where: str, is_reference: bool = False) -> dict:
+    """`grpo.mu` passes over the batch, one optimizer step each, against log-probs of the
+    reference and (mu > 1) of pi_old. Returns the global loss, KL and clip fraction, the gradient
+    norm and the per-token entropy of the first pass. `is_reference`: the policy still is the
+    reference (a stage's first step), so the reference's log-probs are pi_old's and no
+    reference forward runs."""
+    engine, world_size = trainer.engine, world()[1]
+    entropy = torch.zeros_like(batch.loss_mask)
+    if not has_signal(batch, reference is not None and g.beta > 0):
+        # Nothing to learn: AdamW's momentum would still move the weights on a zero gradient.
+        return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0,
+                "grad_norm": 0.0, "entropy": entropy, "skipped": 1.0}
+    loss_fn = POLICY_LOSSES[g.loss].fn
+    ref_logprobs = reference_logprobs(reference, rollout, plan.micro_batch_size, is_reference)
+    old_logprobs = forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
+        if g.mu > 1 else None
+    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0}
+    sampled = rollout.sampler_logprobs
+    all_tokens = global_sum(float(rollout.completion_mask.sum()))
+    grad_norm = 0.0
+    engine.train()
+    for update in range(g.mu):
+        def loss_of(rows: slice, mb: int):
+            logprobs = completion_logprobs(
+                engine, rollout.input_ids[rows], rollout.attention_mask[rows],
+                rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if update == 0 else None)
+            old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+            if sampled is not None and update == 0:  # how far the sampler's numbers drift
+                drift = (logprobs.detach() - sampled[rows].to(logprobs)).abs()
+                stats["logprob_diff"] += float((drift * rollout.completion_mask[rows]).sum()) \
+                    / max(all_tokens, 1.0)
+            ref = ref_logprobs[rows] if ref_logprobs is not None else \
+                old if reference is not None else None
+            result = loss_fn(logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
+                             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high,
+                             beta=g.beta, num_sequences=max(batch.num_sequences, 1.0),
+                             num_tokens=max(batch.num_tokens, 1.0), max_tokens=g.max_new_tokens)
+            # Shares of the global step: summed over micro-batches and ranks they give the
+            # batch loss and the token means of KL and clip fraction.
+            share = float(batch.loss_mask[rows].sum()) / max(batch.num_tokens, 1.0)
+            stats["loss"] += result.loss.item() / g.mu
+            stats["kl"] += result.kl.item() * share / g.mu
+            stats["clip"] += result.clip_fraction.item() * share / g.mu
+            stats["clip_high"] += result.clip_high.item() * share / g.mu
+            return result.loss * world_size
+
+        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                     f"{where}, update {update + 1}", grad_norm)
+    return {**{key: global_sum(value) for key, value in stats.items()},
+            "grad_norm": grad_norm, "entropy": entropy, "skipped": 0.0}
+
+
+def has_signal(batch: StepBatch, kl_term: bool) -> bool:
+    """Whether the step's loss can have a gradient: some token is kept and either an advantage
+    is non-zero or the KL term applies (all ranks agree: the sums are global)."""
+    if batch.num_sequences == 0 or global_sum(float(batch.loss_mask.sum())) == 0:
+        return False
+    return kl_term or global_sum(float((batch.advantages * batch.loss_mask).abs().sum())) > 0
+
+
+def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: StepBatch,
+             stats: dict, g: GRPOConfig, timing: dict) -> dict:
+    """The step's metrics (docs/metrics.md) over every rank's samples (all ranks call it);
+    `timing`: this rank's seconds of rollout, scoring and update (the ranks run side by side)."""
+    mask = rollout.completion_mask.float()
+    by_group = batch.normalised.reshape(-1, g.group_size * batch.normalised.shape[1])
+    check = torch.tensor([inspection.group_sum_check(batch.normalised, g.group_size)],
+                         device=mask.device)
+    correct = [] if scores.correct is None else [scores.correct.float()]
+    (rewards, lengths, truncated, entropy, tokens, seen, keep, silent, broken, check,
+     *correct) = gather_rows(
+        rewards.float(), rollout.lengths.float(), rollout.truncated.float(),
+        (stats["entropy"] * mask).sum(-1), mask.sum(-1), rollout.attention_mask.sum(-1).float(),
+        batch.keep.float(), (by_group == 0).all(-1).float(), batch.broken.float(), check,
+        *correct)
+    grouped = rewards.view(-1, g.group_size)
+    step_time = timing["rollout"] + timing["scoring"] + timing["update"]
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "reward/group_std": float(grouped.std(-1, unbiased=False).mean()),
+        "reward/zero_std_groups": float((grouped.max(-1).values == grouped.min(-1).values)
+                                        .float().mean()),
+        # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
+        "reward/no_signal_groups": float(silent.mean()),
+        "reward/nonfinite_groups": float(broken.sum()),
+        "rollout/length_mean": float(lengths.mean()),
+        "rollout/length_max": float(lengths.max()),
+        "rollout/truncation_rate": float(truncated.mean()),
+        "rollout/tokens_per_s": float(lengths.sum()) / max(timing["rollout"], 1e-9),
+        "train/loss": stats["loss"],
+        "train/kl": stats["kl"],
+        "train/clip_fraction": stats["clip"],
+        "train/clip_high": stats["clip_high"],
+        "train/entropy": float(entropy.sum() / tokens.sum().clamp(min=1)),
+        "train/grad_norm": stats["grad_norm"],
+        "train/kept_groups": float(keep.mean()),
+        "train/skipped_step": stats["skipped"],
+        "train/advantage_group_sum": float(check.max()),
+        "train/tokens_per_s": float(seen.sum()) * g.mu / max(timing["update"], 1e-9),
+        "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
+        "time/update": timing["update"], "time/step": step_time,
+        **({"rollout/logprob_diff": stats["logprob_diff"]}
+           if rollout.sampler_logprobs is not None else {}),
+        **batch.stats,
+    }
+    if correct:
+        metrics["reward/accuracy"] = float(correct[0].mean())
+    return metrics
+
+
+
+def inspect_step(folder: Path, step: int, g: GRPOConfig, tokenizer, sampled: Sampled,
+                 batch: StepBatch, logger) -> dict | None:
+    """Every `grpo.inspect_every` steps (main rank): write the step's advantage table and token
+    heatmap; return the wandb media to log (None otherwise)."""
+    if not (g.inspect_every and step % g.inspect_every == 0 and is_main()):
+        return None
+    records, rollout, scores = sampled.records, sampled.rollout, sampled.scores
+    advantages, normalised = batch.advantages, batch.normalised
+    per_sample = [r for r in records for _ in range(g.group_size)]
+    samples = inspection.chosen_samples(len(per_sample), g.group_size, g.inspect_groups,
+                                        g.inspect_samples)
+    rows = inspection.advantage_rows(step, per_sample, rollout, scores, sampled.rewards,
+                                     advantages, normalised, tokenizer, samples, g.supervision)
+    page = inspection.render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
+                                  g.supervision)
+    inspection.write_inspection(folder, step, rows, page)
+    if logger.wandb_run is None:
+        return None
+    return inspection.wandb_media(rows, page, scores, normalised, advantages,
+                                  rollout.completion_mask, g.supervision == "process")

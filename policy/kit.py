@@ -1,0 +1,343 @@
+"""The stage kit every policy algorithm builds its loop from (policy/algorithms/): the step's
+questions, the engines (policy, frozen reference), the sampler (the training module, or a
+colocated vLLM engine), the seeded rollout, the scoring step, the sampled batch and the
+held-out evaluator; the tensors and loss of supervised fine-tuning on worked solutions (SFT,
+offline RFT). An algorithm file imports this kit, the math (policy/math/) and the generation
+engines (policy/generation/), never another algorithm.
+
+    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path)
+    sampler = Sampler(engine, trainer, cfg, policy_path)
+    sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
+    sampled = sample(step_questions(records, step, g.questions_per_step, seed), key)
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from configs.batching import plan_grpo_batch
+from configs.schema import GRPOConfig
+from policy.evaluate import evaluate_policy
+from policy.generation.logprobs import completion_logprobs, selective_log_softmax
+from policy.generation.rollout import Rollout, concat_rollouts, generate_groups
+from policy.math.losses import add_to_last_step, overlong_penalty
+from policy.rewards import RewardFn, Scores, concat_scores
+from runtime.data import MathRecord
+from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
+                            gathered_for_generation, global_sum, world)
+from runtime.models import load_causal_lm, load_tokenizer
+from runtime.prompts import PromptFormat, encode_prompts
+from runtime.shards import seeded
+from runtime.training import Trainer, epoch_slice
+
+
+def step_questions(records: list[MathRecord], step: int, per_step: int, seed: int
+                   ) -> list[MathRecord]:
+    """The questions of `step`: consecutive slices of a seeded permutation, reshuffled per epoch."""
+    return [records[i] for i in epoch_slice(len(records), step, per_step, seed * 7_919)[1]]
+
+
+def refill_questions(records: list[MathRecord], step: int, round_: int, per_step: int, seed: int,
+                     max_rounds: int) -> list[MathRecord]:
+    """The questions of dynamic sampling's extra round `round_` (1-based) of `step`: a seeded
+    stream of its own, so a resumed step draws the same ones."""
+    index = step * max_rounds + round_ - 1
+    order = epoch_slice(len(records), index, per_step, seed * 7_919 + 104_729)[1]
+    return [records[i] for i in order]
+
+
+def sampling_seed() -> int:
+    """A stage's sampling seed, drawn from the random state the stage starts in (the outer loop
+    seeds each unit from its name) and kept in the stage's saved state: the rollouts of step s
+    are seeded from (it, s), whatever ran before and however many processes run."""
+    return broadcast_from_main(int(torch.randint(2**31 - 1, ())))
+
+
+def starts_at(reference_path, policy_path) -> bool:
+    """Whether a stage's reference is its starting policy (the default, and the outer loop's
+    reset): until its first optimizer step the policy's log-probs are the reference's."""
+    return reference_path is None or Path(reference_path) == Path(policy_path)
+
+
+def policy_engines(cfg, policy_path, reference_path=None):
+    """(tokenizer, batch plan, the policy's training engine, the frozen reference or None) of a
+    policy stage; the reference (default: the starting policy) is loaded only when beta > 0,
+    and ZeRO-3 partitions it like the policy."""
+    g = cfg.grpo
+    tokenizer = load_tokenizer(policy_path, cfg.model)
+    plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
+                           world()[1])
+    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
+                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
+                          grad_accum=plan.grad_accum)
+    reference = None
+    if g.beta > 0:
+        reference = build_inference_engine(
+            load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
+            cfg.deepspeed)
+    return tokenizer, plan, engine, reference
+
+
+@torch.no_grad()
+def forward_logprobs(model, rollout: Rollout, micro: int) -> torch.Tensor:
+    """[N, T] completion log-probs without gradient, a micro-batch at a time."""
+    parts = []
+    for start in range(0, rollout.prompt_ids.shape[0], micro):
+        rows = slice(start, start + micro)
+        parts.append(completion_logprobs(model, rollout.input_ids[rows],
+                                         rollout.attention_mask[rows], rollout.prompt_ids.shape[1]))
+    return torch.cat(parts)
+
+
+def reference_logprobs(reference, rollout: Rollout, micro: int, is_reference: bool):
+    """The reference's log-probs of the rollout, or None: without a reference, and while the
+    policy still is the reference (`is_reference`), where the caller uses the policy's own."""
+    if reference is None or is_reference:
+        return None
+    return forward_logprobs(reference, rollout, micro)
+
+
+class Sampler:
+    """Who generates for the training engine: its own module (`rollout.backend=hf`), or a
+    colocated vLLM engine that is handed the current weights once per optimizer step
+    (`rollout.backend=vllm`, policy/generation/vllm.py)."""
+
+    def __init__(self, engine, trainer: Trainer, cfg, policy_path):
+        self.engine, self.trainer = engine, trainer
+        self.vllm = None
+        if cfg.rollout.backend == "vllm":
+            from policy.generation.vllm import engine_for
+
+            self.vllm = engine_for(cfg, policy_path)
+
+    @contextmanager
+    def generating(self):
+        """The model to generate with, inside the block (every rank enters it together): the
+        training module with its weights gathered for the whole generation (hf), or the vLLM
+        engine, handed the current weights inside the gather, which is released before the
+        engine generates (under ZeRO-3 the full policy is not held beside vLLM's copy)."""
+        with gathered_for_generation(self.engine) as module:
+            if self.vllm is None:
+                yield module
+                return
+            engine = self.vllm.sync(module, self.trainer.step)
+        yield engine
+
+    def rest(self) -> None:
+        """Before a training update: a vLLM engine frees its GPU memory (`rollout.sleep`); the
+        next `generating()` wakes it with the updated weights."""
+        if self.vllm is not None:
+            self.vllm.sleep()
+
+    def stats(self) -> dict:
+        """`time/weight_push`: seconds this rank spent pushing weights into vLLM since the last
+        call ({} with the hf backend)."""
+        if self.vllm is None:
+            return {}
+        seconds, self.vllm.push_seconds = self.vllm.push_seconds, 0.0
+        return {"time/weight_push": seconds}
+
+
+def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: GRPOConfig, key: tuple = (),
+                 first: int = 0) -> Rollout:
+    """pi_old <- pi: the current weights sample G completions per prompt (in chunks of
+    `grpo.rollout_questions` prompts where their KV cache would not fit at once). Each chunk
+    samples under a random state seeded from (`key`, the step-wide index of its first
+    question; this rank's prompts start at `first`): a step's samples do not depend on what
+    ran before it, and with `grpo.rollout_questions` set they do not depend on the number of
+    processes either."""
+    chunk = g.rollout_questions or len(prompts)
+    parts = []
+    with sampler.generating() as model:
+        for i in range(0, len(prompts), chunk):
+            with seeded(*key, first + i):
+                parts.append(generate_groups(
+                    model, tokenizer, prompts[i:i + chunk], g.group_size,
+                    max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
+                    greedy=g.temperature == 0))
+    # every tensor of the step on the training engine's device (vLLM returns CPU tensors)
+    return concat_rollouts(parts, tokenizer.pad_token_id).to(sampler.engine.device)
+
+
+def shuffled_rewards(scores: Scores, rewards: torch.Tensor) -> tuple[Scores, torch.Tensor]:
+    """The shuffled-reward control (`grpo.shuffle_rewards`): the batch's solution rewards
+    permuted over its samples and, for process supervision, its step rewards permuted over all
+    of its real steps, so that no reward belongs to its own sample or step any more (the same
+    values, the same step layout)."""
+    rewards = rewards[torch.randperm(len(rewards))]
+    if scores.step_rewards is not None:
+        steps = scores.step_rewards.clone()
+        values = steps[scores.step_mask]
+        steps[scores.step_mask] = values[torch.randperm(len(values))]
+        scores = replace(scores, step_rewards=steps)
+    return scores, rewards
+
+
+def drop_nonfinite(scores: Scores, group_size: int) -> tuple[Scores, torch.Tensor]:
+    """A reward model can return NaN/inf (a PRM on odd input). Every group holding such a value is
+    left out of the step's loss (its values set to 0 so nothing non-finite propagates), and
+    counted in `reward/nonfinite_groups`. Returns the cleaned scores and the [Q] broken-group mask.
+    """
+    bad = ~torch.isfinite(scores.rewards.float())
+    if scores.step_rewards is not None:
+        bad |= (~torch.isfinite(scores.step_rewards.float()) & scores.step_mask).any(-1)
+    groups = bad.view(-1, group_size).any(-1)
+    if not groups.any():
+        return scores, groups
+    rows = groups.repeat_interleave(group_size)
+    step_rewards = None if scores.step_rewards is None else torch.where(
+        rows[:, None] | ~torch.isfinite(scores.step_rewards), 0.0, scores.step_rewards.float())
+    return replace(scores, rewards=torch.where(rows, 0.0, scores.rewards.float()),
+                   step_rewards=step_rewards), groups
+
+
+def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g: GRPOConfig,
+               group_size: int | None = None):
+    """(scores, [N] rewards, [Q] broken groups): the reward callable's scores with non-finite
+    groups zeroed, DAPO's overlong penalty added (under process supervision to the last step's
+    reward too), and with `grpo.shuffle_rewards` the control's permutation applied. Each record
+    has `group_size` samples (default `grpo.group_size`; T-PPO scores single rows)."""
+    group_size = group_size or g.group_size
+    scores = reward_fn([r for r in records for _ in range(group_size)], rollout)
+    scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
+    scores, broken = drop_nonfinite(scores, group_size)
+    penalty = overlong_penalty(rollout.lengths, g.max_new_tokens,
+                               round(g.overlong_buffer_share * g.max_new_tokens),
+                               g.overlong_penalty)
+    rewards = scores.rewards.float() + penalty
+    if scores.step_rewards is not None and bool(penalty.any()):
+        scores = replace(scores, step_rewards=add_to_last_step(scores.step_rewards.float(),
+                                                               scores.step_mask, penalty))
+    if g.shuffle_rewards:
+        scores, rewards = shuffled_rewards(scores, rewards)
+    return scores, rewards, broken
+
+
+@dataclass
+class Sampled:
+    """A step's questions, their G samples each (grouped question by question) and scores."""
+    records: list[MathRecord]
+    rollout: Rollout
+    scores: Scores
+    rewards: torch.Tensor
+    """[N] solution rewards (the overlong penalty included)."""
+    broken: torch.Tensor
+    """[Q] groups holding a non-finite reward."""
+    stats: dict = field(default_factory=dict)
+
+    def groups(self, index: list[int]) -> "Sampled":
+        """The question groups at `index`, in that order."""
+        size = self.rollout.group_size
+        rows = torch.tensor([q * size + j for q in index for j in range(size)], dtype=torch.long,
+                            device=self.rewards.device)
+        return Sampled([self.records[q] for q in index], self.rollout.rows(rows),
+                       self.scores.rows(rows), self.rewards[rows],
+                       self.broken[torch.tensor(index, dtype=torch.long,
+                                                device=self.broken.device)])
+
+
+def concat_sampled(parts: list[Sampled], pad_id: int) -> Sampled:
+    return Sampled([r for p in parts for r in p.records],
+                   concat_rollouts([p.rollout for p in parts], pad_id),
+                   concat_scores([p.scores for p in parts]),
+                   torch.cat([p.rewards for p in parts]), torch.cat([p.broken for p in parts]))
+
+
+def make_sample(sampler: Sampler, tokenizer, fmt, reward_fn: RewardFn, g: GRPOConfig, rank: int,
+                per_rank: int, timing: dict) -> Callable[[list[MathRecord], tuple], Sampled]:
+    """sample(step's questions, key) -> this rank's share rolled out (seeded from `key`, see
+    `rollout_step`) and scored; the seconds spent are added to `timing`."""
+    def sample(records: list[MathRecord], key: tuple) -> Sampled:
+        records = records[rank * per_rank:(rank + 1) * per_rank]
+        started = time.perf_counter()
+        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g,
+                               key, first=rank * per_rank)
+        rolled = time.perf_counter()
+        scored = score_step(reward_fn, records, rollout, g)
+        timing["rollout"] += rolled - started
+        timing["scoring"] += time.perf_counter() - rolled
+        return Sampled(records, rollout, *scored)
+    return sample
+
+
+def make_evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt,
+               trainer: Trainer, evaluate_ends: bool):
+    """evaluate(sampled) -> held-out metrics, the questions spread over the ranks (every rank
+    calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
+    first."""
+    def evaluate(sampled: bool) -> dict:
+        with sampler.generating() as model:
+            return evaluate_policy(
+                model, tokenizer, eval_records, fmt,
+                k=cfg.eval.k, temperature=cfg.eval.temperature,
+                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+                timeout_s=cfg.eval.grade_timeout_s, sampled=sampled, seed=cfg.run.seed)
+    if trainer.step == 0 and evaluate_ends:
+        trainer.log(evaluate(sampled=False))
+    return evaluate
+
+
+def due_evaluation(trainer: Trainer, g: GRPOConfig, evaluate, evaluate_ends: bool) -> dict:
+    """The held-out metrics due after this step: greedy every `grpo.eval_every` steps, and
+    (`evaluate_ends`) the sampled ones after the last step."""
+    metrics = {}
+    if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
+        metrics.update(evaluate(sampled=False))
+        trainer.bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
+    if trainer.step == g.steps and evaluate_ends:
+        metrics.update(evaluate(sampled=True))
+    return metrics
+
+
+def sft_tensors(tokenizer, records: list[MathRecord], fmt: PromptFormat):
+    """Right-padded [prompt | solution | EOS] rows with labels only on solution tokens; the
+    prompt tokenised as the rollout tokenises it (BOS where the model expects one).
+
+    Returns input_ids, attention_mask, labels: [B, L] each (labels -100 on prompt and padding).
+    """
+    rows, label_rows = [], []
+    prompts = encode_prompts(tokenizer, fmt.prompts(tokenizer, records))
+    for rec, prompt in zip(records, prompts):
+        answer = tokenizer(fmt.join(rec.solution_steps),
+                           add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        label_rows.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    labels = torch.tensor([r + [-100] * (width - len(r)) for r in label_rows])
+    return input_ids, mask, labels
+
+
+def token_nll_sum(model, input_ids, attention_mask, labels) -> tuple[torch.Tensor, int]:
+    """Summed next-token NLL over labelled positions, and their count."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    targets = labels[:, 1:]
+    valid = targets != -100
+    logp = selective_log_softmax(logits, targets.clamp(min=0))
+    return -(logp * valid).sum(), int(valid.sum())
+
+
+def supervised_step(trainer: Trainer, tensors, plan, where: str) -> tuple[float, float]:
+    """One optimizer step of the next-token loss on this rank's share of a batch of worked
+    solutions (`sft_tensors`), the mean over the step's tokens of every rank; returns the loss
+    and the gradient norm."""
+    engine, world_size = trainer.engine, world()[1]
+    tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
+    losses = []
+
+    def loss_of(rows_: slice, mb: int):
+        batch = (t[rows_].to(engine.device) for t in tensors)
+        loss = token_nll_sum(engine, *batch)[0] / tokens * world_size
+        losses.append(loss.item())
+        return loss
+
+    grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of, where)
+    return global_sum(sum(losses)) / world_size, grad_norm
