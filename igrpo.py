@@ -59,7 +59,7 @@ IGNORED = {"iterate": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_pat
 IGNORED["demo"] = IGNORED["iterate"]
 
 
-def _strip_local_rank(argv: list[str]) -> list[str]:
+def strip_local_rank(argv: list[str]) -> list[str]:
     """The deepspeed launcher passes --local_rank(=N) before the command; the rank is read from
     the environment."""
     out, skip = [], False
@@ -100,7 +100,7 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
 
 def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespace:
     """`igrpo COMMAND [--config F] [key=value ...]`; `igrpo COMMAND --help` is the command's own."""
-    argv = _strip_local_rank(sys.argv[1:] if argv is None else list(argv))
+    argv = strip_local_rank(sys.argv[1:] if argv is None else list(argv))
     top = argparse.ArgumentParser(
         prog="igrpo", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0].split(": ", 1)[1].replace(", GRPO", ",\nGRPO"),

@@ -140,7 +140,7 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
              layout: str) -> dict:
     """One run of one side: rank 0's step times and completion tokens, peak RSS summed over
     the processes. `layout`: "PxT", P processes of T threads each."""
-    from runtime.engine import _free_port
+    from runtime.engine import free_port
 
     processes, threads = map(int, layout.split("x"))
     out = tempfile.mkdtemp()
@@ -148,7 +148,7 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
     script.write_text(CHILD)
     launch = [sys.executable] if processes == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
     env = {**os.environ, "BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run([*launch, str(script), str(ROOT), side, policy, str(steps),
                            str(max_tokens), out, precision],

@@ -108,38 +108,22 @@ def rollout_rows(model, tok, fmt, splits, repeats: int) -> list[str]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    warnings.simplefilter("ignore")
+def update_rows(model, tok, fmt, splits, repeats: int) -> list[str]:
+    """The update's levers on one 64-row rollout: the prompt-shared forward, real tokens only,
+    attention in blocks of rows by length, packing."""
     import torch
 
-    from configs import load_config
-    from policy.generation import logprobs as lp_module
     from policy.generation.logprobs import completion_logprobs
     from policy.generation.rollout import generate_groups
-    from runtime.data import load_splits
-    from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import prompt_format
 
-    torch.set_num_threads(2)
-    policy = ROOT / "runtime/bundled/tiny_warm_start"
-    cfg = load_config(str(ROOT / "configs/tiny.yaml"), ["data.eval_questions=64"])
-    splits = load_splits(cfg.data, cfg.run.seed)
-    model, tok = load_causal_lm(policy).eval(), load_tokenizer(policy)
-    fmt = prompt_format(cfg.data)
-    rows = ["| lever | setting | before s | after s | after / before |", "| --- | --- | --- | --- | --- |"]
-
-    rows += rollout_rows(model, tok, fmt, splits, args.repeats)
     torch.manual_seed(0)
     r = generate_groups(model, tok, fmt.prompts(tok, splits.rl[:8]), 8, max_new_tokens=112)
     start = r.prompt_ids.shape[1]
 
-    def backward(share: bool, pack: bool = False):
+    def backward(share: bool, pack: bool = False, blocks: int | None = None):
         model.zero_grad()
         lp = completion_logprobs(model, r.input_ids, r.attention_mask, start,
-                                 share_prompts=share, pack=pack)
+                                 share_prompts=share, pack=pack, blocks=blocks)
         (lp * r.completion_mask).sum().backward()
 
     def packed(per_row: int):
@@ -148,25 +132,23 @@ def main() -> None:
             .backward()
 
     model.train()
-    plain = median_time(lambda: backward(False), args.repeats)
-    shared = median_time(lambda: backward(True), args.repeats)
-    shared_packed = median_time(lambda: backward(True, True), args.repeats)
-    blocks, lp_module.BLOCK_ROWS = lp_module.BLOCK_ROWS, len(r.input_ids)  # one block
-    one_block = median_time(lambda: backward(True, True), args.repeats)
-    lp_module.BLOCK_ROWS = blocks
-    pack1 = median_time(lambda: packed(1), args.repeats)
-    pack2 = median_time(lambda: packed(2), args.repeats)
+    plain = median_time(lambda: backward(False), repeats)
+    shared = median_time(lambda: backward(True), repeats)
+    shared_packed = median_time(lambda: backward(True, True), repeats)
+    one_block = median_time(lambda: backward(True, True, blocks=1), repeats)
+    pack1 = median_time(lambda: packed(1), repeats)
+    pack2 = median_time(lambda: packed(2), repeats)
     with torch.no_grad():
         plain_ng = median_time(lambda: completion_logprobs(
-            model, r.input_ids, r.attention_mask, start, share_prompts=False), args.repeats)
+            model, r.input_ids, r.attention_mask, start, share_prompts=False), repeats)
         shared_ng = median_time(lambda: completion_logprobs(
-            model, r.input_ids, r.attention_mask, start, pack=False), args.repeats)
+            model, r.input_ids, r.attention_mask, start, pack=False), repeats)
         packed_ng = median_time(lambda: completion_logprobs(
-            model, r.input_ids, r.attention_mask, start), args.repeats)
+            model, r.input_ids, r.attention_mask, start), repeats)
     real = float(r.attention_mask.float().mean())
     completion = float(r.completion_mask.float().mean())
     setting = f"64 rows, {real:.0%} of the padded tokens real ({completion:.0%} of completions')"
-    rows += [
+    return [
         f"| update: prompt-shared forward + backward | {setting} | {plain:.2f} | {shared:.2f} | "
         f"{shared / plain:.2f}x |",
         f"| update: prompt-shared forward, no gradient (reference) | {setting} | {plain_ng:.2f} "
@@ -182,6 +164,30 @@ def main() -> None:
         f"{pack1 / plain:.2f}x |",
         f"| update: packed, 2 sequences a row | {setting} | {plain:.2f} | {pack2:.2f} | "
         f"{pack2 / plain:.2f}x |"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    import torch
+
+    from configs import load_config
+    from runtime.data import load_splits
+    from runtime.models import load_causal_lm, load_tokenizer
+    from runtime.prompts import prompt_format
+
+    torch.set_num_threads(2)
+    policy = ROOT / "runtime/bundled/tiny_warm_start"
+    cfg = load_config(str(ROOT / "configs/tiny.yaml"), ["data.eval_questions=64"])
+    splits = load_splits(cfg.data, cfg.run.seed)
+    model, tok = load_causal_lm(policy).eval(), load_tokenizer(policy)
+    fmt = prompt_format(cfg.data)
+    rows = ["| lever | setting | before s | after s | after / before |", "| --- | --- | --- | --- | --- |"]
+
+    rows += rollout_rows(model, tok, fmt, splits, args.repeats)
+    rows += update_rows(model, tok, fmt, splits, args.repeats)
     print(f"tiny warm start, 2 threads, medians of {args.repeats}")
     print("\n".join(rows))
 

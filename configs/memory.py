@@ -139,81 +139,96 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     ds, g = cfg.deepspeed, cfg.grpo
     total_gpus = gpus * nodes
     value_bytes = 2 if ds.bf16 else 4
-    params, largest = arch.params, arch.largest_layer_params
-    states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
-
-    def frozen(name: str) -> PlanRow:
-        if ds.zero_stage == 3:
-            per_gpu = value_bytes * params / total_gpus + value_bytes * largest
-            return PlanRow(name, per_gpu, "ZeRO-3 partitioned weights + one gathered layer")
-        return PlanRow(name, value_bytes * params, "replicated weights (inference only)")
-
+    params = arch.params
     tokens = prompt_tokens + g.max_new_tokens
     rank_questions = g.questions_per_step / total_gpus
     # One generate call holds grpo.rollout_questions questions' G samples (0: all of a rank's).
     rollout_seqs = min(rank_questions, g.rollout_questions or rank_questions) * g.group_size
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
-    per_layer = tokens * ds.micro_batch_size * arch.hidden
-    recompute = cfg.model.gradient_checkpointing
-    # With gradient checkpointing each layer keeps only its input; one layer's activations are
-    # rebuilt at a time in the backward pass.
-    activations = (arch.layers * per_layer * value_bytes + per_layer * 34) if recompute else \
-        arch.layers * per_layer * 34
-    logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
-    reward = "PRM" if g.supervision == "process" else "ORM"
     gathered = value_bytes * params if ds.zero_stage == 3 else 0.0
-    weight_rows = [
-        PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB")]
+    weight_rows = _weight_rows(cfg, arch, gpus, nodes)
+    rollout_rows = _rollout_rows(cfg, value_bytes * params, gathered, rollout_seqs,
+                                 kv_per_seq, tokens)
+    update = _update_row(cfg, arch, tokens, value_bytes)
+    weights = sum(r.gpu_bytes for r in weight_rows)
+    rollout = sum(r.gpu_bytes for r in rollout_rows)
+    numbers = {"params": params, "largest_layer_params": arch.largest_layer_params,
+               "weights": weights, "gathered": gathered, "update": update.gpu_bytes,
+               "peak": weights + max(rollout, update.gpu_bytes),
+               "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
+               "group_size": g.group_size, "total_gpus": total_gpus, "tokens": tokens,
+               "vllm": None}
+    if cfg.rollout.backend == "vllm":
+        numbers["vllm"] = {"weights": value_bytes * params, "fraction": cfg.rollout.memory_fraction,
+                           "kv_fixed": cfg.rollout.kv_cache_gb * GB,
+                           "sleeps": cfg.rollout.sleep}
+    return [*weight_rows, *rollout_rows, update], numbers
+
+
+def _weight_rows(cfg, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow]:
+    """What stays on the GPU throughout: the policy's model states (the critic's too), the
+    frozen reference and the reward model GRPO is rewarded by."""
+    ds, g = cfg.deepspeed, cfg.grpo
+    value_bytes = 2 if ds.bf16 else 4
+    params, largest = arch.params, arch.largest_layer_params
+    states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
+    rows = [PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB")]
     if g.algorithm in ("ppo", "t_ppo"):
         # The critic: the policy's backbone under a one-output head (no LM head), trained by its
         # own DeepSpeed engine: its model states count like the policy's.
         critic_params = params - (0 if arch.tied else arch.vocab * arch.hidden) + arch.hidden
         critic_gpu, critic_cpu, _ = model_states(critic_params, largest, ds, gpus, nodes)
-        weight_rows.append(PlanRow("critic model states", critic_gpu,
-                                   f"{critic_params / 1e9:.2f}B params (PPO family); CPU "
-                                   f"{critic_cpu / GB:.1f} GiB"))
+        rows.append(PlanRow("critic model states", critic_gpu,
+                            f"{critic_params / 1e9:.2f}B params (PPO family); CPU "
+                            f"{critic_cpu / GB:.1f} GiB"))
     if g.beta > 0:  # without the KL term no reference model is loaded
-        weight_rows.append(frozen("reference model"))
+        if ds.zero_stage == 3:
+            rows.append(PlanRow("reference model", value_bytes * params / (gpus * nodes)
+                                + value_bytes * largest,
+                                "ZeRO-3 partitioned weights + one gathered layer"))
+        else:
+            rows.append(PlanRow("reference model", value_bytes * params,
+                                "replicated weights (inference only)"))
     # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
-    weight_rows.append(PlanRow(f"{reward} (scoring)", value_bytes * params,
-                               "replicated weights (scoring)"))
-    vllm = cfg.rollout.backend == "vllm"
-    if vllm:
-        r = cfg.rollout
+    reward = "PRM" if g.supervision == "process" else "ORM"
+    rows.append(PlanRow(f"{reward} (scoring)", value_bytes * params,
+                        "replicated weights (scoring)"))
+    return rows
+
+
+def _rollout_rows(cfg, weights: float, gathered: float, sequences: float, kv_per_seq: float,
+                  tokens: int) -> list[PlanRow]:
+    """The rollout's: vLLM's copy of the weights (its pool is per GPU size: `vllm_phases`), or
+    the decoding loop's KV cache; the gathered policy under ZeRO-3 either way."""
+    r = cfg.rollout
+    if r.backend == "vllm":
         pool = f"{r.kv_cache_gb:g} GB KV cache + the weights" if r.kv_cache_gb else \
             f"rollout.memory_fraction {r.memory_fraction:g} of the GPU"
-        rollout_rows = [
-            PlanRow("rollout: gathered policy", gathered,
-                    "ZeRO-3: gathered to push the weights into vLLM, released before it "
-                    "generates" if gathered else "not partitioned: nothing to gather"),
-            PlanRow("rollout: vLLM weights", value_bytes * params,
-                    f"inside vLLM's pool ({pool}; per GPU size below)")]
-    else:
-        rollout_rows = [
-            PlanRow("rollout: gathered policy", gathered,
+        return [PlanRow("rollout: gathered policy", gathered,
+                        "ZeRO-3: gathered to push the weights into vLLM, released before it "
+                        "generates" if gathered else "not partitioned: nothing to gather"),
+                PlanRow("rollout: vLLM weights", weights,
+                        f"inside vLLM's pool ({pool}; per GPU size below)")]
+    return [PlanRow("rollout: gathered policy", gathered,
                     "ZeRO-3: the full weights, gathered once per rollout" if gathered else
                     "not partitioned: nothing to gather"),
-            PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
-                    f"{rollout_seqs:g} sequences x {tokens} tokens")]
-    # The critic's update (after the policy's, not beside it) keeps no vocabulary logits.
-    update = PlanRow("update: activations", activations + logits,
-                     f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
-                     f"{'gradient checkpointing' if recompute else 'no recompute'}, "
-                     "flash attention, + logits")
-    rows = [*weight_rows, *rollout_rows, update]
-    weights = sum(r.gpu_bytes for r in weight_rows)
-    rollout = sum(r.gpu_bytes for r in rollout_rows)
-    peak = weights + max(rollout, update.gpu_bytes)
-    numbers = {"params": params, "largest_layer_params": largest, "weights": weights,
-               "gathered": gathered, "update": update.gpu_bytes, "peak": peak,
-               "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
-               "group_size": g.group_size, "total_gpus": total_gpus, "tokens": tokens,
-               "vllm": None}
-    if vllm:
-        numbers["vllm"] = {"weights": value_bytes * params, "fraction": cfg.rollout.memory_fraction,
-                           "kv_fixed": cfg.rollout.kv_cache_gb * GB,
-                           "sleeps": cfg.rollout.sleep}
-    return rows, numbers
+            PlanRow("rollout: KV cache", sequences * kv_per_seq,
+                    f"{sequences:g} sequences x {tokens} tokens")]
+
+
+def _update_row(cfg, arch: Architecture, tokens: int, value_bytes: int) -> PlanRow:
+    """One update micro-batch's activations and logits. With gradient checkpointing each layer
+    keeps only its input, and one layer's activations are rebuilt at a time in the backward
+    pass. (The critic's update, after the policy's, keeps no vocabulary logits.)"""
+    ds, recompute = cfg.deepspeed, cfg.model.gradient_checkpointing
+    per_layer = tokens * ds.micro_batch_size * arch.hidden
+    activations = (arch.layers * per_layer * value_bytes + per_layer * 34) if recompute else \
+        arch.layers * per_layer * 34
+    logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
+    return PlanRow("update: activations", activations + logits,
+                   f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
+                   f"{'gradient checkpointing' if recompute else 'no recompute'}, "
+                   "flash attention, + logits")
 
 
 def vllm_phases(numbers: dict, gpu_gb: float) -> dict:

@@ -130,21 +130,29 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptForm
                                        done=lambda c: bar.update(sample_costs[c]))
             for row in part]
     bar.close()
+    return _metrics(records, greedy, rows if sampled else None, k, temperature, outcomes_path)
+
+
+def _metrics(records: list[MathRecord], greedy: list, rows: list | None, k: int,
+             temperature: float, outcomes_path: Path | None) -> dict[str, float]:
+    """`evaluate_policy`'s metrics from its chunks' results (greedy: (rights, lengths) per
+    chunk; rows: (sample rights, vote keys, majority right) per question, None when nothing was
+    sampled), and the outcomes file, which the main rank writes."""
     greedy_right = [right for rights, _ in greedy for right in rights]
     lengths = [n for _, ns in greedy for n in ns]
-    samples, votes, majority = ([[row[i] for row in rows] for i in range(3)] if sampled
+    samples, votes, majority = ([[row[i] for row in rows] for i in range(3)] if rows is not None
                                 else (None, None, None))
     values = per_question(greedy_right, samples, majority)
     metrics = summarise(values)
     metrics.update({"eval/greedy_length": sum(lengths) / len(lengths),
                     "eval/questions": len(records)})
-    if sampled:
+    if rows is not None:
         metrics["eval/k"] = k
     if outcomes_path is not None and is_main():
         atomic_write_json(Path(outcomes_path), {
-            "questions": [r.source_id for r in records], "k": k if sampled else 0,
+            "questions": [r.source_id for r in records], "k": k if rows is not None else 0,
             "temperature": temperature, **values,
-            **({"sample_right": samples, "sample_votes": votes} if sampled else {})})
+            **({"sample_right": samples, "sample_votes": votes} if rows is not None else {})})
     return metrics
 
 

@@ -80,7 +80,7 @@ def make_problems(seed: int, count: int, min_ops: int = 2, max_ops: int = 4) -> 
     return [make_problem(rng, min_ops, max_ops) for _ in range(count)]
 
 
-def _true_chain(question: str) -> list[tuple[int, str, int, int]]:
+def true_chain(question: str) -> list[tuple[int, str, int, int]]:
     """(value, op, operand, result) of each operation the question asks for."""
     sentences = question.rstrip(".").split(". ")
     value = int(sentences[0].removeprefix("Start with "))
@@ -102,7 +102,7 @@ def step_correctness(question: str, steps: list[str] | tuple[str, ...]) -> list[
     wrong too (the gold answer can no longer be reached from it): the Math-Shepherd notion of a
     step's correctness.
     """
-    chain = _true_chain(question)
+    chain = true_chain(question)
     truth = [render_step(*link) for link in chain] + [f"{ANSWER_PREFIX}{chain[-1][3]}"]
     out, on_track = [], True
     for k, step in enumerate(steps):
@@ -131,9 +131,9 @@ def carry_slip_solution(problem: Problem) -> tuple[str, ...]:
     next steps compute correctly from the wrong value. A slip moves the value by a multiple of
     ten, so later steps carry exactly where the right solution's do: the slips land on the same
     steps whatever came before. Solutions with no carry or borrow come back unchanged."""
-    value = _true_chain(problem.question)[0][0]
+    value = true_chain(problem.question)[0][0]
     steps = []
-    for _, op, n, _ in _true_chain(problem.question):
+    for _, op, n, _ in true_chain(problem.question):
         result = _slipped(value, op, n)
         steps.append(render_step(value, op, n, result))
         value = result
@@ -148,7 +148,7 @@ def corrupt_solution(problem: Problem, rng: random.Random) -> tuple[tuple[str, .
     it reads from the question (a reading slip); later steps compute correctly from the wrong
     value, as a model that slipped once would, so the final answer is wrong too.
     """
-    chain = _true_chain(problem.question)
+    chain = true_chain(problem.question)
     k = rng.randrange(len(chain))
     steps = list(problem.steps[:k])
     value = chain[k][0]

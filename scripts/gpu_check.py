@@ -44,11 +44,8 @@ SMALL_RUN = ["grpo.steps=4", "grpo.save_every=1", "grpo.questions_per_step={n}",
 
 def iterate_check(args) -> dict:
     """The config's GPU path on a stand-in: run, SIGKILL in GRPO, resume; what it measured."""
-    import json as json_
     import os
     import signal
-    import socket
-    import subprocess
 
     from configs import load_config
     from runtime.tiny_model import STAND_INS, build_stand_in
@@ -63,21 +60,9 @@ def iterate_check(args) -> dict:
         env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
         overrides += ["model.dtype=float32", "deepspeed.bf16=false", "rollout.kv_cache_gb=1",
                       "run.threads=1"]
-
-    def launch():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        log = open(work / "log.txt", "a")
-        return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
-             "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "igrpo", "iterate",
-             "--config", f"configs/{args.config}", *overrides], cwd=ROOT, env=env, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
-
     run = work / load_config(f"configs/{args.config}").run.name
     started = time.perf_counter()
-    proc, killed = launch(), None
+    proc, killed = _launch(args, overrides, env, work), None
     deadline = time.monotonic() + args.timeout
     metrics = run / "grpo" / "iteration-1" / "metrics.jsonl"
     while proc.poll() is None and time.monotonic() < deadline:
@@ -88,23 +73,43 @@ def iterate_check(args) -> dict:
             break
         time.sleep(0.2)
     if killed is not None:
-        proc = launch()
+        proc = _launch(args, overrides, env, work)
     code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    rows = [r for r in read_metrics(metrics) if "train/loss" in r] if metrics.exists() else []
-    per_rank = {}
-    for key in sorted({k for r in rows for k in r if k.startswith("memory/")}):
-        per_rank[key] = max(r[key] for r in rows if key in r)
-    units = json_.loads((run / "manifest.json").read_text())["units"] \
-        if (run / "manifest.json").exists() else {}
     return {"config": args.config, "backend": args.backend, "processes": args.nproc,
-            "exit_code": code, "killed_after_step": killed,
-            "finished": bool(units) and all(u["state"] == "done" for u in units.values()),
+            "exit_code": code, "killed_after_step": killed, **_measured(run, metrics),
+            "wall_s": round(time.perf_counter() - started, 1), "log": str(work / "log.txt")}
+
+
+def _launch(args, overrides: list[str], env: dict, work: Path):
+    """`igrpo iterate` of the config on `args.nproc` processes under torchrun, in a process
+    group of its own (so one SIGKILL stops every rank)."""
+    import subprocess
+
+    from runtime.engine import free_port
+
+    log = open(work / "log.txt", "a")
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "igrpo", "iterate",
+         "--config", f"configs/{args.config}", *overrides], cwd=ROOT, env=env, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _measured(run: Path, metrics: Path) -> dict:
+    """Whether every unit finished, and GRPO's steps: tokens/s, weight-push seconds and the
+    peak memory per GPU."""
+    from runtime.tracking import read_metrics
+
+    rows = [r for r in read_metrics(metrics) if "train/loss" in r] if metrics.exists() else []
+    memory = {key: round(max(r[key] for r in rows if key in r), 2)
+              for key in sorted({k for r in rows for k in r if k.startswith("memory/")})}
+    units = json.loads((run / "manifest.json").read_text())["units"] \
+        if (run / "manifest.json").exists() else {}
+    return {"finished": bool(units) and all(u["state"] == "done" for u in units.values()),
             "grpo_steps_logged": [r["step"] for r in rows],
             "rollout_tokens_per_s": [round(r["rollout/tokens_per_s"], 1) for r in rows],
             "weight_push_s": [round(r["time/weight_push"], 3) for r in rows
-                              if "time/weight_push" in r],
-            **{k: round(v, 2) for k, v in per_rank.items()},
-            "wall_s": round(time.perf_counter() - started, 1), "log": str(work / "log.txt")}
+                              if "time/weight_push" in r], **memory}
 
 
 def main() -> None:
@@ -125,9 +130,12 @@ def main() -> None:
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
                         help="rollout.backend: transformers generate or a colocated vLLM engine")
     args = parser.parse_args()
-    if args.check == "iterate":
-        print(json.dumps(iterate_check(args), indent=2))
-        return
+    print(json.dumps(iterate_check(args) if args.check == "iterate" else speed_check(args),
+                     indent=2))
+
+
+def speed_check(args) -> dict:
+    """A few GRPO steps of the ~0.4B model: throughput, MFU and peak memory."""
     import torch
 
     from configs import load_config
@@ -182,7 +190,7 @@ def main() -> None:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "wall_s": time.perf_counter() - started,
     }
-    print(json.dumps(report, indent=2))
+    return report
 
 
 if __name__ == "__main__":  # vLLM's engine may spawn processes: keep the entry guarded

@@ -41,7 +41,7 @@ def labelled_with_slips(records, seed: int):
         problem = synthetic.Problem(rec.question, rec.solution_steps, int(rec.answer))
         if rng.random() < 0.5:
             steps, k = synthetic.corrupt_solution(problem, rng)
-            true_step = synthetic.render_step(*synthetic._true_chain(rec.question)[k])
+            true_step = synthetic.render_step(*synthetic.true_chain(rec.question)[k])
             kind = "reading" if steps[k].split(":")[0] != true_step.split(":")[0] else "arithmetic"
         else:
             steps, k, kind = problem.steps, None, "clean"

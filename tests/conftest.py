@@ -1,6 +1,11 @@
-"""Shared fixtures. Expensive ones (the tiny warm-start checkpoint) are built once per session."""
+"""Shared fixtures. Expensive ones (the tiny warm-start checkpoint) are built once per session.
+Test helpers (configs, launchers, fault injection, checks) live in tests/helpers/."""
 
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 import torch  # noqa: E402
 
@@ -20,8 +25,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 

@@ -12,7 +12,7 @@ from configs.loader import schema_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for d in ("configs", "runtime", "policy", "reward_model", "process_supervision",
-                       "iteration") for p in (ROOT / d).glob("*.py")] + [ROOT / "igrpo.py"]
+                       "iteration") for p in (ROOT / d).rglob("*.py")] + [ROOT / "igrpo.py"]
 
 
 def _help(capsys, *argv) -> str:
@@ -111,7 +111,7 @@ def test_every_key_a_shipped_yaml_sets_is_read(config):
 
 
 def test_the_deepspeed_launchers_local_rank_is_dropped_wherever_it_is():
-    strip = igrpo._strip_local_rank
+    strip = igrpo.strip_local_rank
     assert strip(["--local_rank=3", "iterate", "--config", "c.yaml"]) == ["iterate", "--config",
                                                                           "c.yaml"]
     assert strip(["iterate", "--local-rank", "1", "x=1"]) == ["iterate", "x=1"]

@@ -45,7 +45,7 @@ def test_a_launched_rank_that_nobody_initialised_sees_its_world(tmp_path):
     """A stage called directly under torchrun (not through the CLI, which initialises the
     process group first) still learns it is one of two ranks, instead of running the whole
     batch as if alone while DeepSpeed averages the two."""
-    torchrun(2, "tests/dist_check.py", "world", tmp_path)
+    torchrun(2, "tests/helpers/dist_check.py", "world", tmp_path)
     assert [(tmp_path / f"world-rank{r}.txt").read_text() for r in (0, 1)] == \
         ["(0, 2)", "(1, 2)"]
 
@@ -53,10 +53,10 @@ def test_a_launched_rank_that_nobody_initialised_sees_its_world(tmp_path):
 def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path):
     """Two ranks holding different halves of a batch log what one process holding all of it
     logs: rewards, lengths, truncation, entropy and the group counts are gathered, not rank 0's
-    share (tests/dist_check.py builds the batch)."""
+    share (tests/helpers/dist_check.py builds the batch)."""
     metrics = {}
     for nproc in (1, 2):
-        torchrun(nproc, "tests/dist_check.py", "metrics", tmp_path / f"p{nproc}")
+        torchrun(nproc, "tests/helpers/dist_check.py", "metrics", tmp_path / f"p{nproc}")
         metrics[nproc] = json.loads((tmp_path / f"p{nproc}" / "metrics.json").read_text())
     one, two = metrics[1], metrics[2]
     assert one.keys() == two.keys()
@@ -78,7 +78,7 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage):
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        torchrun(nproc, "tests/dist_check.py", "grpo", out, base, stage)
+        torchrun(nproc, "tests/helpers/dist_check.py", "grpo", out, base, stage)
         row = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0]
         advantages = [torch.load(out / f"advantages-rank{r}.pt", weights_only=True)
                       for r in range(nproc)]
@@ -107,7 +107,7 @@ def test_ppo_step_two_processes_equal_one(tmp_path, base):
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        torchrun(nproc, "tests/dist_check.py", "ppo", out, base, 2)
+        torchrun(nproc, "tests/helpers/dist_check.py", "ppo", out, base, 2)
         runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0],
                        out)
     (one, out1), (two, out2) = runs[1], runs[2]
@@ -130,7 +130,7 @@ def test_reward_model_step_two_processes_equal_one(tmp_path, base):
     losses = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        torchrun(nproc, "tests/dist_check.py", "rm", out, base, 2, data)
+        torchrun(nproc, "tests/helpers/dist_check.py", "rm", out, base, 2, data)
         losses[nproc] = [r["rm/loss"] for r in read_metrics(out / "metrics.jsonl")
                          if "rm/loss" in r]
     assert len(losses[1]) == 1 and losses[1][0] > 0
@@ -144,7 +144,7 @@ def test_two_nodes_on_localhost_complete_a_grpo_step(tmp_path, base):
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
          "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-         "tests/dist_check.py", "grpo", str(tmp_path / "run"), str(base), "2"],
+         "tests/helpers/dist_check.py", "grpo", str(tmp_path / "run"), str(base), "2"],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node in (0, 1)]
     outputs = [p.communicate(timeout=300)[0] for p in procs]

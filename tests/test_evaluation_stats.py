@@ -99,3 +99,12 @@ def test_table_and_plot_show_the_intervals(tmp_path):
     assert "RL closed 40%" in text
     path = plot_accuracy(tmp_path / "accuracy.png", iterations)
     assert path.stat().st_size > 10_000
+
+
+def test_majority_vote():
+    from policy.evaluate import majority_answer
+
+    texts = ["The answer is 4", "The answer is 4.0", "The answer is 5", "no answer", "#### 5",
+             "The answer is 4"]
+    assert majority_answer(texts) == "4"
+    assert majority_answer(["nothing here"]) is None

@@ -170,9 +170,9 @@ def test_decoding_runs_in_inference_mode_and_returns_ordinary_tensors(warm_start
 def test_filled_cache_layer_keeps_one_count_of_written_positions():
     """The decoding cache's layer counts what is written once: transformers' `cumulative_length`
     reads the same count as attention's `filled`, and crop and reset move both."""
-    from policy.generation.rollout import _FilledLayer
+    from policy.generation.rollout import FilledLayer
 
-    layer = _FilledLayer(8)
+    layer = FilledLayer(8)
     step = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 1, 3, 4)
     keys, _ = layer.update(step, -step)
     assert keys.shape[2] == 3 and torch.equal(keys, step)
@@ -279,7 +279,7 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
     ended = (tokens == 1).any(-1).view(len(lengths), 6)[[1, 3, 4]]
     assert ended.any() and not ended.all()  # rows left the batch at different steps
     assert (tokens[:6, 1:] == 0).all() and (tokens[12:18, 8:] == 0).all()  # the limits held
-    assert model.config._attn_implementation != rollout._PROMPT_SHARED  # restored
+    assert model.config._attn_implementation != rollout.PROMPT_SHARED  # restored
 
 
 @pytest.mark.parametrize("blocks", [1, 4])
@@ -318,7 +318,6 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkey
     completion_mask = mask[:, start:].float()
     advantages = torch.randn(rows, 1).expand(rows, width)
     calls = _count_calls(monkeypatch, lp_module, "_packed_attention")
-    monkeypatch.setattr(lp_module, "BLOCK_ROWS", 1 if blocks > 1 else rows)
     attention = _count_calls(monkeypatch, torch.nn.functional, "scaled_dot_product_attention")
     out = {}
     for pack in (True, False):
@@ -326,7 +325,7 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkey
         attention.clear()
         entropy = torch.zeros(rows, width)
         logprobs = completion_logprobs(model, ids, mask, start, entropy_out=entropy, pack=pack,
-                                       share_prompts=pack)
+                                       share_prompts=pack, blocks=blocks)
         loss = grpo_loss(logprobs, logprobs.detach(), logprobs.detach() - 0.1, advantages,
                          completion_mask, clip_eps_low=0.2, clip_eps_high=0.2, beta=0.04,
                          num_sequences=float(rows), num_tokens=1.0, max_tokens=width).loss
@@ -342,7 +341,7 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkey
     for a, b in zip(out[True][3], out[False][3]):
         assert (a - b).abs().max() <= tolerance * max(b.abs().max(), 1.0)
     assert sum(float(g.abs().sum()) for g in out[True][3]) > 0
-    assert model.config._attn_implementation != lp_module._PACKED  # restored
+    assert model.config._attn_implementation != lp_module.PACKED  # restored
 
 
 def test_every_end_token_of_the_generation_config_stops_and_masks(tmp_path):
@@ -374,3 +373,14 @@ def test_every_end_token_of_the_generation_config_stops_and_masks(tmp_path):
     assert all(len(row) == 40 for row, cut in zip(got, stopped.truncated) if cut)
     assert (stopped.completion_ids[~stopped.completion_mask.bool()]
             == tokenizer.pad_token_id).all()
+
+
+def test_chunked_logprobs_equal_full_log_softmax():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 50)
+    labels = torch.randint(0, 50, (3, 7))
+    full = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    chunked = selective_log_softmax(logits, labels, chunk_tokens=4)
+    assert torch.allclose(chunked, full, atol=1e-5)
+    bf16 = selective_log_softmax(logits.bfloat16(), labels, chunk_tokens=5)
+    assert bf16.dtype == torch.float32

@@ -207,7 +207,7 @@ def test_two_ranks_each_hold_their_own_engine(tmp_path):
 
     from launch import torchrun
 
-    torchrun(2, "tests/dist_check.py", "vllm", tmp_path, timeout=600)
+    torchrun(2, "tests/helpers/dist_check.py", "vllm", tmp_path, timeout=600)
     got = json.loads((tmp_path / "vllm.json").read_text())
     assert got["launch"] == [{"distributed_executor_backend": "external_launcher"}] * 2
     assert got["seed"][0] != got["seed"][1]

@@ -56,7 +56,7 @@ def test_every_stage_resumes_under_every_zero_stage(tmp_path, base, precision):
     """SFT, reward-model, GRPO and PPO (with its critic) states saved after step 1 under ZeRO-0,
     1, 2 and 3 load into fresh engines on 2 processes, and step 2 then equals the uninterrupted
     run's bit for bit: weights (the critic's too) and every logged number but wall-clock ones."""
-    torchrun(2, "tests/zero_resume.py", tmp_path, base, "sft,rm,grpo,ppo", precision,
+    torchrun(2, "tests/helpers/zero_resume.py", tmp_path, base, "sft,rm,grpo,ppo", precision,
              timeout=600)
     for kind in ("sft", "rm", "grpo", "ppo"):
         for stage in (0, 1, 2, 3):
@@ -188,7 +188,7 @@ def test_generation_and_scoring_phases_are_spread_over_the_ranks(tmp_path):
     they compute on 1, with the shipped warm start, while each rank generates for only part of
     the prompts. A non-finite loss on one rank stops both, each naming where."""
     for nproc in (1, 2):
-        torchrun(nproc, "tests/dist_check.py", "shards", tmp_path / f"p{nproc}")
+        torchrun(nproc, "tests/helpers/dist_check.py", "shards", tmp_path / f"p{nproc}")
     one, two = (json.loads((tmp_path / f"p{n}" / "shards.json").read_text()) for n in (1, 2))
     assert one["eval"]["eval/greedy_accuracy"] > 0.5 and one["eval"]["eval/mean_at_k"] > 0.3
     for key in ("eval", "solutions", "labels", "rm", "bon"):

@@ -90,10 +90,12 @@ class _Packed:
     shrink with the spread of lengths; the packed sequence runs block by block."""
 
     def __init__(self, cache, group: torch.Tensor, prompt_mask: torch.Tensor,
-                 lengths: torch.Tensor):
+                 lengths: torch.Tensor, blocks: int | None = None):
+        """`blocks`: how many length blocks (default: up to LENGTH_BLOCKS of BLOCK_ROWS rows)."""
         self.keys = [layer.keys for layer in cache.layers]
         self.values = [layer.values for layer in cache.layers]
-        blocks = max(1, min(LENGTH_BLOCKS, len(lengths) // BLOCK_ROWS))
+        if blocks is None:
+            blocks = max(1, min(LENGTH_BLOCKS, len(lengths) // BLOCK_ROWS))
         order = torch.argsort(lengths, stable=True)
         self.blocks = [block for block in (_Block(rows, lengths[rows], group, prompt_mask)
                                            for rows in order.tensor_split(blocks))
@@ -128,13 +130,13 @@ def _packed_attention(module, query, key, value, attention_mask, scaling=None, d
     return torch.cat(outs)[None], None
 
 
-_PACKED = "igrpo_packed"
+PACKED = "igrpo_packed"
 
 
 def _packable(config, completion_mask: torch.Tensor) -> bool:
     """The packed pass serves models whose attention runs through a function of ours
-    (`policy.generation.rollout.serves_custom_attention`), and completions whose real tokens come first in
-    their row (right padding only), at least one of them."""
+    (`policy.generation.rollout.serves_custom_attention`), and completions whose real tokens
+    come first in their row (right padding only), at least one of them."""
     from policy.generation.rollout import serves_custom_attention
 
     return (serves_custom_attention(config) and bool(completion_mask.any())
@@ -144,7 +146,8 @@ def _packable(config, completion_mask: torch.Tensor) -> bool:
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_start: int, chunk_tokens: int = 4096,
                         entropy_out: torch.Tensor | None = None,
-                        share_prompts: bool = True, pack: bool = True) -> torch.Tensor:
+                        share_prompts: bool = True, pack: bool = True,
+                        blocks: int | None = None) -> torch.Tensor:
     """Log-probs of the completion tokens of left-padded `[prompt | completion]` rows.
 
     input_ids, attention_mask: [N, P + T], the completion starting at column `completion_start`
@@ -159,7 +162,8 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     tokens run as one sequence, and only attention lays them out in rows. Same values and
     gradients as the plain forward (to float rounding), with the prompt's FLOPs paid once per
     group instead of G times and none paid on padding. Off under gradient checkpointing (which
-    turns the cache off) and when no row repeats.
+    turns the cache off) and when no row repeats. `blocks`: the packed pass's attention in that
+    many blocks of rows of similar lengths (default: `_Packed`'s rule).
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     start = completion_start
@@ -183,7 +187,7 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
         if pack and _packable(module.config, attention_mask[:, start:]):
             return _packed_logprobs(model, module, cache, input_ids, attention_mask,
                                     position_ids, start, first, run, chunk_tokens,
-                                    entropy_out)
+                                    entropy_out, blocks)
         cache.batch_select_indices(run)
         logits = model(input_ids=input_ids[:, start - 1:], attention_mask=attention_mask,
                        position_ids=position_ids[:, start - 1:], past_key_values=cache,
@@ -193,15 +197,16 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
 
 
 def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_ids, start: int,
-                     first: torch.Tensor, run: torch.Tensor, chunk_tokens: int, entropy_out):
+                     first: torch.Tensor, run: torch.Tensor, chunk_tokens: int, entropy_out,
+                     blocks: int | None = None):
     """The per-row pass of `completion_logprobs` on real tokens only: row i's inputs are its last
     prompt token and its completion but the last token, one packed sequence for all rows."""
     from policy.generation.rollout import custom_attention
 
     lengths = attention_mask[:, start:].sum(-1)
-    packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths)
+    packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths, blocks)
     column = start - 1 + packed.column
-    with custom_attention(module.config, _PACKED, _packed_attention):
+    with custom_attention(module.config, PACKED, _packed_attention):
         logits = model(input_ids=input_ids[packed.row, column][None],
                        position_ids=position_ids[packed.row, column][None],
                        use_cache=False, packed=packed).logits[0]

@@ -18,7 +18,7 @@ from transformers.cache_utils import StaticLayer
 from runtime.models import end_token_ids
 
 
-class _FilledLayer(StaticLayer):
+class FilledLayer(StaticLayer):
     """transformers' StaticLayer (a buffer allocated once, written in place) whose attention
     reads only the positions written so far, not the whole buffer. Written by slice: at a
     decoding step's size StaticLayer's positions tensor and `index_copy_` take 1.5-3x the time
@@ -265,7 +265,7 @@ def _prompt_shared_attention(module, query, key, value, attention_mask, scaling=
     return out.reshape(rows, 1, heads, dim), None
 
 
-_PROMPT_SHARED = "igrpo_prompt_shared"
+PROMPT_SHARED = "igrpo_prompt_shared"
 # Architectures whose attention modules pass the forward's keyword arguments to the attention
 # function (and so reach `_prompt_shared_attention`), tested in tests/test_rollout.py.
 PROMPT_SHARED_MODELS = ("llama", "qwen2", "mistral", "gpt_neox")
@@ -296,7 +296,7 @@ def custom_attention(config, name: str, function):
 
 def _shares_prompts(model, cache) -> bool:
     return serves_custom_attention(model.config) and all(
-        type(layer) is _FilledLayer for layer in cache.layers)
+        type(layer) is FilledLayer for layer in cache.layers)
 
 
 def _cache_rows(cache, index: torch.Tensor) -> None:
@@ -316,7 +316,7 @@ def _filled_cache(model, length: int):
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=length)
-    cache.layers = [_FilledLayer(layer.max_cache_len) if type(layer) is StaticLayer else layer
+    cache.layers = [FilledLayer(layer.max_cache_len) if type(layer) is StaticLayer else layer
                     for layer in cache.layers]
     return cache
 
@@ -367,11 +367,9 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
     `compact_share` of the batch is still running. Sampling is transformers' temperature and
     top-p warpers and `torch.multinomial`, as `generate` samples.
 
-    Prefill and loop run under `torch.inference_mode`, which skips the bookkeeping `no_grad`
-    still does on every operation (version counters, views' autograd metadata): a decoding step
-    is a few hundred small ones, and the tiny rollout takes 0.89-0.92x the time (paired runs).
-    The outputs are made outside it, so the loss may save them for backward (inference tensors
-    it may not)."""
+    Prefill and loop run under `torch.inference_mode` (no bookkeeping of versions and views on
+    a few hundred small operations a step: docs/rollout.md); the outputs are made outside it,
+    so the loss may save them for backward."""
     warpers = _warpers(temperature, top_p, greedy)
     rows, device = ids.shape[0] * repeat, ids.device
     ends = torch.as_tensor(eos_id, device=device).reshape(-1)
@@ -390,34 +388,45 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_to
                 model, ids, mask, repeat, max_new_tokens, share_prompts)
             step = {} if prompt_kv is None else {"prompt_kv": prompt_kv}
             attend = nullcontext() if prompt_kv is None else custom_attention(
-                model.config, _PROMPT_SHARED, _prompt_shared_attention)
+                model.config, PROMPT_SHARED, _prompt_shared_attention)
             alive = torch.arange(rows, device=device)  # the batch's rows, as rows of the output
             with attend:
                 for t in range(max_new_tokens):
-                    scores = warpers(None, logits.float())
-                    chosen = scores.argmax(-1) if greedy else \
-                        torch.multinomial(torch.softmax(scores, -1), 1).squeeze(-1)
-                    tokens[alive, t] = chosen
-                    logprobs[alive, t] = torch.log_softmax(scores, -1).gather(
-                        -1, chosen[:, None]).squeeze(-1)
+                    chosen, logprob = _draw(warpers, logits, greedy)
+                    tokens[alive, t], logprobs[alive, t] = chosen, logprob
                     running = ~torch.isin(chosen, ends) & (limit[alive] > t + 1)
                     if t + 1 == max_new_tokens or not running.any():
                         break
                     if running.sum() <= compact_share * len(alive):
-                        keep = running.nonzero().squeeze(-1)
-                        _cache_rows(cache, keep)
-                        alive, chosen = alive[keep], chosen[keep]
-                        next_position = next_position[keep]
-                        if prompt_kv is not None:
-                            prompt_kv.keep(keep)
-                        else:
-                            attention = attention[keep]
+                        alive, chosen, next_position, attention = _compacted(
+                            running.nonzero().squeeze(-1), cache, prompt_kv, alive, chosen,
+                            next_position, attention)
                     logits = model(input_ids=chosen[:, None], attention_mask=attention,
                                    position_ids=(next_position + t)[:, None],
                                    past_key_values=cache, use_cache=True, **step).logits[:, -1]
     finally:
         model.train(was_training)
     return _trimmed(tokens, logprobs, limit, eos_id, pad_id)
+
+
+def _draw(warpers, logits: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token (the argmax, or drawn as `generate` draws it) and its log-prob
+    under the warped distribution. logits: [rows, V] -> ([rows], [rows])."""
+    scores = warpers(None, logits.float())
+    chosen = scores.argmax(-1) if greedy else \
+        torch.multinomial(torch.softmax(scores, -1), 1).squeeze(-1)
+    return chosen, torch.log_softmax(scores, -1).gather(-1, chosen[:, None]).squeeze(-1)
+
+
+def _compacted(keep: torch.Tensor, cache, prompt_kv, alive, chosen, next_position, attention):
+    """The batch narrowed to the rows at `keep` (the cache, and the prompt view or the
+    attention mask, in place or returned): (alive, chosen, next_position, attention)."""
+    _cache_rows(cache, keep)
+    if prompt_kv is not None:
+        prompt_kv.keep(keep)
+    else:
+        attention = attention[keep]
+    return alive[keep], chosen[keep], next_position[keep], attention
 
 
 def _warpers(temperature: float, top_p: float, greedy: bool):

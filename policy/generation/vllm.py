@@ -7,11 +7,13 @@ in this process and `collective_rpc` reaches it). Weights reach it without a dis
 (`model_runner.reload_weights`); the model's own `load_weights` is not used because the CPU backend
 re-lays out its weights after loading. Prompts go in as token ids encoded exactly as the `hf`
 backend encodes them, and completions come back as token ids, so a `Rollout` is the same object
-whichever backend made it; `generate_groups(engine, ...)` in policy/generation/rollout.py dispatches here.
+whichever backend made it; `generate_groups(engine, ...)` in policy/generation/rollout.py
+dispatches here.
 
 What vLLM's sampler returns never reaches the loss: the loss's log-probs are recomputed by the
-training model. The log-probs vLLM reports for its sampled tokens (`Rollout.sampler_logprobs`) serve only the
-drift check `rollout/logprob_diff` (mean |vLLM - training| over completion tokens).
+training model. The log-probs vLLM reports for its sampled tokens (`Rollout.sampler_logprobs`)
+serve only the drift check `rollout/logprob_diff` (mean |vLLM - training| over completion
+tokens).
 
 A process holds one engine (`engine_for`), which every stage reuses: vLLM keeps its parallel
 state in module globals, and an engine's shutdown tears it down, torch.distributed's process group

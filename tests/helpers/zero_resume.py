@@ -1,7 +1,7 @@
 """Every stage's training state under every ZeRO stage, fp32 and bf16, saved and loaded back into
 fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it writes.
 
-    torchrun --nproc_per_node 2 tests/zero_resume.py OUT BASE KIND[,KIND...] PRECISION
+    torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION
 
 For each stage kind (sft, rm, grpo, ppo: PPO with its critic) and ZeRO stage 0-3, the stage runs
 twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")

@@ -1,13 +1,13 @@
 """One GRPO step or one reward-model step, run under `torchrun` with any number of processes;
 tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on the same global batch.
 
-    torchrun --nproc_per_node 2 tests/dist_check.py grpo OUT BASE ZERO_STAGE
-    torchrun --nproc_per_node 2 tests/dist_check.py ppo OUT BASE ZERO_STAGE
-    torchrun --nproc_per_node 2 tests/dist_check.py rm OUT BASE ZERO_STAGE DATA.jsonl
-    torchrun --nproc_per_node 2 tests/dist_check.py world OUT
-    torchrun --nproc_per_node 2 tests/dist_check.py metrics OUT
-    torchrun --nproc_per_node 2 tests/dist_check.py shards OUT
-    torchrun --nproc_per_node 2 tests/dist_check.py vllm OUT      (in the vLLM venv)
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py grpo OUT BASE ZERO_STAGE
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py ppo OUT BASE ZERO_STAGE
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py rm OUT BASE ZERO_STAGE DATA.jsonl
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py world OUT
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py metrics OUT
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py shards OUT
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py vllm OUT      (in the vLLM venv)
 
 Rollouts are greedy (grpo.temperature=0), so they do not depend on how questions are spread over
 ranks; the process reward cuts every completion into 3-token steps and scores each step from its
@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")

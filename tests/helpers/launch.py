@@ -5,19 +5,14 @@ no agent to stop the others when one fails)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from runtime.engine import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ A *zygote* process imports the project once and forks one child per attempt, so 
 the run's own work, not 4 s of imports; each child is a fresh process with its own RNG, DeepSpeed
 engine and gloo group, killed with SIGKILL (no handler, no cleanup), exactly like a preemption.
 
-    python tests/fault_injection.py --kills 20 --timeline STRAIGHT/manifest.json --run-dir DIR \\
+    python tests/helpers/fault_injection.py --kills 20 --timeline STRAIGHT/manifest.json --run-dir DIR \\
         -- iterate --config configs/tiny.yaml run.root=...
 
 Kill moments are drawn over an uninterrupted run's timeline (its manifest's units, each with its
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 ZYGOTE = r"""
 import json, os, socket, sys

@@ -1,54 +1,20 @@
-"""The GRPO math against hand-computed numbers and the seed's worked example."""
+"""The policy losses (policy/math/losses.py) against hand-computed numbers, the seed's worked
+example and the paper's gradient coefficients: the k3 KL, the clipped objective and its variants,
+clip fractions, micro-batch sums."""
 
 import math
 
 import pytest
 import torch
 
-from policy.math.advantages import (outcome_advantages, process_advantages,
-                                    rejection_sampling_advantages)
-from policy.generation.logprobs import selective_log_softmax
-from policy.math.advantages import informative_groups
+from policy.math.advantages import (informative_groups, rejection_sampling_advantages)
 from policy.math.losses import POLICY_LOSSES, k3_kl, overlong_penalty
 
-# The seed's worked example (003_69686f70371876c1.txt): G = 4, eps = 0.2, per-token old/new probs.
-OLD = [
-    [0.30, 0.25, 0.40, 0.35, 0.45, 0.60, 0.80],
-    [0.15, 0.40, 0.50, 0.45, 0.30, 0.40, 0.35, 0.25, 0.20, 0.60, 0.70, 0.80],
-    [0.20, 0.30, 0.25, 0.70],
-    [0.10, 0.25, 0.15, 0.40, 0.35, 0.10, 0.60, 0.20, 0.15, 0.45, 0.25, 0.75],
-]
-NEW = [
-    [0.35, 0.28, 0.45, 0.32, 0.50, 0.65, 0.85],
-    [0.12, 0.35, 0.55, 0.48, 0.25, 0.45, 0.40, 0.20, 0.15, 0.65, 0.75, 0.85],
-    [0.25, 0.35, 0.30, 0.75],
-    [0.08, 0.30, 0.18, 0.45, 0.40, 0.08, 0.65, 0.18, 0.12, 0.50, 0.20, 0.80],
-]
-REWARDS = [1.0, 1.0, 1.0, 0.0]
-
-
-def _padded(rows, fill=1.0):
-    width = max(len(r) for r in rows)
-    values = torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.float64)
-    mask = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows],
-                        dtype=torch.float64)
-    return values, mask
-
-
-def _seed_inputs():
-    old, mask = _padded(OLD)
-    new, _ = _padded(NEW)
-    adv = outcome_advantages(torch.tensor(REWARDS, dtype=torch.float64), 4)
-    return new.log(), old.log(), adv[:, None] * mask, mask, adv
-
-
-def test_seed_example_advantages():
-    *_, adv = _seed_inputs()
-    assert adv.tolist() == pytest.approx([0.577, 0.577, 0.577, -1.732], abs=1e-3)
+from seed_example import seed_inputs
 
 
 def test_seed_example_clipped_ratios_and_objective():
-    logp, old_logp, adv, mask, _ = _seed_inputs()
+    logp, old_logp, adv, mask, _ = seed_inputs()
     ratio = torch.exp(logp - old_logp)
     clipped = ratio.clamp(0.8, 1.2)
     # Spot checks from the seed's tables: r_{3,1} = 1.25 -> 1.2, r_{2,9} = 0.75 -> 0.8.
@@ -73,53 +39,6 @@ def test_seed_example_clipped_ratios_and_objective():
     assert -out.loss.item() == pytest.approx(0.0305, abs=1e-3)
 
 
-def test_all_equal_group_gives_zero_advantage_not_nan():
-    adv = outcome_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), 3)
-    assert adv.tolist() == [0.0] * 6
-    adv = outcome_advantages(torch.tensor([0.5, 0.5]), 1)  # G = 1: no group to compare against
-    assert adv.tolist() == [0.0, 0.0]
-
-
-def test_unbiased_std_and_no_std():
-    r = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    # mean 0.25; sample std = sqrt(0.75 / 3) = 0.5 -> (1 - 0.25) / 0.5 = 1.5
-    assert outcome_advantages(r, 4, unbiased=True, eps=0)[0].item() == pytest.approx(1.5)
-    assert outcome_advantages(r, 4, scale_by_std=False).tolist() == [0.75, -0.25, -0.25, -0.25]
-
-
-def test_process_advantages_by_hand():
-    # One group, G = 2. Sample 0: 3 steps ending at tokens 1, 3, 5 with rewards 1, 0, 1.
-    # Sample 1: 2 steps ending at tokens 2, 4 with rewards 0, 0; token 5 lies after its last step.
-    step_rewards = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    step_mask = torch.tensor([[True, True, True], [True, True, False]])
-    step_end = torch.tensor([[1, 3, 5], [2, 4, 0]])
-    # All 5 step rewards together: mean 0.4, population std sqrt((2*0.36 + 3*0.16)/5) = sqrt(0.24).
-    sd = math.sqrt(0.24)
-    hi, lo = 0.6 / sd, -0.4 / sd
-    adv = process_advantages(step_rewards, step_mask, step_end, num_tokens=7, group_size=2, eps=0)
-    expected0 = [hi + lo + hi] * 2 + [lo + hi] * 2 + [hi] * 2 + [0.0]
-    expected1 = [lo + lo] * 3 + [lo] * 2 + [0.0] * 2
-    assert adv[0].tolist() == pytest.approx(expected0, abs=1e-6)
-    assert adv[1].tolist() == pytest.approx(expected1, abs=1e-6)
-
-
-def test_process_advantages_equal_plain_loop():
-    torch.manual_seed(0)
-    n, s, t, g = 8, 4, 20, 4
-    rewards = torch.rand(n, s)
-    mask = torch.rand(n, s) > 0.3
-    ends = torch.sort(torch.randint(0, t, (n, s)), dim=-1).values
-    fast = process_advantages(rewards, mask, ends, t, g, eps=0)
-    for q in range(n // g):
-        vals = torch.cat([rewards[i][mask[i]] for i in range(q * g, (q + 1) * g)])
-        mean, std = vals.mean(), vals.std(unbiased=False)
-        for i in range(q * g, (q + 1) * g):
-            for tok in range(t):
-                want = sum(((rewards[i, j] - mean) / std).item()
-                           for j in range(s) if mask[i, j] and ends[i, j] >= tok)
-                assert fast[i, tok].item() == pytest.approx(want, abs=1e-5)
-
-
 def test_k3_zero_when_equal_positive_otherwise():
     logp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
     assert k3_kl(logp, logp).abs().max().item() == 0.0
@@ -128,17 +47,6 @@ def test_k3_zero_when_equal_positive_otherwise():
     assert (kl > 0).all()
     # x = 0.3 / 0.2 = 1.5: 1.5 - ln 1.5 - 1
     assert kl[0].item() == pytest.approx(1.5 - math.log(1.5) - 1, rel=1e-5)
-
-
-def test_chunked_logprobs_equal_full_log_softmax():
-    torch.manual_seed(0)
-    logits = torch.randn(3, 7, 50)
-    labels = torch.randint(0, 50, (3, 7))
-    full = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
-    chunked = selective_log_softmax(logits, labels, chunk_tokens=4)
-    assert torch.allclose(chunked, full, atol=1e-5)
-    bf16 = selective_log_softmax(logits.bfloat16(), labels, chunk_tokens=5)
-    assert bf16.dtype == torch.float32
 
 
 def test_grpo_gradient_matches_paper_coefficient():
@@ -248,31 +156,21 @@ def test_dapo_options():
     assert pen.tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0])
 
 
-def test_majority_vote():
-    from policy.evaluate import majority_answer
-
-    texts = ["The answer is 4", "The answer is 4.0", "The answer is 5", "no answer", "#### 5",
-             "The answer is 4"]
-    assert majority_answer(texts) == "4"
-    assert majority_answer(["nothing here"]) is None
-
-
-def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
-    from policy.kit import shuffled_rewards
-    from policy.rewards import Scores
-
-    torch.manual_seed(0)
-    mask = torch.tensor([[True, True, True, False], [True, True, False, False],
-                         [True, True, True, True]])
-    steps = torch.arange(12, dtype=torch.float32).reshape(3, 4) * mask
-    scores = Scores(rewards=torch.tensor([0.1, 0.2, 0.3]), step_rewards=steps, step_mask=mask,
-                    step_end_index=torch.zeros(3, 4, dtype=torch.long))
-    moved, rewards = shuffled_rewards(scores, scores.rewards)
-    # The same values on the same layout (padding untouched) ...
-    assert sorted(moved.step_rewards[mask].tolist()) == sorted(steps[mask].tolist())
-    assert (moved.step_rewards[~mask] == 0).all()
-    assert sorted(rewards.tolist()) == pytest.approx([0.1, 0.2, 0.3])
-    # ... but not on their own steps (a no-op for process supervision before this control
-    # permuted the step rewards too).
-    assert not torch.equal(moved.step_rewards, steps)
-    assert torch.equal(scores.step_rewards, steps)  # the input is left as it was
+def test_clip_higher_and_cispo_clip_on_the_upper_side_only():
+    """Ratios 1.25 and 1.3 on A > 0, 0.75 on A < 0. GRPO's symmetric 0.2 clips all three;
+    DAPO's eps_high 0.28 lets 1.25 through (1 upper, 1 lower); CISPO bounds the weight above
+    only: 1 upper clip, never a lower one."""
+    new = torch.tensor([[1.25, 1.3, 0.75]]).log()
+    old = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, 1.0, -1.0]])
+    mask = torch.ones(1, 3)
+    kw = dict(beta=0.0, num_sequences=1, num_tokens=3, max_tokens=3)
+    grpo = POLICY_LOSSES["grpo"].fn(new, old, None, adv, mask, clip_eps_low=0.2,
+                                    clip_eps_high=0.2, **kw)
+    dapo = POLICY_LOSSES["dapo"].fn(new, old, None, adv, mask, clip_eps_low=0.2,
+                                    clip_eps_high=0.28, **kw)
+    cispo = POLICY_LOSSES["cispo"].fn(new, old, None, adv, mask, clip_eps_low=0.2,
+                                      clip_eps_high=0.28, **kw)
+    assert (grpo.clip_fraction.item(), grpo.clip_high.item()) == pytest.approx((1.0, 2 / 3))
+    assert (dapo.clip_fraction.item(), dapo.clip_high.item()) == pytest.approx((2 / 3, 1 / 3))
+    assert (cispo.clip_fraction.item(), cispo.clip_high.item()) == pytest.approx((1 / 3, 1 / 3))

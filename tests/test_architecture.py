@@ -1,0 +1,134 @@
+"""The house rules, read from the source: imports flow one way (no circle between the project's
+modules), no private name (a leading underscore) is used outside its module, no function outside
+the tests runs past 60 lines, and each algorithm file stays under 400 (STYLE.md, habit 1)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("configs", "runtime", "policy", "reward_model", "process_supervision", "iteration")
+MAX_FUNCTION_LINES = 60
+MAX_ALGORITHM_LINES = 400
+
+
+def _sources(*folders: str) -> list[Path]:
+    files = [ROOT / "igrpo.py"] if not folders or "igrpo.py" in folders else []
+    for folder in folders or (*PACKAGES, "scripts", "bench", "tests"):
+        if folder != "igrpo.py":
+            files += sorted((ROOT / folder).rglob("*.py"))
+    return files
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+PROJECT = {_module_name(p) for p in _sources(*PACKAGES, "igrpo.py")}
+
+
+def _resolve(name: str) -> str | None:
+    """The project module `name` is, or lies in (a name inside a module: its module)."""
+    while name:
+        if name in PROJECT:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(path: Path) -> list[tuple[str, str, int]]:
+    """(project module, imported name or '', line) of every import in `path`, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(m, "", node.lineno) for a in node.names if (m := _resolve(a.name))]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                target = full if full in PROJECT else node.module
+                if _resolve(target):
+                    out.append((_resolve(target), "" if target == full else alias.name,
+                                node.lineno))
+    return out
+
+
+def test_imports_flow_one_way():
+    """The project's modules form no import circle (lazy imports inside functions count)."""
+    graph = {_module_name(p): {m for m, _, _ in _imports(p)} - {_module_name(p)}
+             for p in _sources(*PACKAGES, "igrpo.py")}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, [" -> ".join(c) for c in circles]
+
+
+def _private_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    here = _module_name(path)
+    modules = {}  # local name -> the project module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _resolve(alias.name) == alias.name:
+                    modules[alias.asname or alias.name.split(".")[0]] = \
+                        alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in PROJECT:
+                    modules[alias.asname or alias.name] = full
+                elif _resolve(node.module) and alias.name.startswith("_") \
+                        and node.module != here:
+                    found.append(f"{path.name}:{node.lineno}: from {node.module} import "
+                                 f"{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not node.attr.startswith("__") and isinstance(node.value, ast.Name) \
+                and node.value.id in modules and modules[node.value.id] != here:
+            found.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_outside_its_module():
+    """A leading underscore means private to its module: no file imports one from another
+    project module or reads one through a module it imported (tests, scripts and benchmarks
+    included)."""
+    assert [use for path in _sources() for use in _private_uses(path)] == []
+
+
+def test_functions_and_algorithm_files_stay_short():
+    long = []
+    for path in _sources(*PACKAGES, "igrpo.py", "scripts", "bench"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}: {node.name} ({lines} lines)")
+    assert long == []
+    algorithms = sorted((ROOT / "policy" / "algorithms").glob("*.py"))
+    assert {p.stem for p in algorithms} >= {"grpo", "ppo", "tppo", "offline_rft", "sft"}
+    sizes = {p.name: len(p.read_text().splitlines()) for p in algorithms}
+    assert max(sizes.values()) <= MAX_ALGORITHM_LINES, sizes
+
+
+def test_no_algorithm_imports_another():
+    """Algorithms are siblings: each imports the kit, the critic, the math and the engines."""
+    algorithms = {p.stem for p in (ROOT / "policy" / "algorithms").glob("*.py")} - {"__init__"}
+    for name in algorithms:
+        path = ROOT / "policy" / "algorithms" / f"{name}.py"
+        siblings = {m for m, _, _ in _imports(path)} & {f"policy.algorithms.{a}"
+                                                        for a in algorithms - {name}}
+        assert not siblings, (name, siblings)

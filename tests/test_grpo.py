@@ -1,0 +1,298 @@
+"""GRPO's loop (policy/algorithms/grpo.py): the shuffled-reward control, DAPO's refill and
+overlong rules, the empty step, clip-higher over two updates, the wall-clock budget, resume after
+a crash, and the first step's reference."""
+
+import math
+
+import pytest
+import torch
+
+from configs import load_config
+from policy.algorithms import train_policy
+from policy.algorithms.grpo import advantage_step, refill_step
+from policy.generation.rollout import Rollout
+from policy.kit import Sampled, score_step
+from policy.math.advantages import process_advantages
+from policy.rewards import RuleReward, Scores
+from runtime.data import load_splits
+from runtime.models import load_causal_lm
+from runtime.tiny_model import build_tiny
+from runtime.tracking import MetricsLogger, read_metrics
+
+from recipe_batch import batch_rollout, recipe_config
+from small_config import SMALL as BASE
+from small_runs import RandomReward, weights_differ
+
+
+def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
+    from policy.kit import shuffled_rewards
+    from policy.rewards import Scores
+
+    torch.manual_seed(0)
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False],
+                         [True, True, True, True]])
+    steps = torch.arange(12, dtype=torch.float32).reshape(3, 4) * mask
+    scores = Scores(rewards=torch.tensor([0.1, 0.2, 0.3]), step_rewards=steps, step_mask=mask,
+                    step_end_index=torch.zeros(3, 4, dtype=torch.long))
+    moved, rewards = shuffled_rewards(scores, scores.rewards)
+    # The same values on the same layout (padding untouched) ...
+    assert sorted(moved.step_rewards[mask].tolist()) == sorted(steps[mask].tolist())
+    assert (moved.step_rewards[~mask] == 0).all()
+    assert sorted(rewards.tolist()) == pytest.approx([0.1, 0.2, 0.3])
+    # ... but not on their own steps (a no-op for process supervision before this control
+    # permuted the step rewards too).
+    assert not torch.equal(moved.step_rewards, steps)
+    assert torch.equal(scores.step_rewards, steps)  # the input is left as it was
+
+
+def _sampled(rewards, questions, g=4):
+    n = len(rewards)
+    rollout = Rollout(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.long),
+                      torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
+                      [str(q) for q in questions for _ in range(g)],
+                      torch.zeros(n, dtype=torch.bool), g)
+    rewards = torch.tensor(rewards)
+    return Sampled(list(questions), rollout, Scores(rewards=rewards), rewards,
+                   torch.zeros(len(questions), dtype=torch.bool))
+
+
+def test_dapo_refill_fills_the_batch_and_counts_the_extra_generations():
+    """4 questions per step, G = 4; the first draw has one informative group (question 2);
+    each extra round draws 4 new questions, of which two are informative. One round would give
+    3, so two rounds are needed: 4 informative groups, 8 extra groups = 32 extra samples."""
+    g = recipe_config("dapo", "grpo.questions_per_step=4", "grpo.group_size=4").grpo
+    flat, mixed = [1.0] * 4, [1.0, 0.0, 0.0, 0.0]
+    first = _sampled(flat + flat + mixed + flat, [0, 1, 2, 3])
+    rounds = []
+
+    def more(round_):
+        rounds.append(round_)
+        base = 10 * round_
+        return _sampled(mixed + flat + mixed + [0.0] * 4, [base, base + 1, base + 2, base + 3])
+
+    batch = refill_step(first, more, g, pad_id=0)
+    assert rounds == [1, 2]
+    assert batch.records == [2, 10, 12, 20]  # the informative groups, in draw order
+    assert batch.rollout.texts == [str(q) for q in batch.records for _ in range(4)]
+    assert batch.stats == {"rollout/refill_rounds": 2.0, "rollout/extra_samples": 32.0,
+                           "train/informative_groups": 4.0}
+    # the cap: with one round allowed the batch holds 3 informative groups and one flat one
+    capped = refill_step(first, more, recipe_config("dapo", "grpo.questions_per_step=4",
+                                              "grpo.group_size=4",
+                                              "grpo.dynamic_sampling_max_rounds=1").grpo, 0)
+    assert capped.records == [0, 2, 10, 12] and capped.stats["train/informative_groups"] == 3.0
+
+
+def test_overlong_penalty_reaches_process_advantages():
+    """G = 2, max 10 tokens, DAPO's buffer share 0.2 = 2 tokens: a 10-token sample loses the
+    whole penalty 1 (on its last step), a 5-token one nothing. Step rewards 0.5, 0.5 | 0.5, 0.5
+    (no spread: no signal without the penalty) become 0.5, -0.5 | 0.5, 0.5; normalised over the
+    group's 4 steps (mean 0.25, std sqrt(3)/4): 0.5774, -1.7321 | 0.5774, 0.5774. Token t sums
+    its step and the later ones."""
+    g = load_config("configs/tiny.yaml", ["grpo.supervision=process", "grpo.group_size=2",
+                                          "grpo.max_new_tokens=10"], recipe="dapo").grpo
+    rollout = batch_rollout(lengths=[10, 5], width=10, truncated=[True, False])
+    step_mask = torch.ones(2, 2, dtype=torch.bool)
+    ends = torch.tensor([[4, 9], [1, 4]])
+
+    def reward(records, rollout_):
+        return Scores(rewards=torch.tensor([0.5, 0.5]), step_rewards=torch.full((2, 2), 0.5),
+                      step_mask=step_mask, step_end_index=ends)
+
+    scores, rewards, broken = score_step(reward, [None], rollout, g)
+    assert scores.step_rewards.tolist() == [[0.5, -0.5], [0.5, 0.5]]
+    assert rewards.tolist() == [-0.5, 0.5]
+    hi, lo = 0.25 / (math.sqrt(3) / 4), -0.75 / (math.sqrt(3) / 4)
+    adv = process_advantages(scores.step_rewards, step_mask, ends, 10, 2)
+    assert adv[0].tolist() == pytest.approx([hi + lo] * 5 + [lo] * 5, abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([2 * hi] * 2 + [hi] * 3 + [0.0] * 5, abs=1e-5)
+    # DAPO's overlong filter keeps the truncated sample out of the loss
+    batch = advantage_step(scores, rewards, broken, rollout,
+                           load_config("configs/tiny.yaml", ["grpo.supervision=process",
+                                                             "grpo.group_size=2",
+                                                             "grpo.max_new_tokens=10",
+                                                             "grpo.dynamic_sampling=false"],
+                                       recipe="dapo").grpo)
+    assert batch.keep.tolist() == [False, True] and batch.loss_mask[0].sum() == 0
+
+
+def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
+    """A step whose every group was dropped (dynamic sampling found no signal) must not call
+    AdamW: after one real step its momentum is non-zero and would move the weights again."""
+    from configs.batching import plan_grpo_batch
+    from policy.algorithms.grpo import StepBatch, update_step
+    from runtime.engine import build_engine
+    from runtime.models import load_causal_lm
+    from runtime.tiny_model import build_tiny
+    from runtime.tracking import MetricsLogger
+    from runtime.training import Trainer
+    from small_config import SMALL
+
+    cfg = load_config("configs/tiny.yaml", [*SMALL, "grpo.group_size=3", "grpo.beta=0",
+                                            "grpo.supervision=outcome",
+                                            "grpo.lr=1e-2"], recipe="dapo")
+    g = cfg.grpo
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    plan = plan_grpo_batch(2, 3, 8, 1)
+    engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=g.lr,
+                          micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    trainer = Trainer(tmp_path / "grpo", engine, logger, 2, desc="test")
+    gen = torch.Generator().manual_seed(0)
+    rollout = Rollout(torch.randint(3, 20, (6, 4), generator=gen), torch.ones(6, 4, dtype=torch.long),
+                      torch.randint(3, 20, (6, 5), generator=gen), torch.ones(6, 5, dtype=torch.long),
+                      [""] * 6, torch.zeros(6, dtype=torch.bool), 3)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    live = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
+                          rollout, g)
+    stats = update_step(trainer, None, rollout, live, g, plan, "real step")
+    assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
+
+    def snapshot():
+        weights = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+        state = {id_: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+                 for id_, s in engine.optimizer.state_dict()["state"].items()}
+        return weights, state
+
+    before = snapshot()
+    assert any(v["exp_avg"].abs().sum() > 0 for v in before[1].values())  # momentum to lose
+    flat = torch.ones(6)
+    empty = advantage_step(Scores(rewards=flat), flat, torch.zeros(2, dtype=torch.bool), rollout, g)
+    assert isinstance(empty, StepBatch) and empty.num_sequences == 0
+    stats = update_step(trainer, None, rollout, empty, g, plan, "empty step")
+    assert stats["skipped"] == 1.0
+    after = snapshot()
+    assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    assert all(torch.equal(before[1][i][k], after[1][i][k]) for i in before[1] for k in before[1][i])
+    # the control: the same batch without the skip moves the weights by momentum alone
+    engine.backward(sum(0.0 * p.sum() for p in engine.module.parameters()))
+    engine.step()
+    moved = snapshot()
+    assert any(not torch.equal(before[0][k], moved[0][k]) for k in before[0])
+
+
+@pytest.mark.parametrize("name", ["dapo", "cispo"])
+def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
+    """mu = 2: the second update's ratio is no longer 1, and a large step size pushes ratios
+    past 1 + eps_high: the upper clip fraction is > 0 (CISPO: all of its clipping)."""
+    from policy.algorithms import train_policy
+    from runtime.data import load_splits
+    from runtime.tiny_model import build_tiny
+    from runtime.tracking import MetricsLogger, read_metrics
+    from small_config import SMALL
+
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
+                                            "grpo.eval_every=0", "grpo.mu=2", "grpo.lr=2e-2",
+                                            "run.wandb_mode=disabled", "grpo.supervision=outcome",
+                                            "grpo.inspect_every=0"], recipe=name)
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    gen = torch.Generator().manual_seed(0)
+    train_policy(cfg, tmp_path, base, lambda records, rollout: Scores(
+        rewards=torch.rand(len(records), generator=gen)), splits.rl, splits.eval[:2], logger, "",
+        evaluate_ends=False)
+    rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/clip_high" in r]
+    assert max(r["train/clip_high"] for r in rows) > 0
+    if name == "cispo":
+        assert all(r["train/clip_fraction"] == r["train/clip_high"] for r in rows)
+
+
+def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeypatch):
+    """grpo.max_minutes: with 10 s per step and a 25 s budget, three steps run (10, 20, 30 s),
+    and the seconds spent are part of the state a checkpoint saves."""
+    import runtime.training as training
+    from runtime.tracking import MetricsLogger
+
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(training.time, "perf_counter", lambda: float(next(clock)))
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    trainer = training.Trainer(tmp_path / "stage", None, logger, 100, desc="t", max_seconds=25)
+    while trainer.running():
+        trainer.advance()
+    assert trainer.step == 3 and trainer.state["seconds"] == 30.0
+    unlimited = training.Trainer(tmp_path / "other", None, logger, 4, desc="t")
+    while unlimited.running():
+        unlimited.advance()
+    assert unlimited.step == 4
+
+
+SMALL = [*BASE, "grpo.eval_every=1"]
+
+
+class _CrashAt:
+    """The rule reward, but raising on its `n`-th call (a crash in the middle of a run)."""
+
+    def __init__(self, n):
+        self.n, self.calls, self.inner = n, 0, RuleReward()
+
+    def __call__(self, records, rollout):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("simulated crash")
+        return self.inner(records, rollout)
+
+
+def test_grpo_resumes_after_crash(tmp_path):
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=3",
+                                            "grpo.save_every=1", "grpo.eval_every=0",
+                                            "run.wandb_mode=disabled", "grpo.supervision=outcome"])
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_policy(cfg, tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
+    reward = _CrashAt(0)
+    train_policy(cfg, tmp_path, base, reward, splits.rl, splits.eval, logger, "")
+    assert reward.calls == 1  # only step 3 was left to do
+    steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl")]
+    assert steps == [0, 1, 2, 3]
+    assert (tmp_path / "grpo" / "final" / "config.json").exists()
+
+
+@pytest.mark.parametrize("extra", [["grpo.mu=1"], ["grpo.mu=2"], ["grpo.algorithm=ppo"]],
+                         ids=["grpo", "grpo-mu2", "ppo"])
+def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extra):
+    """A stage's first step, from its reference, runs no reference forward (the policy's own
+    log-probs are the reference's) and ends where the run with the reference forward ends: the
+    same losses and KL, weights within 1e-6. Later steps do run it."""
+    import shutil
+
+    import policy.algorithms.grpo
+    import policy.critic
+    import policy.kit
+
+    calls = {"reference": 0}
+    forward = policy.kit.forward_logprobs
+
+    def counting(model, rollout, micro):  # the reference's forwards (and pi_old's: mu = 2)
+        calls["reference"] += 1
+        return forward(model, rollout, micro)
+
+    for module in (policy.kit, policy.algorithms.grpo, policy.critic):  # where it is called
+        monkeypatch.setattr(module, "forward_logprobs", counting)
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
+                                            "grpo.eval_every=0", "run.wandb_mode=disabled",
+                                            "grpo.supervision=outcome", *extra])
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    copy = shutil.copytree(base, tmp_path / "copy")
+    rows, finals, counts = [], [], []
+    for name, reference in (("same", base), ("copy", copy)):
+        calls["reference"] = 0
+        logger = MetricsLogger(tmp_path / f"{name}.jsonl", config={}, mode="disabled",
+                               project="", name="")
+        torch.manual_seed(0)
+        finals.append(train_policy(cfg, tmp_path, base, RandomReward(), splits.rl, splits.eval[:2],
+                                 logger, "", out_name=name, reference_path=reference,
+                                 evaluate_ends=False))
+        rows.append([r for r in read_metrics(tmp_path / f"{name}.jsonl") if "train/loss" in r])
+        counts.append(calls["reference"])
+    assert counts[1] - counts[0] == 1  # the first step's reference forward, skipped
+    assert len(rows[0]) == len(rows[1]) == 2
+    for a, b in zip(*rows):
+        for key in ("train/loss", "train/kl"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    wa, wb = load_causal_lm(finals[0]).state_dict(), load_causal_lm(finals[1]).state_dict()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert weights_differ(base, finals[0])
