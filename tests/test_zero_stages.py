@@ -51,14 +51,17 @@ def base(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_every_stage_resumes_under_every_zero_stage(tmp_path, base, precision):
+def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base):
     """SFT, reward-model, GRPO and PPO (with its critic) states saved after step 1 under ZeRO-0,
-    1, 2 and 3 load into fresh engines on 2 processes, and step 2 then equals the uninterrupted
-    run's bit for bit: weights (the critic's too) and every logged number but wall-clock ones."""
-    torchrun(2, "tests/helpers/zero_resume.py", tmp_path, base, "sft,rm,grpo,ppo", precision,
+    1, 2 and 3, in fp32 and in bf16, load into fresh engines on 2 processes, and step 2 then
+    equals the uninterrupted run's bit for bit: weights (the critic's too) and every logged
+    number but wall-clock ones."""
+    root = tmp_path_factory.mktemp("resume")
+    torchrun(2, "tests/helpers/zero_resume.py", root, base, "sft,rm,grpo,ppo", "fp32,bf16",
              timeout=600)
-    for kind in ("sft", "rm", "grpo", "ppo"):
+    for precision, kind in ((p, k) for p in ("fp32", "bf16")
+                            for k in ("sft", "rm", "grpo", "ppo")):
+        tmp_path = root / precision
         for stage in (0, 1, 2, 3):
             name = f"{kind}-z{stage}"
             rows = json.loads((tmp_path / f"{name}.json").read_text())

@@ -76,9 +76,8 @@ class _Block:
 
 
 # The packed pass's attention runs in up to LENGTH_BLOCKS blocks of rows of similar lengths,
-# each of at least BLOCK_ROWS rows: on the tiny model's GRPO update (64 rows) 4 blocks took
-# 0.93x one block's time (bf16; 0.97x fp32), 8 blocks 1.1x 4 blocks' (bench/README.md, "The
-# update's attention in blocks").
+# each of at least BLOCK_ROWS rows: fewer FLOPs on padding, more attention calls (the balance
+# measured in bench/README.md, each speed lever).
 LENGTH_BLOCKS, BLOCK_ROWS = 4, 16
 
 
@@ -120,8 +119,8 @@ def _packed_attention(module, query, key, value, attention_mask, scaling=None, d
                             block.pad(value[:, :, part])], 2)
         queries = block.pad(query[:, :, part])
         if query.device.type == "cpu" and dtype != torch.float32 and torch.is_grad_enabled():
-            # The CPU's flash attention runs its backward in bf16 about 2.7x slower than in
-            # fp32 (its forward is fast in bf16: a no-gradient pass stays in bf16).
+            # The CPU's flash attention runs its backward in bf16 slower than in fp32 (its
+            # forward is fast in bf16: a no-gradient pass stays in bf16).
             queries, keys, values = queries.float(), keys.float(), values.float()
         out = torch.nn.functional.scaled_dot_product_attention(
             queries, keys, values, attn_mask=block.mask, dropout_p=dropout, scale=scaling,

@@ -21,8 +21,8 @@ from runtime.models import end_token_ids
 class FilledLayer(StaticLayer):
     """transformers' StaticLayer (a buffer allocated once, written in place) whose attention
     reads only the positions written so far, not the whole buffer. Written by slice: at a
-    decoding step's size StaticLayer's positions tensor and `index_copy_` take 1.5-3x the time
-    of a strided copy (the tiny rollout 0.97x in bf16, 0.98x in fp32, paired runs)."""
+    decoding step's size StaticLayer's positions tensor and `index_copy_` cost more than a
+    strided copy (bench/README.md, each speed lever)."""
 
     def __init__(self, max_cache_len: int, **kwargs):
         super().__init__(max_cache_len, **kwargs)

@@ -1,14 +1,14 @@
 """Every stage's training state under every ZeRO stage, fp32 and bf16, saved and loaded back into
 fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it writes.
 
-    torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION
+    torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION[,...]
 
 For each stage kind (sft, rm, grpo, ppo: PPO with its critic) and ZeRO stage 0-3, the stage runs
 twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
 right after the state of step 1 is saved, then called again, which builds every engine afresh,
-loads that state and takes step 2. Each run's final export lands in OUT/<kind>-z<stage>-<mode>/,
-and OUT/<kind>-z<stage>.json records both runs' logged rows and the step the second call of the
-crashed run started from.
+loads that state and takes step 2. Each run's final export lands in
+OUT/<precision>/<kind>-z<stage>-<mode>/, and OUT/<precision>/<kind>-z<stage>.json records both
+runs' logged rows and the step the second call of the crashed run started from.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> None:
     from runtime.engine import init_distributed, is_main
     from runtime.tracking import MetricsLogger, read_metrics
 
-    out, base, kinds, precision = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    root, base, kinds, precisions = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
     init_distributed()
     save = training.Trainer.save
@@ -95,7 +95,8 @@ def main() -> None:
         started_at.append(trainer.step)
 
     training.Trainer.__init__ = starting
-    for kind in kinds.split(","):
+    for precision, kind in ((p, k) for p in precisions.split(",") for k in kinds.split(",")):
+        out = root / precision
         for stage in (0, 1, 2, 3):
             rows = {}
             for mode in ("straight", "resumed"):
