@@ -214,11 +214,14 @@ def base_policy(session: Session) -> Path:
 
 def check_step_tag(session: Session) -> None:
     """Before any sampling or training: the step tag must be one token in context for the
-    reward models' tokenizer, or `rm.add_tag_token` must allow adding it (exit 2 otherwise)."""
+    reward models' tokenizer, or `rm.add_tag_token` must allow adding it (exit 2 otherwise).
+    A classifier family reads no tag."""
     from reward_model.encoding import TagTokenError, check_tag_tokens
     from runtime.models import load_tokenizer
 
     cfg = session.cfg
+    if cfg.rm.family not in ("", "tag_lm"):
+        return
     backbone = cfg.rm.init_path or base_policy(session)
     try:
         check_tag_tokens(load_tokenizer(backbone, cfg.model), cfg.rm.step_tag)
@@ -264,6 +267,9 @@ def run_grpo(session: Session) -> Path:
     from runtime.models import load_tokenizer
 
     cfg = session.cfg
+    if cfg.grpo.reward == "rm" and not cfg.rm.path:
+        raise ConfigError("grpo.reward=rm: name the reward model with rm.path (any family); "
+                          "`igrpo iterate` rewards with the reward models it trains")
     if cfg.grpo.supervision == "process" and cfg.grpo.reward == "rule":
         raise ConfigError("grpo.supervision=process needs step rewards: set grpo.reward="
                           "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
@@ -356,23 +362,32 @@ def run_train_rm(session: Session) -> Path:
 
 
 def run_eval_rm(session: Session) -> dict:
-    """Report the run's newest reward models (rm-orm, rm-prm, `iterate`'s included): step metrics
-    and best-of-N among the warm start's samples."""
+    """Report reward models: `rm.path` (any family, as `rm.kind`), else the run's newest
+    (rm-orm, rm-prm, `iterate`'s included): step metrics on held-out labelled solutions, the PRM
+    on `eval.prm_benchmark`, and best-of-N among the warm start's samples."""
     from iteration import stages
     from runtime.data import run_splits
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
-    paths = {kind: newest_export(session.run.path, (f"rm-{kind}/final",
-                                                    f"rm-{kind}/iteration-*/final"))
-             for kind in stages.KINDS}
+    if cfg.eval.prm_benchmark:
+        stages.prm_benchmark(cfg)  # a bad file stops here, before any model loads
+    if cfg.rm.path:
+        paths = {cfg.rm.kind: Path(cfg.rm.path)}
+    else:
+        paths = {kind: newest_export(session.run.path, (f"rm-{kind}/final",
+                                                        f"rm-{kind}/iteration-*/final"))
+                 for kind in stages.KINDS}
     scorers = {kind: stages.load_scorer(cfg, path) for kind, path in paths.items() if path}
     if not scorers:
-        raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first")
-    model, tokenizer = stages.load_policy(cfg, warm_start(session))
+        raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first, "
+                         "or name one with rm.path")
+    model, tokenizer = stages.load_policy(cfg, warm_start(session)) \
+        if cfg.rm.bon_questions else (None, None)
     report = stages.reward_model_report(cfg, scorers, model, tokenizer,
                                         run_splits(cfg).eval)
-    report = {**report["rm"], **{f"bon/{key}": v for key, v in report["bon"].items()}}
+    report = {**report["rm"], **report.get("benchmark", {}),
+              **{f"bon/{key}": v for key, v in report["bon"].items()}}
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)
     print(json.dumps(report, indent=2))
     return report

@@ -24,8 +24,10 @@ CHOICES = {
     "grpo.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo"),
     "ppo.critic_init": ("policy", "reward_model"),
     "grpo.supervision": ("outcome", "process", "rft"),
-    "grpo.reward": ("rule", "step_oracle"),
+    "grpo.reward": ("rule", "step_oracle", "rm"),
     "rm.kind": ("prm", "orm"),
+    "rm.family": ("", "tag_lm", "token_classification", "sequence_classification"),
+    "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
@@ -170,6 +172,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
     _check_lengths(cfg, where)
     _check_value_family(cfg, where)
+    _check_reward_family(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -207,6 +210,21 @@ def _check_value_family(cfg, where: str) -> None:
     if not 0.0 <= p.lam_actor <= 1.0 or not 0.0 <= p.lam_critic <= 1.0:
         raise ConfigError(f"{where}: ppo.lam_actor / lam_critic = {p.lam_actor} / "
                           f"{p.lam_critic}; expected values in [0, 1]")
+
+
+def _check_reward_family(rm, where: str) -> None:
+    """The tag LM's own options on a classifier family are a mistake, not a no-op."""
+    if rm.family in ("", "tag_lm"):
+        return
+    tag_only = {"rm.likelihood_feature": rm.likelihood_feature, "rm.lm_weight": rm.lm_weight,
+                "rm.extra_layers_from": list(rm.extra_layers_from),
+                "rm.add_tag_token": rm.add_tag_token}
+    set_keys = [f"{k}={v}" for k, v in tag_only.items() if v]
+    if set_keys:
+        raise ConfigError(f"{where}: rm.family={rm.family} with {', '.join(set_keys)}: those read "
+                          "or train a causal LM at its step tag (rm.family=tag_lm)")
+    if rm.label_index < 0:
+        raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
 
 
 def _check_lengths(cfg, where: str) -> None:

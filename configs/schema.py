@@ -286,6 +286,10 @@ class EvalConfig:
     """Prompts per generate call."""
     grade_timeout_s: int = 2
     """Per-answer time limit of the grader."""
+    prm_benchmark: str = ""
+    """A ProcessBench or PRMBench file (or a folder of ProcessBench's split files): `igrpo
+    eval-rm` and every iteration of `igrpo iterate` report the PRM on it (ProcessBench F1 per
+    split and their average; PRMBench's PRMScore) beside its in-group AUROC."""
 
 
 @dataclass
@@ -305,6 +309,9 @@ class RewardModelConfig:
     """Optimizer steps between resumable checkpoints."""
     val_fraction: float = 0.1
     """Share of the training file held out for validation."""
+    val_rows: int = 2000
+    """At most this many examples held out (0 = no cap): at Math-Shepherd's 445K rows a 10%
+    split would score 44K rows at every validation."""
     lm_weight: float = 0.0
     """Weight of an auxiliary next-token loss on the tokens of steps labelled right (0 = the
     tag loss alone). A small backbone reads the tagged format far worse than its own (the tiny
@@ -350,6 +357,27 @@ class RewardModelConfig:
     """`igrpo eval-rm`: held-out questions for best-of-N."""
     bon_samples: int = 16
     """N: policy samples per question for best-of-N."""
+    family: str = ""
+    """How the reward model is read (`reward_model/families.py`): tag_lm (a causal LM at the
+    Math-Shepherd tag), token_classification (a label at each step's separator: TRL's
+    PRMTrainer, Qwen2.5-Math-PRM), sequence_classification (a scalar at the last token: an
+    ORM). Empty = told from the checkpoint's architecture when loading, tag_lm when training."""
+    path: str = ""
+    """A reward model of any family to use instead of the run's own: `igrpo eval-rm` reports
+    it, `igrpo grpo grpo.reward=rm` is rewarded by it (a PRM under process supervision)."""
+    separator: str = "\n"
+    """Classifier families: what follows each step in the reward model's input; the step's label
+    sits at its last token (TRL: "\n"; Qwen2.5-Math-PRM: "<extra_0>")."""
+    label_index: int = 1
+    """Classifier families: the class read as "the step is right"."""
+    activation: str = "softmax"
+    """Classifier families: softmax over the classes, or a sigmoid of the read class's logit."""
+    chat_template: bool = False
+    """Classifier families: lay the question out in the tokenizer's chat template (user turn,
+    then the assistant's steps), as Qwen2.5-Math-PRM is read; off = BOS + question (TRL)."""
+    system_prompt: str = ""
+    """With `chat_template`: a system turn before the question (Qwen2.5-Math-PRM's is "Please
+    reason step by step, and put your final answer within \\boxed{}.")."""
 
 
 @dataclass

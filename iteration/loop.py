@@ -46,6 +46,8 @@ class IterationRun:
         self.cfg, self.run, self.base = cfg, run_path, base_policy
         self.splits, self.make_logger, self.config_yaml = splits, make_logger, config_yaml
         self.manifest = Manifest(run_path / "manifest.json", cfg.run.seed, write=is_main())
+        if cfg.eval.prm_benchmark:  # a bad benchmark file stops the run before any work
+            stages.prm_benchmark(cfg)
 
     # -- units -----------------------------------------------------------------------------
     def warm_start(self) -> dict:

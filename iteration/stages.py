@@ -20,7 +20,6 @@ from process_supervision.label import Labeller, label_in_shards
 from process_supervision.sampling import sample_solutions
 from reward_model.examples import as_orm, synthetic_step_examples
 from reward_model.report import best_of_n_report, labelled_report
-from reward_model.score import TagScorer
 from runtime.data import MathRecord
 from runtime.engine import is_main
 from runtime.models import load_causal_lm, load_tokenizer
@@ -71,14 +70,17 @@ def rm_backbone(cfg, warm_start: str | Path) -> str | Path:
     return cfg.rm.init_path or warm_start
 
 
-def load_scorer(cfg, path: str | Path) -> TagScorer:
-    return TagScorer.from_pretrained(path, cfg.rm.step_tag, cfg.rm.max_length, cfg.model)
+def load_scorer(cfg, path: str | Path):
+    """The reward model in `path`, of any family (`reward_model/families.py`)."""
+    from reward_model.families import load_reward_model
+
+    return load_reward_model(path, cfg.rm, cfg.model)
 
 
 def make_reward(cfg, policy_tokenizer, choice: str, scorers: dict | None = None):
     """The GRPO reward callable: `rule` (the final answer against the gold one), `step_oracle`
     (synthetic task: each step's true correctness), or `rm`: the PRM's step scores for process
-    supervision, else the ORM's (`scorers[kind]` a TagScorer)."""
+    supervision, else the ORM's (`scorers[kind]` a scorer of any family)."""
     from policy.rewards import RuleReward
     from process_supervision.oracle import StepOracleReward
     from reward_model.score import ORMReward, PRMReward
@@ -88,6 +90,9 @@ def make_reward(cfg, policy_tokenizer, choice: str, scorers: dict | None = None)
         return RuleReward(timeout)
     if choice == "step_oracle":
         return StepOracleReward(policy_tokenizer, timeout)
+    if scorers is None:  # `igrpo grpo grpo.reward=rm`: the reward model in rm.path
+        scorers = {"prm" if cfg.grpo.supervision == "process" else "orm":
+                   load_scorer(cfg, cfg.rm.path)}
     if cfg.grpo.supervision == "process":
         return PRMReward(scorers["prm"], policy_tokenizer, cfg.rm.aggregate, timeout,
                          cfg.data.step_separator)
@@ -106,10 +111,25 @@ def evaluate(cfg, model, tokenizer, records: list[MathRecord], outcomes_path: Pa
                            outcomes_path=outcomes_path, seed=cfg.run.seed)
 
 
-def reward_model_report(cfg, scorers: dict[str, TagScorer], model, tokenizer,
+def prm_benchmark(cfg):
+    """`eval.prm_benchmark`'s rows (read once a process: a run reads them at its start, so that a
+    bad file stops it before any work)."""
+    from process_supervision.benchmarks import read_benchmark
+
+    path = cfg.eval.prm_benchmark
+    if path not in _BENCHMARKS:
+        _BENCHMARKS[path] = read_benchmark(path)
+    return _BENCHMARKS[path]
+
+
+_BENCHMARKS: dict = {}
+
+
+def reward_model_report(cfg, scorers: dict, model, tokenizer,
                         eval_records: list[MathRecord]) -> dict:
     """{"rm": step metrics of each reward model on held-out synthetic solutions whose first
-    wrong step is known (synthetic task only), "bon": best-of-N among the policy's samples}."""
+    wrong step is known (synthetic task only), "benchmark": the PRM on `eval.prm_benchmark`
+    (where set), "bon": best-of-N among the policy's samples (none at rm.bon_questions=0)}."""
     report: dict = {"rm": {}}
     if cfg.data.source == "synthetic":
         held_out = synthetic_step_examples(eval_records[:cfg.rm.eval_solutions], cfg.run.seed + 1)
@@ -117,6 +137,15 @@ def reward_model_report(cfg, scorers: dict[str, TagScorer], model, tokenizer,
             examples = as_orm(held_out) if kind == "orm" else held_out
             report["rm"].update({f"{kind}/{key}": v for key, v in
                                  labelled_report(scorer, examples).items()})
+    if cfg.eval.prm_benchmark and "prm" in scorers:
+        from reward_model.report import benchmark_report
+
+        found = benchmark_report(scorers["prm"], prm_benchmark(cfg))
+        report["benchmark"] = {**found, "score": found.get("processbench/average_f1",
+                                                           found.get("prmbench/prm_score"))}
+    if not cfg.rm.bon_questions:
+        report["bon"] = {}
+        return report
     report["bon"] = best_of_n_report(
         model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data),
         {kind: (scorer, kind) for kind, scorer in scorers.items()}, cfg.rm.aggregate,

@@ -116,8 +116,12 @@ def _table_rest(iterations: list[dict]) -> str:
                ("rm.prm/step_accuracy", "PRM step acc", "{:.3f}"),
                ("bon.prm_pick", "BoN PRM", "{:.3f}"), ("bon.orm_pick", "BoN ORM", "{:.3f}"),
                ("bon.prm_group_auroc", "PRM in-group", "{:.3f}"),
+               ("benchmark.score", "PRM bench", "{:.3f}"),
                ("bon.random", "BoN random", "{:.3f}"), ("grpo.reward/mean", "reward", "{:.3f}"),
                ("grpo.train/kl", "KL", "{:.4f}")]
+    # The PRM's benchmark score shows where a run has one (`eval.prm_benchmark`).
+    columns = [c for c in columns if c[0] != "benchmark.score"
+               or any(lookup(it, c[0]) is not None for it in iterations)]
     lines = ["  ".join(f"{title:>12}" for _, title, _ in columns)]
     for it in iterations:
         cells = []

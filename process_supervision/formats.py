@@ -1,9 +1,19 @@
-"""PRM dataset formats: Math-Shepherd (native) and TRL's stepwise format, read and written.
+"""PRM dataset formats: Math-Shepherd (native) and TRL's stepwise format, read and written, and
+PRM800K's human labels, read.
 
 Math-Shepherd rows hold `input` = the question followed by "Step 1: ... ки\\nStep 2: ... ки..." and
 `label` = the same text with each tag replaced by `+` (the step can still reach the gold answer) or
 `-`. Soft estimates ride along as `soft_labels` (a fraction in [0, 1] per step). TRL rows hold
 `prompt`, `completions` (a list of steps) and `labels` (a list of bools).
+
+PRM800K (Lightman et al. 2023) rows hold `question` ({`problem`, `ground_truth_answer`}) and
+`label.steps[]`, each with `completions[]` of {`text`, `rating`} (-1, 0, 1) and the
+`chosen_completion` the labeller went on with. A row becomes one solution: each step's chosen
+completion (else the labeller's own `human_completion`, else the first one rated -1, else a
+step's only completion), rating 1 -> right, -1 -> wrong, 0 (neutral) -> `neutral` (1.0 by
+default: a neutral step counts as right, as the common binary readings of PRM800K do, OpenR's
+among them); the solution stops at its first wrong step, as Lightman et al. supervise only up to
+the first mistake.
 """
 
 from __future__ import annotations
@@ -101,8 +111,55 @@ def example_from_row(row: dict, where: str, tag: str = STEP_TAG,
             raise DataError(f"{where}: field 'labels': {len(labels)} labels for "
                             f"{len(steps)} steps")
         return StepExample(prompt, tuple(steps), tuple(float(bool(v)) for v in labels), where)
-    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd) or 'prompt'/'completions'/"
-                    "'labels' (TRL) fields")
+    if isinstance(row.get("label"), dict) and isinstance(row.get("question"), dict):
+        return prm800k_example(row, where)
+    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd), 'prompt'/'completions'/"
+                    "'labels' (TRL) or 'question'/'label.steps' (PRM800K) fields")
+
+
+def prm800k_example(row: dict, where: str, neutral: float = 1.0) -> StepExample:
+    """One PRM800K row as a labelled solution (the module's docstring says how)."""
+    question, label = row.get("question"), row.get("label")
+    if not isinstance(question, dict) or not isinstance(question.get("problem"), str):
+        raise DataError(f"{where}: field 'question.problem': missing or not a string")
+    if not isinstance(label, dict) or not isinstance(label.get("steps"), list):
+        raise DataError(f"{where}: field 'label.steps': missing or not a list")
+    steps, labels = [], []
+    for k, step in enumerate(label["steps"]):
+        chosen = _chosen_completion(step, f"{where}: field 'label.steps[{k}]'")
+        if chosen is None:
+            break
+        text, rating = chosen
+        steps.append(text)
+        labels.append({1: 1.0, 0: neutral, -1: 0.0}[rating])
+        if rating == -1:
+            break
+    if not steps:
+        raise DataError(f"{where}: field 'label.steps': no rated step")
+    return StepExample(question["problem"], tuple(steps), tuple(labels), where)
+
+
+def _chosen_completion(step, where: str) -> tuple[str, int] | None:
+    """(text, rating) of the completion the labeller went on with, the first wrong one where
+    none was chosen, or the human's own completion; None where the step holds nothing rated."""
+    if not isinstance(step, dict) or not isinstance(step.get("completions"), list):
+        raise DataError(f"{where}.completions: missing or not a list")
+    rated = []
+    for j, completion in enumerate(step["completions"]):
+        text = completion.get("text") if isinstance(completion, dict) else None
+        rating = completion.get("rating") if isinstance(completion, dict) else None
+        if not isinstance(text, str) or rating not in (-1, 0, 1):
+            raise DataError(f"{where}.completions[{j}]: expected 'text' and a 'rating' of "
+                            f"-1, 0 or 1, found {completion!r}"[:300])
+        rated.append((text, rating))
+    chosen = step.get("chosen_completion")
+    if isinstance(chosen, int) and 0 <= chosen < len(rated):
+        return rated[chosen]
+    human = step.get("human_completion")
+    if isinstance(human, dict) and isinstance(human.get("text"), str):
+        return human["text"], 1
+    wrong = [r for r in rated if r[1] == -1]
+    return wrong[0] if wrong else (rated[0] if len(rated) == 1 else None)
 
 
 def trl_to_math_shepherd(row: dict, tag: str = STEP_TAG) -> dict:

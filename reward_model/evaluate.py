@@ -106,3 +106,12 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
     return {"rm_pick": picked / n, "majority": voted / n, "random": expected / n,
             "random_draw": drawn / n,
             "group_auroc": sum(within) / len(within) if within else float("nan")}
+
+
+def prm_score(predicted: list[list[float]], labels: list[list[float]]) -> dict[str, float]:
+    """PRMBench's PRMScore: 0.5 x F1 of the right steps + 0.5 x F1 of the wrong steps (a step
+    predicted right when its score is >= 0.5), with both F1s."""
+    steps = step_metrics(predicted, labels)
+    return {"prm_score": 0.5 * (steps["correct_f1"] + steps["error_f1"]),
+            "correct_f1": steps["correct_f1"], "error_f1": steps["error_f1"],
+            "steps": steps["steps"]}

@@ -13,13 +13,41 @@ from policy.generation.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.steps import split_steps
 from reward_model.encoding import orm_example
-from reward_model.evaluate import best_of_n, first_error_metrics, step_metrics
+from process_supervision.benchmarks import BenchmarkRows
+from reward_model.evaluate import best_of_n, first_error_metrics, prm_score, step_metrics
 from reward_model.tag_scores import STEP_AGGREGATORS
 from reward_model.score import TagScorer, spread_score
 from runtime.data import MathRecord
 from runtime.grading import answers_match, extract_final_answer
 from runtime.prompts import PromptFormat
 from runtime.shards import map_chunks
+
+
+def benchmark_report(scorer, bench: BenchmarkRows) -> dict[str, float]:
+    """A PRM of any family on ProcessBench (per split: the F1 of first-error accuracy on the
+    erroneous rows and no-error accuracy on the all-right ones, with both accuracies; and the
+    average F1 over splits) or PRMBench (PRMScore overall and per classification). Steps past
+    the reward model's `max_length` get no score: their errors cannot be found. The scoring is
+    spread over the ranks (every rank calls it)."""
+    report: dict[str, float] = {}
+    for split, examples in bench.splits.items():
+        predicted = spread_score(scorer, examples)
+        labels = [list(ex.labels) for ex in examples]
+        if bench.name == "processbench":
+            found = first_error_metrics(predicted, labels)
+            report.update({f"processbench/{split}/f1": found["first_error_f1"],
+                           f"processbench/{split}/error_accuracy": found["first_error_accuracy"],
+                           f"processbench/{split}/correct_accuracy": found["no_error_accuracy"]})
+            continue
+        report.update({f"prmbench/{k}": v for k, v in prm_score(predicted, labels).items()})
+        for category in sorted(set(bench.categories[split])):
+            rows = [i for i, c in enumerate(bench.categories[split]) if c == category]
+            report[f"prmbench/{category}/prm_score"] = prm_score(
+                [predicted[i] for i in rows], [labels[i] for i in rows])["prm_score"]
+    if bench.name == "processbench":
+        f1s = [v for k, v in report.items() if k.endswith("/f1")]
+        report["processbench/average_f1"] = sum(f1s) / len(f1s)
+    return report
 
 
 def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str, float]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from configs.batching import plan_batch
 from process_supervision.formats import StepExample
 from reward_model.backbone import added_layer_parameters, deepen
 from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_calibration
-from reward_model.encoding import encode, ensure_tag_token, tag_tokens
+from reward_model.encoding import TagBatch, encode, ensure_tag_token, tag_tokens
+from reward_model.families import Reading, TokenClassScorer
 from reward_model.evaluate import step_metrics
 from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
@@ -36,12 +39,14 @@ def question_groups(examples: list[StepExample]) -> list[list[int]]:
     return list(groups.values())
 
 
-def split_validation(examples: list[StepExample], fraction: float, seed: int):
+def split_validation(examples: list[StepExample], fraction: float, seed: int, cap: int = 0):
     """Seeded (train, validation) split of the examples, by question: no question has solutions
-    on both sides."""
+    on both sides; the validation side holds `fraction` of them, at most about `cap` (0: no
+    cap; a question's solutions stay together)."""
     groups = question_groups(examples)
     groups = [groups[i] for i in seeded_order(len(groups), seed)]
     n_val = max(1, int(len(examples) * fraction)) if fraction > 0 else 0
+    n_val = min(n_val, cap) if cap > 0 else n_val
     val: list[int] = []
     for group in groups:
         if len(val) >= n_val:
@@ -59,17 +64,17 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     if stage_done(out):
         return final_dir
     rank, world_size = world()
-    train, val = split_validation(examples, rm.val_fraction, cfg.run.seed)
+    train, val = split_validation(examples, rm.val_fraction, cfg.run.seed, rm.val_rows)
     plan = plan_batch(rm.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"rm.batch_size={rm.batch_size}")
-    tokenizer, engine, tags = _reward_model_engine(cfg, out, init, plan)
+    tokenizer, engine, read = _reward_model_engine(cfg, out, init, plan)
     trainer = Trainer(out, engine, logger,
                       math.ceil(rm.epochs * max(1, len(train) // plan.global_sequences)),
                       desc=out.name)
     state = trainer.state
     if "calibration" in state:  # the weights fitted before the interruption
         set_calibration(engine.module, state["calibration"])
-    check = _Checks(cfg, engine, tokenizer, train, val, state)
+    check = _Checks(cfg, engine, read, train, val, state)
     groups = question_groups(train) if rm.group_by_question else None
     checked = (None, {})  # (step, validation metrics) of the last check
     while trainer.running():
@@ -77,11 +82,10 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
                                        cfg.run.seed * 31, groups)
         mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
                                             (rank + 1) * plan.rank_sequences]]
-        batch = encode(tokenizer, mine, tags, rm.step_tag, rm.max_length,
-                       lm_targets=rm.lm_weight > 0)
+        batch = read.encode(mine)
         started = time.perf_counter()
         engine.train()
-        sums, loss_of = _batch_loss(engine, batch, tags, rm.lm_weight, world_size)
+        sums, loss_of = _batch_loss(engine, batch, read, rm.lm_weight, world_size)
         grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
                                      f"{out} step {state['step'] + 1}")
         trainer.advance()
@@ -109,12 +113,36 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     return final_dir
 
 
+@dataclass(frozen=True)
+class _Read:
+    """How the reward model in training is fed and read, by its family: `encode` labelled
+    examples into a batch, the [B, L] `margins` (logit of "right") of a model's forward, a
+    `scorer` over a module (the validation's), and the tag tokens (tag LM only)."""
+
+    encode: Callable[[list[StepExample]], TagBatch]
+    margins: Callable
+    scorer: Callable
+    tags: object = None
+
+
 def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
-    """The tokenizer (with the step tag), the engine over the (possibly deepened) backbone, and
-    the tag token ids."""
+    """The tokenizer, the engine over the (possibly deepened) backbone, and how the family
+    (`rm.family`: the tag LM, or a token-classification PRM) is fed and read."""
     rm = cfg.rm
     tokenizer = load_tokenizer(init, cfg.model)
     tokenizer.padding_side = "right"
+    if rm.family == "token_classification":
+        model = _token_classifier(init, cfg)
+        engine = build_engine(model, cfg.deepspeed, lr=rm.lr,
+                              micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
+        reading = Reading.of(rm)
+
+        def scorer(module):
+            return TokenClassScorer(module, tokenizer, rm.max_length, reading)
+        return tokenizer, engine, _Read(scorer(None).encode, scorer(None).margins, scorer)
+    if rm.family not in ("", "tag_lm"):
+        raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
+                         "token_classification families")
     model = load_causal_lm(init, cfg.model, train=True)
     added = deepen(model, list(rm.extra_layers_from))  # (a refresh's RM is deep already)
     if added and is_main():
@@ -126,10 +154,29 @@ def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
         if rm.new_layer_lr else None
     engine = build_engine(model, cfg.deepspeed, lr=rm.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum, lr_by_param=fresh)
-    return tokenizer, engine, tag_tokens(tokenizer, rm.step_tag)
+    tags = tag_tokens(tokenizer, rm.step_tag)
+    return tokenizer, engine, _Read(
+        lambda examples: encode(tokenizer, examples, tags, rm.step_tag, rm.max_length,
+                                lm_targets=rm.lm_weight > 0),
+        lambda model_, ids, mask: tag_margins(model_, ids, mask, tags),
+        lambda module: TagScorer(module, tokenizer, rm.step_tag, rm.max_length), tags)
 
 
-def _batch_loss(engine, batch, tags, lm_weight: float, world_size: int):
+def _token_classifier(init: str | Path, cfg):
+    """A 2-label token classifier from `init`: a causal LM's backbone under a fresh head (the
+    layout TRL's PRMTrainer trains and saves), or a token-classification PRM to refresh."""
+    from transformers import AutoModelForTokenClassification
+
+    from runtime.models import load_model
+
+    model = load_model(init, AutoModelForTokenClassification, cfg.model, train=True,
+                       num_labels=2)
+    model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id \
+        is not None else model.config.eos_token_id
+    return model
+
+
+def _batch_loss(engine, batch, read: _Read, lm_weight: float, world_size: int):
     """(running sums, loss of a micro-batch): the tag loss as a mean over the step's labels of
     all ranks, plus `lm_weight` x the next-token loss, the same global mean over LM tokens."""
     labels_total = global_sum(float(batch.label_mask.sum()))
@@ -141,9 +188,9 @@ def _batch_loss(engine, batch, tags, lm_weight: float, world_size: int):
         attention = batch.attention_mask[rows].to(engine.device)
         if lm_weight:  # the LM loss reads every token's logits
             logits = engine(input_ids=ids, attention_mask=attention).logits
-            margin = tag_logit_margin(logits, tags.plus_id, tags.minus_id)
+            margin = tag_logit_margin(logits, read.tags.plus_id, read.tags.minus_id)
         else:  # the tag loss reads two rows of the output layer (`two_row_head`)
-            margin = tag_margins(engine, ids, attention, tags)
+            margin = read.margins(engine, ids, attention)
         mask = batch.label_mask[rows].to(engine.device)
         # Mean over the step's labels: this micro-batch's share of the global count.
         loss = tag_loss(margin, batch.targets[rows].to(engine.device), mask) \
@@ -164,13 +211,12 @@ class _Checks:
     the same steps): under ZeRO-3 each rank scores with the gathered weights, so no forward
     needs the others."""
 
-    def __init__(self, cfg, engine, tokenizer, train, val, state):
-        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+    def __init__(self, cfg, engine, read: _Read, train, val, state):
+        self.cfg, self.engine, self.read = cfg, engine, read
         self.train, self.val, self.state = train, val, state
 
-    def _scorer(self, module) -> TagScorer:
-        rm = self.cfg.rm
-        return TagScorer(module, self.tokenizer, rm.step_tag, rm.max_length)
+    def _scorer(self, module):
+        return self.read.scorer(module)
 
     @staticmethod
     def step_values(examples: list[StepExample], scorer: TagScorer):

@@ -64,13 +64,22 @@ def load_causal_lm(path: str | Path, model=None, *, train: bool = False, device=
     """A causal LM from a folder or hub id, on `device` (default: `accelerator()`), configured by
     `model` (a `ModelConfig`; None = float32, default attention, no remote code). `train`
     turns on gradient checkpointing where `model.gradient_checkpointing` asks for it."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs = {}
+    return load_model(path, AutoModelForCausalLM, model, train=train, device=device)
+
+
+def load_model(path: str | Path, auto_class, model=None, *, train: bool = False, device=None,
+               **extra):
+    """`auto_class.from_pretrained(path)` (any transformers Auto class: a causal LM, a token or
+    sequence classifier) as `load_causal_lm` loads a causal LM; `extra` goes to
+    `from_pretrained` (e.g. `num_labels`)."""
+    import torch
+
+    kwargs = dict(extra)
     if model is not None and model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
-    lm = AutoModelForCausalLM.from_pretrained(
+    lm = auto_class.from_pretrained(
         str(path), dtype=getattr(torch, model.dtype if model is not None else "float32"),
         trust_remote_code=bool(model is not None and model.trust_remote_code), **kwargs)
     if train and model is not None and model.gradient_checkpointing:

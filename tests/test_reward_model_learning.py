@@ -101,4 +101,4 @@ def test_train_rm_cli_from_math_shepherd_file(tmp_path):
 def _validation(examples, cfg):
     from reward_model.train import split_validation
 
-    return split_validation(examples, cfg.rm.val_fraction, cfg.run.seed)[1]
+    return split_validation(examples, cfg.rm.val_fraction, cfg.run.seed, cfg.rm.val_rows)[1]
