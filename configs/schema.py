@@ -146,6 +146,10 @@ class DeepSpeedConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     weight_decay: float = 0.0
+    fused_adam: bool = False
+    """torch's fused AdamW kernel (one pass over each tensor): the optimizer step of a 14M model
+    on 2 CPU cores takes 9 ms instead of 60. Equal to the default loop up to rounding, so off in
+    the tiny config, whose shipped figures it would shift; on in the GPU configs."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up, in optimizer steps."""
     offload_optimizer: bool = False

@@ -98,7 +98,7 @@ def deepspeed_config(ds, *, lr: float | list[float], micro_batch_size: int,
         "bf16": {"enabled": ds.bf16},
         "optimizer": {"type": "AdamW", "params": {
             "lr": base_lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
-            "torch_adam": True}},
+            "torch_adam": True, **({"fused": True} if ds.fused_adam else {})}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
