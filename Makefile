@@ -42,7 +42,12 @@ demo: setup
 # vLLM backend's tests in their own venv.
 XDIST := -n 2 --dist loadfile
 
-test: test-main test-vllm
+# The vLLM venv installs while the main suite runs (its log in .venv-vllm.log; shown if it fails).
+test: setup
+	@$(MAKE) --no-print-directory $(VLLM_VENV)/.installed > .venv-vllm.log 2>&1 & install=$$!; \
+	$(MAKE) --no-print-directory test-main; main=$$?; \
+	wait $$install || { cat .venv-vllm.log; echo "make: the vLLM venv did not install"; exit 1; }; \
+	[ $$main -eq 0 ] && $(MAKE) --no-print-directory test-vllm
 
 test-main: setup
 	$(PY) -m pytest -q $(XDIST) --durations=25
@@ -60,4 +65,4 @@ test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .venv-vllm.log

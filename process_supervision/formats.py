@@ -18,6 +18,7 @@ the first mistake.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,22 +170,70 @@ def trl_to_math_shepherd(row: dict, tag: str = STEP_TAG) -> dict:
     return {"input": text, "label": label}
 
 
-def load_step_examples(path: str, tag: str = STEP_TAG, split: str = "train",
-                       skip_bad_rows: bool = False,
-                       use_soft: bool = False) -> tuple[list[StepExample], int]:
-    """Examples from a Math-Shepherd/TRL JSONL/parquet file or hub id; (examples, rows skipped)."""
-    from runtime.data import read_rows
+class StepRows(Sequence):
+    """The labelled rows of a stepwise file as a sequence of `StepExample`s, each parsed when it
+    is read from the memory-mapped Arrow table `datasets` keeps of the file: every rank of a
+    run shares the table's pages instead of holding its own Python copy (445K Math-Shepherd
+    rows are gigabytes as Python strings). `questions[i]` is row i's question (grouping and
+    the validation split read it without parsing again); `view` indexes a subset of the rows
+    and `map` applies a function to each example as it is read (the ORM's form)."""
 
-    rows = read_rows(path, "", split)
-    examples, skipped = [], 0
-    for index, row in enumerate(rows):
-        try:
-            examples.append(example_from_row(row, f"{path}: row {index + 1}", tag, use_soft))
-        except DataError:
-            if not skip_bad_rows:
-                raise
-            skipped += 1
-    return examples, skipped
+    def __init__(self, table, where: str, tag: str, use_soft: bool, indices: list[int],
+                 questions: list[str], transform=None):
+        self.table, self.where, self.tag, self.use_soft = table, where, tag, use_soft
+        self.indices, self.questions, self.transform = indices, questions, transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        row = self.indices[i]
+        example = example_from_row(self.table[row], f"{self.where}: row {row + 1}", self.tag,
+                                   self.use_soft)
+        return self.transform(example) if self.transform is not None else example
+
+    def view(self, positions: list[int]) -> "StepRows":
+        return StepRows(self.table, self.where, self.tag, self.use_soft,
+                        [self.indices[k] for k in positions],
+                        [self.questions[k] for k in positions], self.transform)
+
+    def map(self, transform) -> "StepRows":
+        return StepRows(self.table, self.where, self.tag, self.use_soft, self.indices,
+                        self.questions, transform)
+
+
+def read_step_rows(path: str, tag: str = STEP_TAG, split: str = "train",
+                   skip_bad_rows: bool = False, use_soft: bool = False,
+                   chunk_rows: int = 4096) -> tuple[StepRows, int]:
+    """(rows, rows skipped) of a Math-Shepherd/TRL/PRM800K file or hub id, read once through
+    `datasets` and checked before any training: every row is parsed once, the ranks sharing the
+    chunks (`runtime.shards`), keeping only its question; a bad row stops every rank naming file,
+    row and field (or is skipped with `skip_bad_rows`)."""
+    from runtime.data import read_rows
+    from runtime.shards import map_chunks
+
+    table = read_rows(path, "", split)
+    n = len(table)
+
+    def check(chunk: int) -> list[tuple[int, str | None, str | None]]:
+        out = []
+        for row in range(chunk * chunk_rows, min(n, (chunk + 1) * chunk_rows)):
+            try:
+                out.append((row, example_from_row(table[row], f"{path}: row {row + 1}", tag,
+                                                  use_soft).question, None))
+            except DataError as err:
+                out.append((row, None, str(err)))
+        return out
+
+    checked = [r for part in map_chunks(-(-n // chunk_rows), check) for r in part]
+    bad = [error for _, _, error in checked if error is not None]
+    if bad and not skip_bad_rows:
+        raise DataError(bad[0])
+    kept = [(row, question) for row, question, error in checked if error is None]
+    return StepRows(table, path, tag, use_soft, [r for r, _ in kept], [q for _, q in kept]), \
+        len(bad)
 
 
 def write_math_shepherd_jsonl(path: Path, examples: list[StepExample], tag: str = STEP_TAG,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from process_supervision.formats import StepExample, load_step_examples
+from process_supervision.formats import StepExample, read_step_rows
 from reward_model.encoding import orm_example
 from runtime import synthetic
 from runtime.data import MathRecord
@@ -58,12 +58,14 @@ def synthetic_step_examples(records: list[MathRecord], seed: int, wrong_fraction
 
 
 def training_examples(rm, records: list[MathRecord], seed: int,
-                      soft_labels: bool = False) -> list[StepExample]:
-    """The examples `igrpo train-rm` trains on, for `rm.kind` (from an `RewardModelConfig`)."""
+                      soft_labels: bool = False):
+    """The examples `igrpo train-rm` trains on, for `rm.kind` (from an `RewardModelConfig`): a
+    file's rows as `StepRows` (read once, parsed when used), or generated synthetic ones."""
     if rm.data_path:
-        examples, skipped = load_step_examples(rm.data_path, rm.step_tag, use_soft=soft_labels)
+        rows, skipped = read_step_rows(rm.data_path, rm.step_tag, use_soft=soft_labels)
         if skipped:
             print(f"[igrpo] skipped {skipped} malformed rows of {rm.data_path}")
+        return rows.map(lambda ex: as_orm([ex])[0]) if rm.kind == "orm" else rows
     else:
         # Paired generation makes two solutions per question: as many solutions, half the questions.
         count = rm.synthetic_solutions // 2 if rm.group_by_question else rm.synthetic_solutions

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from configs.batching import plan_batch
-from process_supervision.formats import StepExample
+from process_supervision.formats import StepExample, StepRows
 from reward_model.backbone import added_layer_parameters, deepen
 from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_calibration
 from reward_model.encoding import TagBatch, encode, ensure_tag_token, tag_tokens
@@ -31,11 +31,13 @@ from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import Trainer, epoch_slice, seeded_order, stage_done
 
 
-def question_groups(examples: list[StepExample]) -> list[list[int]]:
-    """Indices of the examples, grouped by question (in order of first appearance)."""
+def question_groups(examples) -> list[list[int]]:
+    """Indices of the examples, grouped by question (in order of first appearance); a file's
+    `StepRows` give their questions without parsing the rows again."""
+    questions = getattr(examples, "questions", None) or [ex.question for ex in examples]
     groups: dict[str, list[int]] = {}
-    for i, ex in enumerate(examples):
-        groups.setdefault(ex.question, []).append(i)
+    for i, question in enumerate(questions):
+        groups.setdefault(question, []).append(i)
     return list(groups.values())
 
 
@@ -53,7 +55,10 @@ def split_validation(examples: list[StepExample], fraction: float, seed: int, ca
             break
         val += group
     held = set(val)
-    return [ex for i, ex in enumerate(examples) if i not in held], [examples[i] for i in val]
+    train = [i for i in range(len(examples)) if i not in held]
+    if isinstance(examples, StepRows):  # the training rows stay on disk; validation is small
+        return examples.view(train), [examples[i] for i in val]
+    return [examples[i] for i in train], [examples[i] for i in val]
 
 
 def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExample], logger,

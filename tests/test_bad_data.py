@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from process_supervision.formats import load_step_examples
+from process_supervision.formats import read_step_rows
 from runtime.data import DataError, LoadReport, load_records
 
 GOOD = {
@@ -21,7 +21,7 @@ MISSING = {"gsm8k": "answer", "math": "problem", "math_shepherd": "label"}
 
 def _load(kind, path, **kw):
     if kind == "math_shepherd":
-        examples, skipped = load_step_examples(str(path), **kw)
+        examples, skipped = read_step_rows(str(path), **kw)
         return examples, skipped
     report = LoadReport()
     return load_records(str(path), kind, report=report, **kw), report.skipped

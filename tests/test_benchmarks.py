@@ -8,7 +8,7 @@ import pytest
 
 import igrpo
 from process_supervision.benchmarks import read_benchmark
-from process_supervision.formats import example_from_row, load_step_examples
+from process_supervision.formats import example_from_row, read_step_rows
 from reward_model.report import benchmark_report
 from runtime.data import DataError
 from runtime.tiny_model import build_stand_in
@@ -113,7 +113,7 @@ def test_prm800k_rows_read_as_their_labellers_rated_them(tmp_path):
     assert example.labels == (1.0, 1.0, 0.0)  # neutral counts as right
     path = tmp_path / "prm800k.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    examples, skipped = load_step_examples(str(path))
+    examples, skipped = read_step_rows(str(path))
     assert examples[0].steps == example.steps and skipped == 0
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from process_supervision.formats import (StepExample, example_from_row, load_step_examples,
+from process_supervision.formats import (StepExample, example_from_row, read_step_rows,
                                          parse_math_shepherd, to_math_shepherd,
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
 from reward_model.encoding import encode, orm_example, tag_tokens
@@ -49,22 +49,22 @@ def test_tag_count_mismatch_names_file_and_row(tmp_path):
     path.write_text(json.dumps({"input": good_text, "label": good_label}) + "\n"
                     + json.dumps({"input": good_text, "label": bad_label}) + "\n")
     with pytest.raises(DataError, match=r"prm.jsonl: row 2: field 'label'"):
-        load_step_examples(str(path))
-    examples, skipped = load_step_examples(str(path), skip_bad_rows=True)
+        read_step_rows(str(path))
+    examples, skipped = read_step_rows(str(path), skip_bad_rows=True)
     assert len(examples) == 1 and skipped == 1
     trl = tmp_path / "trl.jsonl"
     trl.write_text(json.dumps({"prompt": "Q", "completions": ["a", "b"], "labels": [True]}) + "\n")
     with pytest.raises(DataError, match=r"trl.jsonl: row 1: field 'labels'"):
-        load_step_examples(str(trl))
+        read_step_rows(str(trl))
 
 
 def test_soft_labels_written_and_read(tmp_path):
     path = tmp_path / "soft.jsonl"
     write_math_shepherd_jsonl(path, [StepExample("Q", ("a", "b"), (1.0, 0.0), "s:0")],
                               soft_labels=[(0.75, 0.125)])
-    (example,), _ = load_step_examples(str(path), use_soft=True)
+    (example,), _ = read_step_rows(str(path), use_soft=True)
     assert example.labels == (0.75, 0.125) and example.steps == ("a", "b")
-    (hard,), _ = load_step_examples(str(path))
+    (hard,), _ = read_step_rows(str(path))
     assert hard.labels == (1.0, 0.0)
 
 
@@ -294,3 +294,35 @@ def test_two_row_read_out_equals_the_full_logits(architecture):
         torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-5,
                                    atol=1e-5, msg=name)
     assert model(input_ids=batch.input_ids).logits.shape[-1] == len(tokenizer)  # head restored
+
+
+def test_step_rows_are_read_once_and_parsed_when_used(tmp_path, monkeypatch):
+    """A stepwise file's rows: checked and their questions kept at reading, each row parsed again
+    only when training reads it; a view keeps its rows' questions; the ORM form is applied as a
+    row is read."""
+    import process_supervision.formats as formats
+    from reward_model.train import question_groups, split_validation
+
+    path = tmp_path / "prm.jsonl"
+    rows = [to_math_shepherd(f"Q{i % 3}", [f"a{i}", f"b{i}"], [1, i % 2]) for i in range(7)]
+    path.write_text("".join(json.dumps({"input": t, "label": lab}) + "\n" for t, lab in rows))
+    examples, skipped = read_step_rows(str(path), chunk_rows=3)
+    assert skipped == 0 and len(examples) == 7 and not isinstance(examples, list)
+    assert examples.questions == [f"Q{i % 3}" for i in range(7)]
+    parsed = []
+    real = formats.example_from_row
+    monkeypatch.setattr(formats, "example_from_row",
+                        lambda row, where, *a: parsed.append(where) or real(row, where, *a))
+    fifth = examples[5]
+    assert fifth.steps == ("a5", "b5") and fifth.labels == (1.0, 1.0)
+    assert parsed == [f"{path}: row 6"]  # one row parsed, named by its place in the file
+    assert question_groups(examples) == [[0, 3, 6], [1, 4], [2, 5]]
+    train, val = split_validation(examples, 0.3, seed=0)
+    assert len(train) + len(val) == 7 and isinstance(val, list)
+    assert {ex.question for ex in val}.isdisjoint(train.questions)
+    assert [ex.steps for ex in train] == [examples[i].steps for i in range(7)
+                                          if examples[i].question not in
+                                          {ex.question for ex in val}]
+    orm = examples.map(lambda ex: StepExample(ex.question, ("\n".join(ex.steps),),
+                                              ex.labels[-1:]))
+    assert orm[0].steps == ("a0\nb0",) and orm[0].labels == (0.0,)

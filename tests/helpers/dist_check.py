@@ -267,11 +267,11 @@ def main() -> None:
         first_update = seen[:len(seen) // cfg.grpo.mu]  # the same tensors again for update 2
         torch.save(torch.cat(first_update), out / f"advantages-rank{rank}.pt")
     else:
-        from process_supervision.formats import load_step_examples
+        from process_supervision.formats import read_step_rows
         from reward_model.train import train_reward_model
 
         cfg = load_config("configs/tiny.yaml", [*RM, *overrides])
-        examples, _ = load_step_examples(sys.argv[5])
+        examples, _ = read_step_rows(sys.argv[5])
         train_reward_model(cfg, out / "rm", base, examples, logger, "")
 
 
