@@ -46,7 +46,7 @@ def memory():
     for line in open("/proc/self/status"):
         key, _, value = line.partition(":")
         if key in ("VmHWM", "RssAnon", "RssFile"):
-            fields[key] = int(value.split()[1]) * 1024
+            fields[key] = int(value.split()[0]) * 1024
     return fields
 
 marks = []

@@ -218,10 +218,13 @@ def read_step_rows(path: str, tag: str = STEP_TAG, split: str = "train",
     n = len(table)
 
     def check(chunk: int) -> list[tuple[int, str | None, str | None]]:
+        start = chunk * chunk_rows
+        columns = table[start:start + chunk_rows]  # one read of the chunk, column by column
         out = []
-        for row in range(chunk * chunk_rows, min(n, (chunk + 1) * chunk_rows)):
+        for row, values in enumerate(zip(*columns.values()), start):
             try:
-                out.append((row, example_from_row(table[row], f"{path}: row {row + 1}", tag,
+                out.append((row, example_from_row(dict(zip(columns, values)),
+                                                  f"{path}: row {row + 1}", tag,
                                                   use_soft).question, None))
             except DataError as err:
                 out.append((row, None, str(err)))

@@ -187,15 +187,17 @@ def test_iterate_killed_anywhere_resumes_to_the_uninterrupted_result(tmp_path, i
 @pytest.mark.slow
 def test_generation_and_scoring_phases_are_spread_over_the_ranks(tmp_path):
     """Evaluation (greedy, k samples, the outcomes file), sampling for labels, Math-Shepherd
-    labelling, a reward model's step metrics and best-of-N compute on 2 processes exactly what
-    they compute on 1, with the shipped warm start, while each rank generates for only part of
+    labelling, a reward model's step metrics, best-of-N and the check of a stepwise file compute
+    on 2 processes exactly what they compute on 1, with the shipped warm start, while each rank generates for only part of
     the prompts. A non-finite loss on one rank stops both, each naming where."""
     for nproc in (1, 2):
         torchrun(nproc, "tests/helpers/dist_check.py", "shards", tmp_path / f"p{nproc}")
     one, two = (json.loads((tmp_path / f"p{n}" / "shards.json").read_text()) for n in (1, 2))
     assert one["eval"]["eval/greedy_accuracy"] > 0.5 and one["eval"]["eval/mean_at_k"] > 0.3
-    for key in ("eval", "solutions", "labels", "rm", "bon"):
+    for key in ("eval", "solutions", "labels", "rm", "bon", "rows", "row_questions"):
         assert two[key] == one[key], key
+    # a stepwise file's bad row, in one rank's chunks, stops both with the row named
+    assert two["bad_row"] == ["OUT/bad.jsonl: row 8: field 'input': no step tag 'ки'"] * 2
     outcomes = [(tmp_path / f"p{n}" / "eval.json").read_text() for n in (1, 2)]
     assert outcomes[0] == outcomes[1]
     (alone,), (first, second) = one["prompts_by_rank"], two["prompts_by_rank"]

@@ -155,7 +155,33 @@ def sharded_phases(out: Path) -> dict:
     return {"eval": metrics, "solutions": [list(x.steps) for x in solutions],
             "labels": [[list(x.hard), list(x.soft)] for x in labelled], "rm": steps,
             "bon": best, "prompts_by_rank": gather_objects(prompts),
-            "nonfinite": gather_objects(nonfinite_on_the_last_rank(cfg))}
+            "nonfinite": gather_objects(nonfinite_on_the_last_rank(cfg)),
+            **stepwise_rows(out)}
+
+
+def stepwise_rows(out: Path) -> dict:
+    """A stepwise file read over the ranks (each checks its chunks): its rows, and the error
+    every rank stops with when the bad row lies in another rank's chunk."""
+    from process_supervision.formats import read_step_rows, to_math_shepherd
+    from runtime.data import DataError
+    from runtime.engine import barrier, gather_objects, is_main
+
+    good, bad = out / "rows.jsonl", out / "bad.jsonl"
+    if is_main():
+        lines = [json.dumps(dict(zip(("input", "label"), to_math_shepherd(
+            f"Q{i % 4}", [f"a{i}", f"b{i}"], [1, i % 2])))) for i in range(10)]
+        good.write_text("\n".join(lines) + "\n")
+        lines[7] = json.dumps({"input": "no tag here", "label": "no tag here"})
+        bad.write_text("\n".join(lines) + "\n")
+    barrier()
+    rows, _ = read_step_rows(str(good), chunk_rows=3)
+    try:
+        read_step_rows(str(bad), chunk_rows=3)
+        error = ""
+    except DataError as err:
+        error = str(err).replace(str(out), "OUT")
+    return {"rows": [[list(ex.steps), list(ex.labels)] for ex in rows],
+            "row_questions": rows.questions, "bad_row": gather_objects(error)}
 
 
 def nonfinite_on_the_last_rank(cfg) -> str:
