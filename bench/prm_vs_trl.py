@@ -2,7 +2,7 @@
 (TRL 1.13, the last release that has it), side by side in one run.
 
     pip install --no-deps --target .bench/trl113 "trl==1.13.0" accelerate   # TRL's other needs are ours
-    python bench/prm_vs_trl.py [--steps 30 --repeats 2 --precisions fp32,bf16]
+    python bench/prm_vs_trl.py [--steps 30 --repeats 2 --precisions fp32,bf16] [--group-by-length]
 
 Both sides: the same random Qwen2 over the shipped GPT-2 BPE (`--hidden`, 2 layers) under a
 fresh 2-label token-classification head, the same TRL stepwise rows (a prompt, 3-10 steps, a label
@@ -10,11 +10,13 @@ per step, laid out as TRL lays them: BOS, prompt, each step and the separator "\
 the separator), `--batch` rows an optimizer step, learning rate 2e-5, AdamW, one process of
 `--threads` threads on the CPU, no evaluation during training, in one precision (fp32, or bf16:
 ours bf16 weights with DeepSpeed's fp32 master copy; TRL `bf16=True`, autocast over fp32
-weights). Each side runs in a child process of its own (peak RSS is the child's); the first
-3 steps are a warm-up and the step time is the median of the others. Tokens/s = the rows' mean
-token count x rows a step / step time (both sides draw their batches from the same rows). Each
-repeat runs ours then TRL at each precision; a speed ratio is the median over repeats of ours /
-TRL, each run of ours paired with the TRL run that follows it.
+weights); with `--group-by-length`, batches of rows of similar lengths on both sides (ours
+`rm.group_by_length`, TRL `train_sampling_strategy="group_by_length"`). Each side runs in a
+child process of its own (peak RSS is the child's); the first 3 steps are a warm-up and the
+step time is the median of the others. Tokens/s = the rows' mean token count x rows a step /
+step time (both sides draw their batches from the same rows). Each repeat runs ours then TRL at
+each precision; a speed ratio is the median over repeats of ours / TRL, each run of ours paired
+with the TRL run that follows it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ LR = 2e-5
 CHILD = r"""
 import json, os, statistics, sys, time
 from pathlib import Path
-root, side, base, data, steps, batch, precision, out = sys.argv[1:9]
+root, side, base, data, steps, batch, precision, out, grouped = sys.argv[1:10]
+grouped = grouped == "grouped"
 sys.path.insert(0, root)
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ["WANDB_MODE"] = "disabled"
@@ -62,7 +65,7 @@ if side == "ours":
                        f"rm.lr={%(lr)r}", "rm.eval_every=0", "rm.save_every=100000",
                        "rm.val_fraction=0.002", "rm.max_length=1024", "run.wandb_mode=disabled",
                        f"run.threads={threads}", f"rm.epochs={steps * batch / 1990:.6f}"]
-                      + ["deepspeed.fused_adam=true"]
+                      + ["deepspeed.fused_adam=true", f"rm.group_by_length={grouped}"]
                       + (["model.dtype=bfloat16", "deepspeed.bf16=true"] if bf16 else [])) == 0
     rows = [r for r in read_metrics(Path(out) / "ours" / "rm-prm" / "metrics.jsonl")
             if "time/step" in r]
@@ -90,7 +93,8 @@ else:
                        bf16=bf16, use_cpu=True, logging_steps=1000, report_to=[],
                        save_strategy="no", seed=0, lr_scheduler_type="constant",
                        warmup_steps=0, max_length=1024, step_separator="\n",
-                       gradient_checkpointing=False, dataloader_num_workers=0)
+                       gradient_checkpointing=False, dataloader_num_workers=0,
+                       train_sampling_strategy="group_by_length" if grouped else "random")
     trainer = PRMTrainer(model=model, args=config, processing_class=tokenizer,
                          train_dataset=load_dataset("json", data_files=data, split="train"),
                          callbacks=[clock])
@@ -137,13 +141,14 @@ def mean_tokens(rows: list[dict], base: Path) -> float:
     return sum(lengths) / len(lengths)
 
 
-def run_side(side, base, data, steps, batch, precision, threads) -> dict:
+def run_side(side, base, data, steps, batch, precision, threads, grouped) -> dict:
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
         if side == "trl":
             env["PYTHONPATH"] = f"{TRL_PATH}:{env.get('PYTHONPATH', '')}"
         subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, str(base), str(data),
-                        str(steps), str(batch), precision, out], cwd=ROOT, env=env, check=True,
+                        str(steps), str(batch), precision, out,
+                        "grouped" if grouped else "plain"], cwd=ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL)
         return json.loads(Path(out, "result.json").read_text())
 
@@ -156,6 +161,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--group-by-length", action="store_true")
     args = parser.parse_args()
     if not (TRL_PATH / "trl").exists():
         raise SystemExit(f"no TRL 1.13 in {TRL_PATH}: pip install --no-deps --target {TRL_PATH} "
@@ -174,13 +180,13 @@ def main() -> None:
         for precision in args.precisions.split(","):
             for side in ("ours", "trl"):
                 result = run_side(side, base, data, args.steps, args.batch, precision,
-                                  args.threads)
+                                  args.threads, args.group_by_length)
                 result["tokens_per_s"] = tokens * args.batch / result["step_s"]
                 runs.setdefault((precision, side), []).append(result)
                 print(json.dumps({"repeat": repeat, "precision": precision, "side": side,
                                   **result}), flush=True)
     print(f"\n{args.hidden}-wide 2-layer Qwen2, {tokens:.0f} tokens a row, {args.batch} rows a "
-          f"step, {args.threads} threads")
+          f"step, {args.threads} threads{', grouped by length' if args.group_by_length else ''}")
     print("precision  ours tok/s  TRL tok/s  speed (ours/TRL)  ours RSS  TRL RSS  RSS ratio")
     for precision in args.precisions.split(","):
         ours, trl = runs[(precision, "ours")], runs[(precision, "trl")]

@@ -214,6 +214,9 @@ def _check_value_family(cfg, where: str) -> None:
 
 def _check_reward_family(rm, where: str) -> None:
     """The tag LM's own options on a classifier family are a mistake, not a no-op."""
+    if rm.group_by_question and rm.group_by_length:
+        raise ConfigError(f"{where}: rm.group_by_question and rm.group_by_length both set: a "
+                          "batch keeps a question's solutions together, or rows of one length")
     if rm.family in ("", "tag_lm"):
         return
     tag_only = {"rm.likelihood_feature": rm.likelihood_feature, "rm.lm_weight": rm.lm_weight,

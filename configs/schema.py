@@ -330,6 +330,9 @@ class RewardModelConfig:
     group_by_question: bool = False
     """Keep each question's solutions side by side in the batches; synthetic data then holds
     each question's right solution next to one with a slip (minimal pairs)."""
+    group_by_length: bool = False
+    """Batches of rows of similar lengths (each window of 64 batches sorted by length, the
+    batches then shuffled): a batch pads to its longest row, so this cuts padding."""
     likelihood_feature: bool = False
     """Add the reward model's own token log-likelihoods to its step score: a step's logit is a
     fitted weighted sum of the tag's margin and the lowest log-likelihood of any solution token

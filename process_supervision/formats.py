@@ -174,14 +174,16 @@ class StepRows(Sequence):
     """The labelled rows of a stepwise file as a sequence of `StepExample`s, each parsed when it
     is read from the memory-mapped Arrow table `datasets` keeps of the file: every rank of a
     run shares the table's pages instead of holding its own Python copy (445K Math-Shepherd
-    rows are gigabytes as Python strings). `questions[i]` is row i's question (grouping and
-    the validation split read it without parsing again); `view` indexes a subset of the rows
-    and `map` applies a function to each example as it is read (the ORM's form)."""
+    rows are gigabytes as Python strings). `questions[i]` and `lengths[i]` are row i's
+    question and characters (grouping by question or by length, and the validation split, read
+    them without parsing again); `view` indexes a subset of the rows and `map` applies a
+    function to each example as it is read (the ORM's form)."""
 
     def __init__(self, table, where: str, tag: str, use_soft: bool, indices: list[int],
-                 questions: list[str], transform=None):
+                 questions: list[str], lengths: list[int], transform=None):
         self.table, self.where, self.tag, self.use_soft = table, where, tag, use_soft
-        self.indices, self.questions, self.transform = indices, questions, transform
+        self.indices, self.questions, self.lengths = indices, questions, lengths
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -197,11 +199,12 @@ class StepRows(Sequence):
     def view(self, positions: list[int]) -> "StepRows":
         return StepRows(self.table, self.where, self.tag, self.use_soft,
                         [self.indices[k] for k in positions],
-                        [self.questions[k] for k in positions], self.transform)
+                        [self.questions[k] for k in positions],
+                        [self.lengths[k] for k in positions], self.transform)
 
     def map(self, transform) -> "StepRows":
         return StepRows(self.table, self.where, self.tag, self.use_soft, self.indices,
-                        self.questions, transform)
+                        self.questions, self.lengths, transform)
 
 
 def read_step_rows(path: str, tag: str = STEP_TAG, split: str = "train",
@@ -217,26 +220,26 @@ def read_step_rows(path: str, tag: str = STEP_TAG, split: str = "train",
     table = read_rows(path, "", split)
     n = len(table)
 
-    def check(chunk: int) -> list[tuple[int, str | None, str | None]]:
+    def check(chunk: int) -> list[tuple[int, str, int, str | None]]:
         start = chunk * chunk_rows
         columns = table[start:start + chunk_rows]  # one read of the chunk, column by column
         out = []
         for row, values in enumerate(zip(*columns.values()), start):
             try:
-                out.append((row, example_from_row(dict(zip(columns, values)),
-                                                  f"{path}: row {row + 1}", tag,
-                                                  use_soft).question, None))
+                ex = example_from_row(dict(zip(columns, values)), f"{path}: row {row + 1}", tag,
+                                      use_soft)
+                out.append((row, ex.question, len(ex.question) + sum(map(len, ex.steps)), None))
             except DataError as err:
-                out.append((row, None, str(err)))
+                out.append((row, "", 0, str(err)))
         return out
 
     checked = [r for part in map_chunks(-(-n // chunk_rows), check) for r in part]
-    bad = [error for _, _, error in checked if error is not None]
+    bad = [error for *_, error in checked if error is not None]
     if bad and not skip_bad_rows:
         raise DataError(bad[0])
-    kept = [(row, question) for row, question, error in checked if error is None]
-    return StepRows(table, path, tag, use_soft, [r for r, _ in kept], [q for _, q in kept]), \
-        len(bad)
+    kept = [r for r in checked if r[3] is None]
+    return StepRows(table, path, tag, use_soft, [r[0] for r in kept], [r[1] for r in kept],
+                    [r[2] for r in kept]), len(bad)
 
 
 def write_math_shepherd_jsonl(path: Path, examples: list[StepExample], tag: str = STEP_TAG,

@@ -41,6 +41,15 @@ def question_groups(examples) -> list[list[int]]:
     return list(groups.values())
 
 
+def example_lengths(examples) -> list[int]:
+    """Characters of each example's question and steps (a file's `StepRows` know them from
+    reading): what `rm.group_by_length` sorts by."""
+    lengths = getattr(examples, "lengths", None)
+    if lengths is not None:
+        return lengths
+    return [len(ex.question) + sum(map(len, ex.steps)) for ex in examples]
+
+
 def split_validation(examples: list[StepExample], fraction: float, seed: int, cap: int = 0):
     """Seeded (train, validation) split of the examples, by question: no question has solutions
     on both sides; the validation side holds `fraction` of them, at most about `cap` (0: no
@@ -81,10 +90,11 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         set_calibration(engine.module, state["calibration"])
     check = _Checks(cfg, engine, read, train, val, state)
     groups = question_groups(train) if rm.group_by_question else None
+    lengths = example_lengths(train) if rm.group_by_length else None
     checked = (None, {})  # (step, validation metrics) of the last check
     while trainer.running():
         epoch, batch_ids = epoch_slice(len(train), state["step"], plan.global_sequences,
-                                       cfg.run.seed * 31, groups)
+                                       cfg.run.seed * 31, groups, lengths)
         mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
                                             (rank + 1) * plan.rank_sequences]]
         batch = read.encode(mine)

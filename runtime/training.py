@@ -36,20 +36,43 @@ def seeded_order(n: int, seed: int, groups: list[list[int]] | None = None) -> li
 
 
 def epoch_slice(n: int, step: int, per_step: int, seed: int,
-                groups: list[list[int]] | None = None) -> tuple[int, list[int]]:
+                groups: list[list[int]] | None = None,
+                lengths: list[int] | None = None) -> tuple[int, list[int]]:
     """(epoch, indices) of `step`: consecutive slices of a seeded order, reshuffled each epoch
-    (`seed + epoch` seeds the epoch's order)."""
+    (`seed + epoch` seeds the epoch's order); with `lengths`, grouped by length
+    (`length_grouped`)."""
     epoch, index = divmod(step, max(1, n // per_step))
     # One permutation an epoch, not one a step (0.24 s a step at 400K rows). The cache holds
-    # the groups it was built from, so their id cannot be reused while it is kept.
-    key = (n, seed + epoch, id(groups))
+    # what it was built from, so their ids cannot be reused while it is kept.
+    key = (n, seed + epoch, per_step, id(groups), id(lengths))
     cached = _EPOCH_ORDERS.pop(key, None)
-    if cached is None or cached[0] is not groups:
-        cached = (groups, seeded_order(n, seed + epoch, groups))
+    if cached is None or cached[0] is not groups or cached[1] is not lengths:
+        order = seeded_order(n, seed + epoch, groups)
+        if lengths is not None:
+            order = length_grouped(order, lengths, per_step, seed + epoch)
+        cached = (groups, lengths, order)
     _EPOCH_ORDERS[key] = cached  # (now the newest)
     while len(_EPOCH_ORDERS) > 4:
         _EPOCH_ORDERS.pop(next(iter(_EPOCH_ORDERS)))
-    return epoch, cached[1][index * per_step:(index + 1) * per_step]
+    return epoch, cached[2][index * per_step:(index + 1) * per_step]
+
+
+def length_grouped(order: list[int], lengths: list[int], per_step: int, seed: int,
+                   window: int = 64) -> list[int]:
+    """`order` with each window of `window` batches sorted by length (longest first) and cut
+    into batches, the full batches of the window then shuffled (seeded): a batch holds rows of
+    similar lengths, so it pads little, while which rows meet stays random. A permutation of
+    `order`; the batches stay aligned at multiples of `per_step` (a short last one stays last)."""
+    rng = random.Random(seed)
+    out: list[int] = []
+    span = per_step * window
+    for start in range(0, len(order), span):
+        chunk = sorted(order[start:start + span], key=lambda i: -lengths[i])
+        batches = [chunk[k:k + per_step] for k in range(0, len(chunk), per_step)]
+        full = [b for b in batches if len(b) == per_step]
+        rng.shuffle(full)
+        out += [i for b in full + batches[len(full):] for i in b]
+    return out
 
 
 _EPOCH_ORDERS: dict = {}  # the orders of the last few (n, seed, groups), oldest first

@@ -326,3 +326,42 @@ def test_step_rows_are_read_once_and_parsed_when_used(tmp_path, monkeypatch):
     orm = examples.map(lambda ex: StepExample(ex.question, ("\n".join(ex.steps),),
                                               ex.labels[-1:]))
     assert orm[0].steps == ("a0\nb0",) and orm[0].labels == (0.0,)
+
+
+def test_length_grouped_batches_pad_less_and_keep_the_epoch_a_permutation():
+    """`rm.group_by_length`: each epoch is still a permutation; every batch holds rows of similar
+    lengths (its padding, longest minus each row, is a fraction of a random batch's); the order
+    is seeded (the same each resume) and differs between epochs; without lengths nothing moves."""
+    import random
+
+    from runtime.training import epoch_slice, length_grouped, seeded_order
+
+    rng = random.Random(0)
+    n, per_step = 1000, 10
+    lengths = [rng.randrange(20, 400) for _ in range(n)]
+    order = seeded_order(n, 5)
+    grouped = length_grouped(order, lengths, per_step, 5, window=8)
+    assert sorted(grouped) == list(range(n)) and grouped != order
+
+    def padding(ids):
+        batches = [ids[k:k + per_step] for k in range(0, len(ids), per_step)]
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b)
+                   for b in batches)
+
+    assert padding(grouped) < 0.2 * padding(order)
+    # which rows share a window stays random: the first window holds the order's first 80
+    assert set(grouped[:80]) == set(order[:80])
+    steps = n // per_step
+    first = [i for s in range(steps) for i in epoch_slice(n, s, per_step, 5, None, lengths)[1]]
+    again = [i for s in range(steps) for i in epoch_slice(n, s, per_step, 5, None, lengths)[1]]
+    second = [i for s in range(steps, 2 * steps)
+              for i in epoch_slice(n, s, per_step, 5, None, lengths)[1]]
+    assert first == again and sorted(first) == list(range(n)) and second != first
+    assert epoch_slice(n, 3, per_step, 5)[1] == seeded_order(n, 5)[30:40]
+    # a short last batch stays last, so every step's slice is one batch
+    odd = length_grouped(list(range(25)), list(range(25)), 10, 0, window=8)
+    assert sorted(odd[20:]) == list(range(5))
+    from configs import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="rm.group_by_question and rm.group_by_length"):
+        load_config("configs/tiny.yaml", ["rm.group_by_question=true", "rm.group_by_length=true"])
