@@ -35,24 +35,31 @@ class FamilyError(ValueError):
     """A reward model's family cannot be told, or does not fit the model it names."""
 
 
-def infer_family(path: str | Path) -> str:
-    """The family of the checkpoint in `path`, from its config's `architectures`; raises
-    `FamilyError` (naming the folder and what it found) where it cannot be told."""
+def architectures(path: str | Path) -> list[str]:
+    """The `architectures` of the checkpoint's config; `FamilyError` naming the file where it
+    cannot be read."""
     config = Path(path) / "config.json"
     try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
+        return json.loads(config.read_text()).get("architectures") or []
     except (OSError, ValueError) as err:
         raise FamilyError(f"{config}: cannot read the reward model's config ({err}); set "
                           f"rm.family to one of {', '.join(FAMILIES)}") from err
-    for name in architectures:
+
+
+def infer_family(path: str | Path) -> str:
+    """The family of the checkpoint in `path`, from its config's `architectures`; raises
+    `FamilyError` (naming the folder and what it found) where it cannot be told."""
+    found = architectures(path)
+    for name in found:
         if name.endswith("ForCausalLM"):
             return "tag_lm"
         if name.endswith(("ForTokenClassification", "ForProcessRewardModel")):
             return "token_classification"
         if name.endswith("ForSequenceClassification"):
             return "sequence_classification"
-    raise FamilyError(f"{config}: architectures {architectures} name no reward-model family this "
-                      f"project reads; set rm.family to one of {', '.join(FAMILIES)}")
+    raise FamilyError(f"{Path(path) / 'config.json'}: architectures {found} name no "
+                      f"reward-model family this project reads; set rm.family to one of "
+                      f"{', '.join(FAMILIES)}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,13 @@ def encode_separated(tokenizer, examples: list[StepExample], reading: Reading,
         targets.append(target)
         masks.append(mask)
         kept.append(len(ends))
+    return _right_padded(tokenizer, rows, targets, masks, kept)
+
+
+def _right_padded(tokenizer, rows: list[list[int]], targets: list[list[float]],
+                  masks: list[list[bool]], kept: list[int]) -> TagBatch:
+    """Rows, their targets and label masks, right-padded into a `TagBatch` (no LM or solution
+    masks: the classifier families read labels only)."""
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -241,13 +255,8 @@ def _encode_whole(tokenizer, examples: list[StepExample], reading: Reading,
                + tokenizer(solution, add_special_tokens=False)["input_ids"])[:max_length]
         rows.append(ids)
         masks.append([False] * (len(ids) - 1) + [True])
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    label = torch.tensor([m + [False] * (width - len(m)) for m in masks])
-    empty = torch.zeros_like(label)
-    return TagBatch(ids, attention, torch.zeros(ids.shape), label, empty, empty, [1] * len(rows))
+    return _right_padded(tokenizer, rows, [[0.0] * len(r) for r in rows], masks,
+                         [1] * len(rows))
 
 
 def load_reward_model(path: str | Path, rm, model_cfg=None, batch_size: int = 64,
@@ -270,14 +279,8 @@ def load_reward_model(path: str | Path, rm, model_cfg=None, batch_size: int = 64
     if family == "sequence_classification":
         model = load_model(path, AutoModelForSequenceClassification, model_cfg).eval()
         return SequenceScorer(model, tokenizer, rm.max_length, Reading.of(rm), batch_size)
-    remote = any(a.endswith("ForProcessRewardModel") for a in _architectures(path))
+    remote = any(a.endswith("ForProcessRewardModel") for a in architectures(path))
     model = load_model(path, AutoModel if remote else AutoModelForTokenClassification,
                        model_cfg).eval()
     return TokenClassScorer(model, tokenizer, rm.max_length, Reading.of(rm), batch_size)
 
-
-def _architectures(path: str | Path) -> list[str]:
-    try:
-        return json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        return []

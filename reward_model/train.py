@@ -154,7 +154,8 @@ def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
 
         def scorer(module):
             return TokenClassScorer(module, tokenizer, rm.max_length, reading)
-        return tokenizer, engine, _Read(scorer(None).encode, scorer(None).margins, scorer)
+        reader = scorer(None)  # (its encoding and read-out need no model of their own)
+        return tokenizer, engine, _Read(reader.encode, reader.margins, scorer)
     if rm.family not in ("", "tag_lm"):
         raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
                          "token_classification families")
@@ -179,13 +180,21 @@ def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
 
 def _token_classifier(init: str | Path, cfg):
     """A 2-label token classifier from `init`: a causal LM's backbone under a fresh head (the
-    layout TRL's PRMTrainer trains and saves), or a token-classification PRM to refresh."""
-    from transformers import AutoModelForTokenClassification
+    layout TRL's PRMTrainer trains and saves), or a token-classification PRM to refresh. A
+    fresh head is drawn from `run.seed`, the same on every rank (ZeRO-3 partitions each rank's
+    own copy) and in every run; no dropout before it (transformers' default is 0.1, which TRL
+    turns off too): each rank would draw its own mask, and 2 processes not train as 1 does."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     from runtime.models import load_model
+    from runtime.shards import seeded
 
-    model = load_model(init, AutoModelForTokenClassification, cfg.model, train=True,
-                       num_labels=2)
+    config = AutoConfig.from_pretrained(str(init), num_labels=2,
+                                        trust_remote_code=bool(cfg.model.trust_remote_code))
+    config.classifier_dropout = 0.0  # (not a field of decoder configs: kwargs would drop it)
+    with seeded("token-classification head", cfg.run.seed):
+        model = load_model(init, AutoModelForTokenClassification, cfg.model, train=True,
+                           config=config)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id \
         is not None else model.config.eos_token_id
     return model

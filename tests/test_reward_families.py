@@ -250,3 +250,38 @@ def test_grpo_runs_rewarded_by_each_family(tmp_path, families, name):
     for row in rows:
         assert 0.0 < row["reward/mean"] < 1.0 and row["reward/std"] > 0
     assert (tmp_path / "g" / "grpo" / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_token_classification_prm_trains_on_two_processes_under_zero3_as_on_one(tmp_path):
+    """`torchrun -m igrpo train-rm rm.family=token_classification deepspeed.zero_stage=3` on 2
+    gloo processes: every step's loss, the validation (spread over the ranks, each scoring with
+    the gathered weights) and the export equal 1 process's."""
+    from safetensors.torch import load_file
+
+    from launch import torchrun
+
+    base = build_stand_in(tmp_path / "base", "qwen2")
+    data = tmp_path / "stepwise.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _stepwise_rows(80)))
+    runs = {}
+    for nproc in (1, 2):
+        torchrun(nproc, "-m", "igrpo", "train-rm", "--config", "configs/tiny.yaml",
+                 f"run.root={tmp_path}", f"run.name=p{nproc}", f"rm.init_path={base}",
+                 "rm.family=token_classification", "rm.lm_weight=0",
+                 "rm.likelihood_feature=false", f"rm.data_path={data}", "rm.batch_size=16",
+                 "deepspeed.micro_batch_size=8", "deepspeed.zero_stage=3", "rm.epochs=1",
+                 "rm.lr=1e-3", "rm.eval_every=2", "rm.val_fraction=0.2", "run.threads=1",
+                 "run.wandb_mode=disabled")
+        out = tmp_path / f"p{nproc}" / "rm-prm"
+        runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "rm/loss" in r],
+                       json.loads((out / "done.json").read_text()),
+                       load_file(out / "final" / "model.safetensors"))
+    (rows1, done1, w1), (rows2, done2, w2) = runs[1], runs[2]
+    assert len(rows1) == len(rows2) >= 3 and "rm/val_step_accuracy" in rows2[1]
+    for a, b in zip(rows1, rows2):
+        assert b["rm/loss"] == pytest.approx(a["rm/loss"], rel=1e-4)
+    assert done2["step_accuracy"] == done1["step_accuracy"] and done2["steps"] == done1["steps"]
+    assert w1.keys() == w2.keys()
+    for key in w1:
+        assert torch.allclose(w1[key], w2[key], atol=1e-5), key
