@@ -6,6 +6,7 @@ On CPU, set DS_ACCELERATOR=cpu (the CLI does it when no GPU is present) and gloo
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 
@@ -57,6 +58,18 @@ def init_distributed(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.init_distributed(dist_backend=backend, verbose=False,
                                timeout=timedelta(minutes=timeout_minutes))
+    if backend == "gloo":
+        # Leave the group before the interpreter exits: gloo's threads torn down with the
+        # process can abort a rank that is exiting cleanly (a config error's exit code 2 read
+        # as -6). NCCL is left alone: destroying it with work in flight on an error exit can block.
+        atexit.register(_leave_group)
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world() -> tuple[int, int]:
