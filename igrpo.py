@@ -84,8 +84,9 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
     sub.add_argument("--recipe", default=None, metavar="NAME",
                      help="a named algorithm from configs/recipes/ applied over the config "
-                          "file (grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, online_rft, "
-                          "offline_rft); key=value overrides still win")
+                          "file (grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, gspo, online_rft, "
+                          "offline_rft, dpo, online_dpo, ppo, vc_ppo, vapo, t_ppo); key=value "
+                          "overrides still win")
     sub.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
     if name == "plan":
         sub.add_argument("--gpus", type=int, default=8, help="GPUs per node")

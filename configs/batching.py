@@ -32,11 +32,19 @@ def plan_batch(global_sequences: int, micro_batch_size: int, world_size: int, wh
 
 
 def plan_grpo_batch(questions_per_step: int, group_size: int, micro_batch_size: int,
-                    world_size: int) -> BatchPlan:
-    """GRPO: all G samples of a question stay on one rank, so group statistics are exact."""
+                    world_size: int, mini_batches: int = 1) -> BatchPlan:
+    """GRPO: all G samples of a question stay on one rank, so group statistics are exact. With
+    `mini_batches` k > 1 an optimizer step takes G/k samples of every question (advantages
+    computed over whole groups first), the same samples however many ranks share the step: the
+    plan is a mini-batch's."""
     if questions_per_step % world_size:
         raise ValueError(
             f"grpo.questions_per_step={questions_per_step} must be a multiple of the world size "
             f"{world_size} (a question's G samples stay on one rank)")
-    return plan_batch(questions_per_step * group_size, micro_batch_size, world_size,
-                      f"grpo.questions_per_step={questions_per_step} x grpo.group_size={group_size}")
+    if group_size % mini_batches:
+        raise ValueError(f"grpo.mini_batches={mini_batches} does not divide "
+                         f"grpo.group_size={group_size} (a mini-batch takes G/k samples of "
+                         "every question)")
+    return plan_batch(questions_per_step * group_size // mini_batches, micro_batch_size,
+                      world_size, f"grpo.questions_per_step={questions_per_step} x "
+                      f"grpo.group_size={group_size} / grpo.mini_batches={mini_batches}")

@@ -20,8 +20,8 @@ CHOICES = {
     "data.source": ("synthetic", "gsm8k", "math"),
     "model.dtype": ("float32", "bfloat16"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
-    "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po"),
-    "grpo.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo"),
+    "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po", "gspo", "gspo_token"),
+    "grpo.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo", "dpo", "online_dpo"),
     "ppo.critic_init": ("policy", "reward_model"),
     "grpo.supervision": ("outcome", "process", "rft"),
     "grpo.reward": ("rule", "step_oracle", "rm"),
@@ -30,6 +30,7 @@ CHOICES = {
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule"),
+    "iterate.refresh_from": ("previous", "base"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
     "model.attn_implementation": ("", "sdpa", "eager", "flash_attention_2"),
     "model.tiny.architecture": ("llama", "qwen2", "mistral", "gpt_neox"),
@@ -41,7 +42,7 @@ CHOICES = {
 # any base config. Scale settings (model, lr, batch, lengths, G) stay the base config's.
 RECIPE_DIR = CONFIG_DIR / "recipes"
 RECIPE_KEYS = tuple(f"grpo.{key}" for key in (
-    "algorithm", "loss", "beta", "clip_eps", "clip_eps_high", "scale_by_std", "mu",
+    "algorithm", "loss", "beta", "clip_eps", "clip_eps_high", "scale_by_std", "mu", "mini_batches",
     "dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "overlong_buffer_share",
     "overlong_penalty", "zero_group_correction", "token_budget_share")) + tuple(
     f"ppo.{key}" for key in ("gamma", "lam_actor", "lam_critic", "length_adaptive_alpha",
@@ -172,6 +173,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
     _check_lengths(cfg, where)
     _check_value_family(cfg, where)
+    _check_mini_batches(cfg.grpo, where)
+    _check_algorithm_options(cfg.grpo, where)
     _check_reward_family(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
@@ -210,6 +213,34 @@ def _check_value_family(cfg, where: str) -> None:
     if not 0.0 <= p.lam_actor <= 1.0 or not 0.0 <= p.lam_critic <= 1.0:
         raise ConfigError(f"{where}: ppo.lam_actor / lam_critic = {p.lam_actor} / "
                           f"{p.lam_critic}; expected values in [0, 1]")
+
+
+def _check_algorithm_options(g, where: str) -> None:
+    """GSPO's losses take GRPO's group advantages; DPO takes none of GRPO's loss options."""
+    if g.loss in ("gspo", "gspo_token") and g.algorithm != "grpo":
+        raise ConfigError(f"{where}: grpo.loss={g.loss} with grpo.algorithm={g.algorithm}: "
+                          "GSPO's sequence ratio takes group advantages (grpo.algorithm=grpo)")
+    if g.algorithm not in ("dpo", "online_dpo"):
+        return
+    unused = {"grpo.loss": g.loss != "grpo", "grpo.mu": g.mu != 1,
+              "grpo.dynamic_sampling": g.dynamic_sampling, "grpo.overlong_filter":
+              g.overlong_filter, "grpo.token_budget_share": bool(g.token_budget_share),
+              "grpo.zero_group_correction": g.zero_group_correction}
+    if any(unused.values()):
+        raise ConfigError(f"{where}: grpo.algorithm={g.algorithm} with "
+                          f"{', '.join(k for k, v in unused.items() if v)} set: DPO's loss "
+                          "takes one step per batch of pairs and none of these")
+
+
+def _check_mini_batches(g, where: str) -> None:
+    if g.mini_batches < 1 or g.group_size % g.mini_batches:
+        raise ConfigError(f"{where}: grpo.mini_batches={g.mini_batches}; expected a divisor of "
+                          f"grpo.group_size={g.group_size} (a mini-batch takes G/k samples of "
+                          "every question)")
+    if g.mini_batches > 1 and (g.algorithm != "grpo" or g.token_budget_share):
+        raise ConfigError(f"{where}: grpo.mini_batches={g.mini_batches} runs with "
+                          "grpo.algorithm=grpo and no token budget (token_budget_share=0); got "
+                          f"{g.algorithm} / {g.token_budget_share}")
 
 
 def _check_reward_family(rm, where: str) -> None:

@@ -196,13 +196,16 @@ class GRPOConfig:
     clip_eps_high: float = 0.2
     """Upper clip range (DAPO's clip-higher raises it, e.g. 0.28)."""
     loss: str = "grpo"
-    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po (see policy/math/losses.py)."""
+    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, gspo, gspo_token (see
+    policy/math/losses.py). gspo under process supervision is GSPO-token (per-token
+    advantages under the sequence ratio)."""
     algorithm: str = "grpo"
     """The trainer (policy/algorithms/, `TRAINERS`): grpo (every loss above, online RFT
     included), offline_rft (DeepSeekMath §5.2.1: sample the starting policy once, keep its
     right solutions, fine-tune on them), ppo (a critic and GAE in place of the group baseline,
-    DeepSeekMath §4.1; the `ppo` section) or t_ppo (PPO on windows of tokens,
-    `ppo.window_share`)."""
+    DeepSeekMath §4.1; the `ppo` section), t_ppo (PPO on windows of tokens,
+    `ppo.window_share`), dpo (DPO on right/wrong pairs of the starting policy's samples, beta
+    = DPO's beta) or online_dpo (pairs from the current policy's samples, every step)."""
     supervision: str = "outcome"
     """outcome (one reward per sample) or process (one reward per step); rft is the paper's
     online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
@@ -212,6 +215,12 @@ class GRPOConfig:
     correctness, a perfect PRM for tests and controls)."""
     mu: int = 1
     """Policy updates per exploration stage (the paper uses 1)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over a step's samples, k: mini-batch m takes the m-th G/k
+    samples of every question (advantages already computed over whole groups), one optimizer
+    step each against the rollout's pi_old (GSPO's setting: 4, which makes every mini-batch but
+    the first off-policy). The same mini-batches on any number of ranks; `deepspeed.
+    warmup_steps` counts optimizer steps (k a step). 1 = the paper's."""
     std_unbiased: bool = False
     """Advantage std convention: False = population std (the seed's example), True = sample std."""
     std_eps: float = 1e-6
@@ -330,6 +339,12 @@ class RewardModelConfig:
     group_by_question: bool = False
     """Keep each question's solutions side by side in the batches; synthetic data then holds
     each question's right solution next to one with a slip (minimal pairs)."""
+    pairwise_weight: float = 0.0
+    """Weight of a within-question pairwise loss beside the pointwise one on the tags (0 = off):
+    for each right and wrong solution of one question in a micro-batch, softplus(s_wrong -
+    s_right), s a solution's lowest tag logit (the `min` aggregate), averaged over the pairs.
+    It asks for the within-question ranking that best-of-N and GRPO's advantages use; set
+    `group_by_question` so that a batch holds such pairs."""
     group_by_length: bool = False
     """Batches of rows of similar lengths (each window of 64 batches sorted by length, the
     batches then shuffled): a batch pads to its longest row, so this cuts padding."""
@@ -421,6 +436,15 @@ class IterateConfig:
     refresh: bool = True
     """Refresh the reward models each iteration on the current policy's samples (Algorithm 1);
     false = single-stage GRPO: every iteration is rewarded by the first reward models."""
+    refresh_from: str = "previous"
+    """What a refresh trains from: previous (the reward model it replaces, the paper's) or
+    base (the first reward models' backbone, `rm.init_path` or the warm start, on the refresh
+    set alone)."""
+    refresh_worked_solutions: int = 0
+    """SFT worked solutions (every step right) that join each refresh as they join the first
+    training (`rm.worked_solutions` there); 0 = the refresh reads the policy's samples only."""
+    refresh_epochs: float = 0.0
+    """Epochs of a refresh over its set (0 = `rm.epochs`)."""
 
 
 @dataclass

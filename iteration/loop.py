@@ -8,6 +8,7 @@ existing run folder continues from the last finished unit (see `runs/<name>/mani
     sample policy_0, label (ORM: final answer; PRM: Math-Shepherd) -> train ORM_0, PRM_0
     for k = 1..I:
         if k > 1: sample policy_{k-1}, label, refresh ORM/PRM on the new data + replay (10%)
+                  compare each refreshed RM with the one it replaces on policy_{k-1}'s samples
         reference <- policy_{k-1}                   # the reference reset
         GRPO for grpo.steps with the current RMs   -> policy_k
         evaluate policy_k (greedy, mean@k, maj@k, pass@k with 95% intervals) and the RMs
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
+
+from omegaconf import OmegaConf
 
 from iteration import stages
 from iteration.manifest import Manifest
@@ -76,17 +79,23 @@ class IterationRun:
         """Train (k = 0) or refresh (k > 0, continuing from RM_{k-1}) on new data + replay."""
         rows = refresh_set(self.run / "replay" / kind, k, self.cfg.iterate.replay_fraction,
                            self.cfg.run.seed)
-        init = self.base_rm_init() if k == 0 else \
+        it = self.cfg.iterate
+        init = self.base_rm_init() if k == 0 or it.refresh_from == "base" else \
             self._abs(self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"])
         examples = [ex for _, ex in rows]
         # The first training also reads worked solutions of the SFT set (all steps right): true
-        # labels that teach a small backbone the tagged layout (`rm.worked_solutions`).
-        worked = worked_examples(self.splits.sft[:self.cfg.rm.worked_solutions]) if k == 0 else []
+        # labels that teach a small backbone the tagged layout (`rm.worked_solutions`); a
+        # refresh reads `iterate.refresh_worked_solutions` of them.
+        n_worked = self.cfg.rm.worked_solutions if k == 0 else it.refresh_worked_solutions
+        worked = worked_examples(self.splits.sft[:n_worked]) if n_worked else []
         examples += as_orm(worked) if kind == "orm" else worked
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
+        cfg = self.cfg
+        if k > 0 and it.refresh_epochs:
+            cfg = OmegaConf.merge(cfg, {"rm": {"epochs": it.refresh_epochs}})
         logger = self.make_logger(f"rm-{kind}/iteration-{k}")
         try:
-            path = train_reward_model(self.cfg, out, init, examples, logger, self.config_yaml)
+            path = train_reward_model(cfg, out, init, examples, logger, self.config_yaml)
         finally:
             logger.close()
         origins = [origin for origin, _ in rows]
@@ -118,11 +127,24 @@ class IterationRun:
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
                  **stages.reward_model_report(cfg, self._scorers(rm_iteration), model,
                                               tokenizer, self.splits.eval)}
+        if k > 1 and cfg.iterate.refresh and cfg.rm.bon_questions:
+            entry["refresh"] = self.manifest.outputs(f"refresh-check/{k - 1}")
         if k > 0 and is_main():  # (the main rank wrote the outcomes it compares)
             entry["grpo"] = self._grpo_means(k)
             entry["change"] = change_from(self.run / "eval" / "iteration-0.json",
                                           self.run / "eval" / f"iteration-{k}.json")
         return broadcast_from_main(entry)
+
+    def refresh_check(self, k: int, policy: str) -> dict:
+        """The refreshed reward models RM_k against the ones they replace, RM_{k-1}, on the
+        samples of the policy they will judge next (`policy`, at GRPO's temperature): in-group
+        AUROC, best-of-N pick, and (synthetic task) step accuracy against the step oracle; the
+        same samples for both (`rm.bon_questions` held-out questions x `rm.bon_samples`)."""
+        cfg = self.cfg
+        model, tokenizer = stages.load_policy(cfg, policy)
+        previous, refreshed = self._scorers(k - 1), self._scorers(k)
+        return stages.refresh_report(cfg, previous, refreshed, model, tokenizer,
+                                     self.splits.eval)
 
     # -- the loop ----------------------------------------------------------------------------
     def plan(self) -> list[str]:
@@ -130,7 +152,8 @@ class IterationRun:
         units = ["sft", "label/0", *(f"rm-{kind}/0" for kind in KINDS), "eval/0"]
         for k in range(1, self.cfg.iterate.iterations + 1):
             if k > 1 and self.cfg.iterate.refresh:
-                units += [f"label/{k - 1}", *(f"rm-{kind}/{k - 1}" for kind in KINDS)]
+                units += [f"label/{k - 1}", *(f"rm-{kind}/{k - 1}" for kind in KINDS),
+                          f"refresh-check/{k - 1}"]
             units += [f"grpo/{k}", f"eval/{k}"]
         return units
 
@@ -152,6 +175,7 @@ class IterationRun:
                 unit(f"label/{k - 1}", lambda: self.label(k - 1, policy))
                 for kind in KINDS:
                     unit(f"rm-{kind}/{k - 1}", lambda kind=kind: self.reward_model(kind, k - 1))
+                unit(f"refresh-check/{k - 1}", lambda: self.refresh_check(k - 1, policy))
             rms = k - 1 if refresh else 0  # single-stage GRPO keeps the first reward models
             policy = self._abs(unit(f"grpo/{k}", lambda: self.grpo(k, policy, rms))["policy"])
             iterations.append(unit(f"eval/{k}", lambda: self.evaluate(k, policy, rms)))

@@ -10,6 +10,7 @@ same stage computes inside `igrpo iterate`.
     make_reward       the GRPO reward: rule, step oracle, or the ORM/PRM
     evaluate          held-out greedy, mean@k, maj@k, pass@k (with intervals)
     reward_model_report   step metrics on known first errors, and best-of-N on policy samples
+    refresh_report    refreshed reward models against the ones they replace, on the policy's samples
 """
 
 from __future__ import annotations
@@ -123,6 +124,44 @@ def prm_benchmark(cfg):
 
 
 _BENCHMARKS: dict = {}
+
+
+def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
+                   eval_records: list[MathRecord]) -> dict:
+    """Each kind's refreshed reward model beside the one it replaces, on the same samples of
+    the policy they will judge (`rm.bon_questions` held-out questions x `rm.bon_samples` at
+    `grpo.temperature`): {kind: {"previous" | "refreshed": {"group_auroc", "pick",
+    "step_accuracy" (synthetic task: against the step oracle)}, "change": {"group_auroc",
+    "pick": refreshed - previous with a paired 95% bootstrap interval over the questions (the
+    AUROC's over those with right and wrong samples: None without any)}}};
+    {} at rm.bon_questions=0."""
+    if not cfg.rm.bon_questions:
+        return {}
+    from runtime import synthetic
+    from runtime.stats import paired_difference
+
+    scorers = {f"{kind}/{age}": (scorer, kind) for age, found in
+               (("previous", previous), ("refreshed", refreshed)) for kind, scorer in found.items()}
+    found = best_of_n_report(
+        model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers,
+        cfg.rm.aggregate, cfg.rm.bon_samples, cfg.grpo.temperature, cfg.grpo.max_new_tokens,
+        cfg.eval.grade_timeout_s, seed=cfg.run.seed + 7,
+        oracle=synthetic.step_correctness if cfg.data.source == "synthetic" else None)
+    out: dict = {"questions": min(len(eval_records), cfg.rm.bon_questions),
+                 "samples": cfg.rm.bon_samples, "temperature": cfg.grpo.temperature}
+    for name in scorers:
+        kind, age = name.split("/")
+        out.setdefault(kind, {})[age] = {
+            key: found[f"{name}_{key}"] for key in ("group_auroc", "pick", "step_accuracy")
+            if f"{name}_{key}" in found}
+    for kind in refreshed:  # refreshed - previous over the same questions, paired intervals
+        before, after = found[f"{kind}/previous_per_question"], found[f"{kind}/refreshed_per_question"]
+        both = [i for i, (b, a) in enumerate(zip(before, after)) if b[1] == b[1] and a[1] == a[1]]
+        out[kind]["change"] = {
+            "pick": paired_difference([b[0] for b in before], [a[0] for a in after]),
+            "group_auroc": paired_difference([before[i][1] for i in both],
+                                             [after[i][1] for i in both]) if both else None}
+    return out
 
 
 def reward_model_report(cfg, scorers: dict, model, tokenizer,

@@ -117,16 +117,21 @@ def _table_rest(iterations: list[dict]) -> str:
                ("bon.prm_pick", "BoN PRM", "{:.3f}"), ("bon.orm_pick", "BoN ORM", "{:.3f}"),
                ("bon.prm_group_auroc", "PRM in-group", "{:.3f}"),
                ("benchmark.score", "PRM bench", "{:.3f}"),
+               ("refresh.prm", "PRM refresh", "{}"),
                ("bon.random", "BoN random", "{:.3f}"), ("grpo.reward/mean", "reward", "{:.3f}"),
                ("grpo.train/kl", "KL", "{:.4f}")]
-    # The PRM's benchmark score shows where a run has one (`eval.prm_benchmark`).
-    columns = [c for c in columns if c[0] != "benchmark.score"
+    # The PRM's benchmark score shows where a run has one (`eval.prm_benchmark`), the refresh
+    # check (in-group AUROC of the previous -> the refreshed PRM) where the run refreshed.
+    columns = [c for c in columns if c[0] not in ("benchmark.score", "refresh.prm")
                or any(lookup(it, c[0]) is not None for it in iterations)]
     lines = ["  ".join(f"{title:>12}" for _, title, _ in columns)]
     for it in iterations:
         cells = []
         for key, _, fmt in columns:
             value = lookup(it, key)
+            if key == "refresh.prm" and value is not None:
+                value = (f"{value['previous']['group_auroc']:.2f}->"
+                         f"{value['refreshed']['group_auroc']:.2f}")
             cells.append(f"{fmt.format(value) if value is not None else '-':>12}")
         lines.append("  ".join(cells))
     return "\n".join(lines)

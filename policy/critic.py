@@ -18,7 +18,7 @@ from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.kit import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
                         policy_engines, reference_logprobs, sampling_seed, step_questions)
-from policy.math.losses import POLICY_LOSSES
+from policy.math.losses import policy_loss
 from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                                length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from policy.rewards import RewardFn, ValueSource
@@ -167,7 +167,7 @@ def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torc
         logprobs = completion_logprobs(engine, rollout.input_ids[rows],
                                        rollout.attention_mask[rows], rollout.prompt_ids.shape[1])
         old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
-        result = POLICY_LOSSES[g.loss].fn(
+        result = policy_loss(g.loss, g.supervision).fn(
             logprobs, old, None, targets.advantages[rows], mask[rows],
             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=0.0,
             num_sequences=num_sequences, num_tokens=max(targets.num_tokens, 1.0),

@@ -52,6 +52,15 @@ def refill_questions(records: list[MathRecord], step: int, round_: int, per_step
     return [records[i] for i in order]
 
 
+def mini_batch_order(rows: int, group_size: int, count: int) -> torch.Tensor:
+    """This rank's rows in mini-batch order: mini-batch m holds the m-th G/k samples of every
+    question, question by question, so a mini-batch is the same set of samples whether one
+    rank or several hold the step."""
+    questions, size = rows // group_size, group_size // count
+    return torch.tensor([q * group_size + m * size + j for m in range(count)
+                         for q in range(questions) for j in range(size)], dtype=torch.long)
+
+
 def sampling_seed() -> int:
     """A stage's sampling seed, drawn from the random state the stage starts in (the outer loop
     seeds each unit from its name) and kept in the stage's saved state: the rollouts of step s
@@ -72,7 +81,7 @@ def policy_engines(cfg, policy_path, reference_path=None):
     g = cfg.grpo
     tokenizer = load_tokenizer(policy_path, cfg.model)
     plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
-                           world()[1])
+                           world()[1], g.mini_batches)
     engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
                           lr=g.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
@@ -85,14 +94,30 @@ def policy_engines(cfg, policy_path, reference_path=None):
 
 
 @torch.no_grad()
-def forward_logprobs(model, rollout: Rollout, micro: int) -> torch.Tensor:
-    """[N, T] completion log-probs without gradient, a micro-batch at a time."""
+def forward_logprobs(model, rollout: Rollout, micro: int,
+                     entropy_out: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, T] completion log-probs without gradient, a micro-batch at a time (and the per-token
+    entropy into `entropy_out` [N, T], where given)."""
     parts = []
     for start in range(0, rollout.prompt_ids.shape[0], micro):
         rows = slice(start, start + micro)
-        parts.append(completion_logprobs(model, rollout.input_ids[rows],
-                                         rollout.attention_mask[rows], rollout.prompt_ids.shape[1]))
+        parts.append(completion_logprobs(
+            model, rollout.input_ids[rows], rollout.attention_mask[rows],
+            rollout.prompt_ids.shape[1],
+            entropy_out=None if entropy_out is None else entropy_out[rows]))
     return torch.cat(parts)
+
+
+def sampler_drift(logprobs: torch.Tensor, rollout: Rollout, all_tokens: float,
+                  rows: slice = slice(None)) -> float:
+    """The rollout's `rows`' share of the step's mean |log-prob - the sampler's| over its
+    `all_tokens` completion tokens (`rollout/logprob_diff`: how far vLLM's numbers are from the
+    training model's); 0 where the sampler gave none."""
+    sampled = rollout.sampler_logprobs
+    if sampled is None:
+        return 0.0
+    drift = (logprobs - sampled[rows].to(logprobs)).abs() * rollout.completion_mask[rows]
+    return float(drift.sum()) / max(all_tokens, 1.0)
 
 
 def reference_logprobs(reference, rollout: Rollout, micro: int, is_reference: bool):

@@ -86,16 +86,20 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
     questions with both right and wrong samples, of the AUROC of the scores within the question:
     what best-of-N and GRPO's group-normalised advantages use. A reward model that only knows
     which questions are hard ranks well pooled over questions and scores 0.5 here.
+    `per_question`: (the pick's correctness, the AUROC within the question or NaN) of each.
     """
     from collections import Counter
 
     rng = random.Random(seed)
     picked = voted = drawn = expected = 0.0
-    within = []
+    within, per_question = [], []
     for right, score, answer in zip(correct, scores, answers):
-        picked += right[max(range(len(score)), key=score.__getitem__)]
+        pick = float(right[max(range(len(score)), key=score.__getitem__)])
+        picked += pick
+        group = auroc(score, list(right)) if 0 < sum(right) < len(right) else float("nan")
+        per_question.append((pick, group))
         if 0 < sum(right) < len(right):
-            within.append(auroc(score, list(right)))
+            within.append(group)
         counts = Counter(a for a in answer if a is not None)
         if counts:
             top = counts.most_common(1)[0][0]
@@ -105,7 +109,8 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
     n = max(len(correct), 1)
     return {"rm_pick": picked / n, "majority": voted / n, "random": expected / n,
             "random_draw": drawn / n,
-            "group_auroc": sum(within) / len(within) if within else float("nan")}
+            "group_auroc": sum(within) / len(within) if within else float("nan"),
+            "per_question": per_question}
 
 
 def prm_score(predicted: list[list[float]], labels: list[list[float]]) -> dict[str, float]:

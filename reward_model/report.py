@@ -7,6 +7,8 @@ each reward model picks, beside majority vote and a random pick.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from policy.generation.rollout import generate_groups
@@ -59,29 +61,39 @@ def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str,
 
 
 def solution_scores(scorer: TagScorer, kind: str, aggregate: str, question: str,
-                    texts: list[str], separator: str = "\n") -> list[float]:
-    """One score per solution text: the ORM's P(+), or the PRM's aggregated step scores."""
+                    texts: list[str], separator: str = "\n", per_step: bool = False):
+    """One score per solution text: the ORM's P(+), or the PRM's aggregated step scores (with
+    `per_step`, also each solution's step scores: (scores, step scores))."""
     if kind == "orm":
-        return [s[0] if s else 0.0 for s in scorer.score([orm_example(question, t) for t in texts])]
+        scores = [s[0] if s else 0.0
+                  for s in scorer.score([orm_example(question, t) for t in texts])]
+        return (scores, [[s] for s in scores]) if per_step else scores
     steps = [split_steps(t, separator) for t in texts]
     scored = iter(scorer.score([StepExample(question, tuple(s), (0.0,) * len(s))
                                 for s in steps if s]))
-    per_step = [next(scored) if s else [] for s in steps]
-    width = max([len(p) for p in per_step] + [1])
-    values = torch.tensor([p + [0.0] * (width - len(p)) for p in per_step])
-    mask = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in per_step])
-    return STEP_AGGREGATORS[aggregate](values, mask).tolist()
+    step_scores = [next(scored) if s else [] for s in steps]
+    width = max([len(p) for p in step_scores] + [1])
+    values = torch.tensor([p + [0.0] * (width - len(p)) for p in step_scores])
+    mask = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in step_scores])
+    scores = STEP_AGGREGATORS[aggregate](values, mask).tolist()
+    return (scores, step_scores) if per_step else scores
 
 
 @torch.no_grad()
 def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: PromptFormat,
                      scorers: dict[str, tuple[TagScorer, str]], aggregate: str, n: int,
                      temperature: float, max_new_tokens: int, timeout_s: int = 2,
-                     questions_per_batch: int = 16, seed: int = 0) -> dict[str, float]:
+                     questions_per_batch: int = 16, seed: int = 0,
+                     oracle: Callable[[str, list[str]], list[bool]] | None = None
+                     ) -> dict[str, float]:
     """Best-of-N accuracy for each scorer (`name -> (scorer, kind)`), majority vote and random.
     The questions are spread over the ranks in chunks, each chunk's samples seeded from
-    (`seed`, chunk) (`runtime.shards`): every rank calls it and gets the report."""
-    def chunk_report(c: int) -> list[tuple[list[bool], list[str | None], dict[str, list[float]]]]:
+    (`seed`, chunk) (`runtime.shards`): every rank calls it and gets the report. With `oracle`
+    (question, steps -> each step's true correctness: the synthetic task's), also each
+    scorer's `<name>_step_accuracy` on the samples: a PRM's step scores against the oracle's
+    steps, an ORM's score against the final answer's correctness (>= 0.5 is right), and its
+    `<name>_per_question` (pick, in-group AUROC) pairs."""
+    def chunk_report(c: int) -> list[tuple]:
         chunk = records[c * questions_per_batch:(c + 1) * questions_per_batch]
         rollout = generate_groups(policy, policy_tokenizer, fmt.prompts(policy_tokenizer, chunk),
                                   n, max_new_tokens=max_new_tokens, temperature=temperature)
@@ -89,11 +101,16 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
         for q, rec in enumerate(chunk):
             texts = rollout.texts[q * n:(q + 1) * n]
             extracted = [extract_final_answer(t) for t in texts]
-            out.append(([a is not None and answers_match(a, rec.answer, timeout_s)
-                         for a in extracted], extracted,
-                        {name: solution_scores(scorer, kind, aggregate, rec.question, texts,
-                                               fmt.step_separator)
-                         for name, (scorer, kind) in scorers.items()}))
+            right = [a is not None and answers_match(a, rec.answer, timeout_s) for a in extracted]
+            scored = {name: solution_scores(scorer, kind, aggregate, rec.question, texts,
+                                            fmt.step_separator, per_step=True)
+                      for name, (scorer, kind) in scorers.items()}
+            truth = None
+            if oracle is not None:
+                truth = [[float(t) for t in oracle(rec.question, split_steps(text, fmt.step_separator))]
+                         for text in texts]
+            out.append((right, extracted, {k: v[0] for k, v in scored.items()},
+                        {k: v[1] for k, v in scored.items()}, truth))
         return out
 
     chunks = range(0, len(records), questions_per_batch)
@@ -103,9 +120,16 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
             for row in part]
     correct, answers = [r[0] for r in rows], [r[1] for r in rows]
     report: dict[str, float] = {}
-    for name in scorers:
+    for name, (_, kind) in scorers.items():
         result = best_of_n(correct, [r[2][name] for r in rows], answers, seed)
         report[f"{name}_pick"] = result["rm_pick"]
         report[f"{name}_group_auroc"] = result["group_auroc"]
-        report.update({k: v for k, v in result.items() if k not in ("rm_pick", "group_auroc")})
+        report.update({k: v for k, v in result.items()
+                       if k not in ("rm_pick", "group_auroc", "per_question")})
+        if oracle is not None:
+            report[f"{name}_per_question"] = result["per_question"]
+            predicted = [p for r in rows for p in r[3][name]]
+            labels = [t for r in rows for t in r[4]] if kind == "prm" else \
+                [[float(ok)] for r in rows for ok in r[0]]
+            report[f"{name}_step_accuracy"] = step_metrics(predicted, labels)["step_accuracy"]
     return report

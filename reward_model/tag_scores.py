@@ -35,6 +35,23 @@ def tag_loss(margin: torch.Tensor, targets: torch.Tensor, label_mask: torch.Tens
     return (per_position * mask).sum() / mask.sum().clamp(min=1)
 
 
+def pairwise_loss_sum(margin: torch.Tensor, targets: torch.Tensor, label_mask: torch.Tensor,
+                      group: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(summed loss, pairs): the within-group pairwise logistic loss over solutions. A solution's
+    score is its lowest labelled tag logit (the `min` aggregate), its class the label of its last
+    labelled tag (right when >= 0.5); every (right i, wrong j) pair of one group adds
+    softplus(s_j - s_i) = -log sigmoid(s_i - s_j). margin, targets, label_mask: [B, L];
+    group: [B] ids (a question's solutions share one)."""
+    has = label_mask.any(-1)
+    score = margin.masked_fill(~label_mask, float("inf")).min(-1).values
+    score = score.masked_fill(~has, 0.0)
+    last = label_mask.long().cumsum(-1).argmax(-1)
+    right = targets.gather(-1, last[:, None]).squeeze(-1) >= 0.5
+    pairs = ((group[:, None] == group[None, :]) & right[:, None] & ~right[None, :]
+             & has[:, None] & has[None, :])
+    return F.softplus(score[None, :] - score[:, None])[pairs].sum(), int(pairs.sum())
+
+
 def lm_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, lm_mask: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy at the `lm_mask` tokens (each predicted from the position
     before it): the optional auxiliary loss that keeps the backbone able to read and redo the

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from configs.batching import plan_batch
 from process_supervision.formats import StepExample, StepRows
 from reward_model.backbone import added_layer_parameters, deepen
@@ -23,7 +25,7 @@ from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_c
 from reward_model.encoding import TagBatch, encode, ensure_tag_token, tag_tokens
 from reward_model.families import Reading, TokenClassScorer
 from reward_model.evaluate import step_metrics
-from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss
+from reward_model.tag_scores import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
 from runtime.engine import (broadcast_from_main, build_engine, current_lr,
                             gathered_for_generation, global_sum, is_main, world)
@@ -100,7 +102,8 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         batch = read.encode(mine)
         started = time.perf_counter()
         engine.train()
-        sums, loss_of = _batch_loss(engine, batch, read, rm.lm_weight, world_size)
+        sums, loss_of = _batch_loss(engine, batch, read, rm, world_size, plan.micro_batch_size,
+                                    [ex.question for ex in mine])
         grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
                                      f"{out} step {state['step'] + 1}")
         trainer.advance()
@@ -108,6 +111,8 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
                    "rm/grad_norm": grad_norm, "time/step": time.perf_counter() - started}
         if rm.lm_weight:
             metrics["rm/lm_loss"] = global_sum(sums["lm"])
+        if rm.pairwise_weight:
+            metrics["rm/pairwise_loss"] = global_sum(sums["pairwise"])
         if trainer.due(rm.eval_every):
             metrics.update(check.calibrate())
             checked = (state["step"], check.validate())
@@ -200,12 +205,25 @@ def _token_classifier(init: str | Path, cfg):
     return model
 
 
-def _batch_loss(engine, batch, read: _Read, lm_weight: float, world_size: int):
+def _batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_size: int,
+                questions: list[str]):
     """(running sums, loss of a micro-batch): the tag loss as a mean over the step's labels of
-    all ranks, plus `lm_weight` x the next-token loss, the same global mean over LM tokens."""
+    all ranks, plus `rm.lm_weight` x the next-token loss, the same global mean over LM tokens,
+    plus `rm.pairwise_weight` x the within-question pairwise loss, a global mean over the pairs
+    (a pair is two solutions of one question in one micro-batch)."""
+    lm_weight, pair_weight = rm.lm_weight, rm.pairwise_weight
     labels_total = global_sum(float(batch.label_mask.sum()))
     lm_total = global_sum(float(batch.lm_mask[:, 1:].sum())) if lm_weight else 0.0
-    sums = {"loss": 0.0, "lm": 0.0}
+    ids_of = {q: i for i, q in enumerate(dict.fromkeys(questions))}
+    group = torch.tensor([ids_of[q] for q in questions])
+    if pair_weight:
+        pairs_total = global_sum(float(sum(
+            pairwise_loss_sum(torch.zeros(batch.targets[k:k + micro_batch_size].shape),
+                              batch.targets[k:k + micro_batch_size],
+                              batch.label_mask[k:k + micro_batch_size],
+                              group[k:k + micro_batch_size])[1]
+            for k in range(0, len(questions), micro_batch_size))))
+    sums = {"loss": 0.0, "lm": 0.0, "pairwise": 0.0}
 
     def loss_of(rows: slice, mb: int):
         ids = batch.input_ids[rows].to(engine.device)
@@ -216,14 +234,20 @@ def _batch_loss(engine, batch, read: _Read, lm_weight: float, world_size: int):
         else:  # the tag loss reads two rows of the output layer (`two_row_head`)
             margin = read.margins(engine, ids, attention)
         mask = batch.label_mask[rows].to(engine.device)
+        targets = batch.targets[rows].to(engine.device)
         # Mean over the step's labels: this micro-batch's share of the global count.
-        loss = tag_loss(margin, batch.targets[rows].to(engine.device), mask) \
+        loss = tag_loss(margin, targets, mask) \
             * (float(mask.sum()) / max(labels_total, 1.0)) * world_size
         if lm_weight:
             lm = lm_loss_sum(logits, ids, batch.lm_mask[rows].to(engine.device))
             lm_share = lm / max(lm_total, 1.0) * world_size
             loss = loss + lm_weight * lm_share
             sums["lm"] += lm_share.item() / world_size
+        if pair_weight:
+            pair_sum, _ = pairwise_loss_sum(margin, targets, mask, group[rows].to(engine.device))
+            pair_share = pair_sum / max(pairs_total, 1.0) * world_size
+            loss = loss + pair_weight * pair_share
+            sums["pairwise"] += pair_share.item() / world_size
         sums["loss"] += loss.item() / world_size
         return loss
     return sums, loss_of

@@ -117,7 +117,7 @@ def carries(value: int, op: str, n: int) -> bool:
     return (op == "+" and value % 10 + n >= 10) or (op == "-" and value % 10 < n)
 
 
-def _slipped(value: int, op: str, n: int) -> int:
+def slipped_result(value: int, op: str, n: int) -> int:
     """`value op n` with the tens digit left as it was: the carry or borrow forgotten."""
     if op == "*" or not carries(value, op, n):
         return _apply(value, op, n)
@@ -134,7 +134,7 @@ def carry_slip_solution(problem: Problem) -> tuple[str, ...]:
     value = true_chain(problem.question)[0][0]
     steps = []
     for _, op, n, _ in true_chain(problem.question):
-        result = _slipped(value, op, n)
+        result = slipped_result(value, op, n)
         steps.append(render_step(value, op, n, result))
         value = result
     steps.append(f"{ANSWER_PREFIX}{value}")

@@ -8,22 +8,24 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
+# Seconds each part may take (lower them to fit a short lease).
+T_TESTS=${T_TESTS:-240} T_ITERATE=${T_ITERATE:-420} T_SPEED=${T_SPEED:-300}
 if [ "${1:-}" = "--cpu" ]; then
   NGPU=2; CPU=--cpu; SPEED=--small
 else
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || exit 1
-  NGPU=$(nvidia-smi -L | wc -l); CPU=; SPEED=
-  timeout 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py
+  NGPU=$(nvidia-smi -L | wc -l); CPU=; SPEED=${SPEED_ARGS:-}  # e.g. "--steps 3 --max-new-tokens 128"
+  timeout "$T_TESTS" "$PY" -m pytest -q -m gpu tests/test_gpu.py
 fi
 BACKENDS="hf"
 if "$PY" -c "import vllm" 2>/dev/null; then BACKENDS="hf vllm"; else
   echo "vllm is not installed (pip install -e '.[vllm]'): only the hf backend is checked"; fi
 for config in qwen25_math_1p5b.yaml deepseekmath_7b.yaml; do
   for backend in $BACKENDS; do
-    timeout 420 "$PY" scripts/gpu_check.py iterate --config "$config" --backend "$backend" \
-      --nproc "$NGPU" --timeout 400 $CPU
+    timeout "$T_ITERATE" "$PY" scripts/gpu_check.py iterate --config "$config" \
+      --backend "$backend" --nproc "$NGPU" --timeout $((T_ITERATE - 20)) $CPU
   done
 done
 for backend in $BACKENDS; do
-  timeout 300 "$PY" scripts/gpu_check.py speed --backend "$backend" $SPEED
+  timeout "$T_SPEED" "$PY" scripts/gpu_check.py speed --backend "$backend" $SPEED
 done

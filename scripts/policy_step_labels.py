@@ -7,7 +7,7 @@
 Writes Math-Shepherd JSONL: a PRM trained on the policy's own samples without the completer's
 cost. On the synthetic task a step's true correctness is known (`runtime.synthetic`), and
 Math-Shepherd hard estimates agree with it on 95.7% of steps (docs/reward_models.md), so this
-stands in for labelling by completion. Questions come from the RL pool (from index 20,000), never
+stands in for labelling by completion. Questions come from the RL pool (from index `--offset`, 20,000), never
 from the held-out split.
 """
 
@@ -39,11 +39,13 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16, help="samples per question")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--offset", type=int, default=20000,
+                   help="first question of the RL pool used (held-out sets: a range of their own)")
     a = p.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(a.seed)
     cfg = load_config("configs/tiny.yaml", [])
-    records = load_splits(cfg.data, 0).rl[20000:20000 + a.questions]
+    records = load_splits(cfg.data, 0).rl[a.offset:a.offset + a.questions]
     model, tokenizer = load_causal_lm(a.policy).eval(), load_tokenizer(a.policy)
     examples, right, started = [], 0, time.perf_counter()
     for start in range(0, len(records), 16):

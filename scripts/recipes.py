@@ -35,7 +35,8 @@ CONFIG = "configs/tiny.yaml"
 # arm -> (recipe, overrides of its own)
 ARMS = {name: (name, [] if name == "online_rft" else ["grpo.supervision=outcome"])
         for name in ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po", "online_rft",
-                     "offline_rft", "ppo", "vc_ppo", "vapo", "t_ppo")}
+                     "offline_rft", "ppo", "vc_ppo", "vapo", "t_ppo", "gspo", "dpo",
+                     "online_dpo")}
 ARMS["shuffled-control"] = ("grpo", ["grpo.supervision=outcome", "grpo.shuffle_rewards=true"])
 COMMON = ["grpo.reward=rule", "grpo.steps=100000", "grpo.eval_every=0", "grpo.inspect_every=0",
           "grpo.save_every=5", "run.wandb_mode=disabled"]

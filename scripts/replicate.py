@@ -16,6 +16,11 @@ Arms (overrides of configs/tiny.yaml; all run `igrpo iterate` for `iterate.itera
   offline-rft              offline rejection-sampling fine-tuning (the offline_rft recipe): the
                            warm start sampled once, as many samples as the GRPO arms draw over
                            all their iterations, fine-tuned on its right ones (one iteration)
+  dpo                      DPO (the dpo recipe) on right/wrong pairs of the warm start's samples,
+                           rule-judged, as many steps as the GRPO arms over all their iterations
+                           (one iteration)
+  online-dpo               online DPO (the online_dpo recipe): pairs of the current policy's
+                           samples, rule-judged, the reference reset every iteration
 
 Per seed, the units every arm shares (labels and reward models of iteration 0, the warm start's
 evaluation) run once in a prefix run and are copied into each arm's folder, whose manifest then
@@ -52,7 +57,11 @@ ARMS = {
     "shuffled-control": ["grpo.supervision=process", "iterate.refresh=false",
                          "grpo.shuffle_rewards=true"],
     "offline-rft": ["run.recipe=offline_rft", "iterate.refresh=false"],
+    "dpo": ["run.recipe=dpo", "iterate.refresh=false"],
+    "online-dpo": ["run.recipe=online_dpo", "iterate.reward=rule", "iterate.refresh=false"],
 }
+# Arms whose data is the warm start's samples: one iteration of all the arms' steps at once.
+FROM_THE_WARM_START = ("offline-rft", "dpo")
 # Units that differ with an arm's reward-model settings: rerun in its copy of the prefix.
 RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
 METRICS = (("mean_at_k", "mean@k"), ("greedy_accuracy", "greedy"), ("maj_accuracy", "maj@k"),
@@ -93,9 +102,9 @@ def start_arm(prefix_run: Path, arm_run: Path, arm: str) -> None:
 
 
 def arm_overrides(arm: str, overrides: list[str]) -> list[str]:
-    """The arm's overrides; offline RFT draws all its samples at once: one iteration of as many
-    steps' samples as the other arms' iterations together."""
-    if arm != "offline-rft":
+    """The arm's overrides; offline RFT and DPO draw all their samples from the warm start: one
+    iteration of as many steps' samples as the other arms' iterations together."""
+    if arm not in FROM_THE_WARM_START:
         return ARMS[arm]
     cfg = igrpo.load_config(CONFIG, [*overrides, *ARMS[arm]])
     return [*ARMS[arm], f"grpo.steps={cfg.grpo.steps * cfg.iterate.iterations}",
@@ -292,8 +301,16 @@ def _plot(rows: dict, ks: list[int], path: Path) -> None:
         ax.set_xlabel("K")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out accuracy")
-    axes[1].legend(fontsize=7)
+    finish_figure(fig, axes, "held-out accuracy", path, legend_on=1)
+
+
+def finish_figure(fig, axes, ylabel: str, path: Path, legend_on: int = 0) -> None:
+    """Label the first panel, put the legend on one, save `path` and close the figure (the
+    study scripts' plots end alike)."""
+    import matplotlib.pyplot as plt
+
+    axes[0].set_ylabel(ylabel)
+    axes[legend_on].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -38,3 +38,17 @@ def warm_start() -> Path:
     from configs.loader import BUNDLED
 
     return BUNDLED / "tiny_warm_start"
+
+
+# The slowest files first (about their minutes of one worker, longest first): `make test`'s two
+# workers take whole files (--dist loadfile) in collection order, so a long file collected last
+# would run alone at the end while the other worker idles.
+SLOWEST_FILES = ("test_learning.py", "test_zero_stages.py", "test_reward_model_learning.py",
+                 "test_real_models.py", "test_distributed.py", "test_dpo.py",
+                 "test_reward_families.py", "test_iteration.py", "test_hostile.py",
+                 "test_fault_injection.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -62,6 +62,21 @@ def test_batch_plan():
         plan_grpo_batch(3, 8, 8, world_size=2)
     with pytest.raises(ValueError, match="micro_batch_size=48"):
         plan_grpo_batch(8, 8, 48, world_size=1)
+    # GSPO's 4 mini-batches: an optimizer step takes a quarter of every question's samples.
+    plan = plan_grpo_batch(2, 64, 64, world_size=2, mini_batches=4)
+    assert (plan.global_sequences, plan.rank_sequences, plan.micro_batch_size,
+            plan.grad_accum) == (32, 16, 16, 1)
+    with pytest.raises(ValueError, match="mini_batches=3 does not divide grpo.group_size=64"):
+        plan_grpo_batch(2, 64, 64, world_size=2, mini_batches=3)
+    with pytest.raises(ConfigError, match="mini_batches=3; expected a divisor of"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.mini_batches=3"])
+    with pytest.raises(ConfigError, match="grpo.loss=gspo with grpo.algorithm=ppo"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.algorithm=ppo", "grpo.loss=gspo"])
+    with pytest.raises(ConfigError, match="online_dpo with grpo.mu, grpo.dynamic_sampling set"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.mu=2", "grpo.dynamic_sampling=true"],
+                    recipe="online_dpo")
+    with pytest.raises(ConfigError, match="mini_batches=4 runs with grpo.algorithm=grpo"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.algorithm=ppo"], recipe="gspo")
 
 
 def test_schema_changes_alone_do_not_block_a_resume():

@@ -8,7 +8,6 @@ import torch
 
 from configs import load_config
 from configs.schema import DeepSpeedConfig
-from policy.algorithms import grpo as grpo_module
 from policy.math.advantages import outcome_advantages, process_advantages
 from policy.kit import drop_nonfinite
 from policy.algorithms import train_policy
@@ -147,13 +146,13 @@ def test_nan_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
         calls.append(1)
         return dataclasses.replace(out, loss=out.loss * float("nan")) if len(calls) == 2 else out
 
-    monkeypatch.setitem(grpo_module.POLICY_LOSSES, "grpo",
+    monkeypatch.setitem(POLICY_LOSSES, "grpo",
                         dataclasses.replace(spec, fn=nan_at_second_step))
     with pytest.raises(FloatingPointError, match="grpo step 2, update 1, micro-batch 1"):
         train_policy(cfg, tmp_path, base, _NaNForFirstGroup(cfg.grpo.group_size), splits.rl,
                    splits.eval[:2], logger, "")
     # Step 1's checkpoint is intact and the run resumes from it (step 2 only is redone).
-    monkeypatch.setitem(grpo_module.POLICY_LOSSES, "grpo", spec)
+    monkeypatch.setitem(POLICY_LOSSES, "grpo", spec)
     train_policy(cfg, tmp_path, base, _NaNForFirstGroup(cfg.grpo.group_size), splits.rl,
                splits.eval[:2], logger, "")
     steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]

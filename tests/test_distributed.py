@@ -102,6 +102,30 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage=3):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recipe, stage", [("gspo", 3), ("dpo", 3), ("online_dpo", 2)])
+def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, base, recipe, stage):
+    """A GSPO step (GSPO-token on process rewards, 4 mini-batches: 4 optimizer steps), two DPO
+    steps on pairs of the starting policy's samples and two online DPO steps on 2 processes
+    equal one process's: the losses, the pairs and the weights (a mini-batch and a pair hold
+    the same samples however many ranks share the step; DPO's second step against a reference
+    that is no longer the policy)."""
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"p{nproc}"
+        torchrun(nproc, "tests/helpers/dist_check.py", recipe, out, base, stage)
+        runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][-1],
+                       out)
+    (one, out1), (two, out2) = runs[1], runs[2]
+    keys = ("dpo/pairs", "dpo/margin", "dpo/accuracy") if "dpo" in recipe else \
+        ("train/clip_fraction", "train/entropy", "reward/group_std")
+    for key in ("train/loss", "train/grad_norm", "reward/mean", *keys):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    assert one["train/grad_norm"] > 0 and one.get("dpo/pairs", 1) > 0
+    assert one.get("dpo/margin", 1) != 0  # the reference forward ran
+    _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
+
+
+@pytest.mark.slow
 def test_ppo_step_two_processes_equal_one(tmp_path, base):
     """PPO's step over 2 processes (ZeRO-2): the advantages are whitened and both losses
     normalised over the global batch, so the losses, the policy and the critic equal one

@@ -2,7 +2,9 @@
 with every model the loop loads (labeller, evaluator, reference, reward-model scorers) on it.
 Run them with `bash scripts/gpu_check.sh` on a GPU machine."""
 
+import importlib
 import json
+import sys
 
 import pytest
 import torch
@@ -25,10 +27,10 @@ def test_iterate_unit_on_cuda(tmp_path, monkeypatch, config):
         devices.append(next(model.parameters()).device.type)
         return model
 
-    monkeypatch.setattr(runtime.models, "load_causal_lm", recording)
-    for module in ("policy.kit", "policy.critic", "policy.algorithms.sft",
-                   "policy.algorithms.offline_rft", "iteration.loop", "reward_model.train"):
-        monkeypatch.setattr(f"{module}.load_causal_lm", recording)
+    importlib.import_module("iteration.loop")  # every module the loop uses, loaded
+    for module in list(sys.modules.values()):  # each module that imported the loader
+        if getattr(module, "load_causal_lm", None) is load:
+            monkeypatch.setattr(module, "load_causal_lm", recording)
     arch = {"qwen25_math_1p5b.yaml": "qwen2", "deepseekmath_7b.yaml": "llama"}[config]
     stand_in = tiny_random(tmp_path / "model", arch, chat=True)
     assert igrpo.main(["iterate", "--config", f"configs/{config}", f"run.root={tmp_path}",

@@ -198,6 +198,108 @@ def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
         assert all(r["train/clip_fraction"] == r["train/clip_high"] for r in rows)
 
 
+def test_a_mini_batch_holds_the_same_samples_on_one_rank_or_two():
+    """Two questions of G = 4 in 2 mini-batches: on one rank [0, 1, 4, 5 | 2, 3, 6, 7] (each
+    question's first half, then its second); on two ranks (a question each) mini-batch m is
+    rank 0's m-th half plus rank 1's: the same samples."""
+    from policy.kit import mini_batch_order
+
+    assert mini_batch_order(8, 4, 2).tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    one = mini_batch_order(8, 4, 2).view(2, -1)
+    per_rank = mini_batch_order(4, 4, 2).view(2, -1)
+    for m in range(2):
+        assert sorted(one[m].tolist()) == sorted([*per_rank[m].tolist(),
+                                                  *(per_rank[m] + 4).tolist()])
+
+
+def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, monkeypatch):
+    """Two questions of G = 4 in 2 mini-batches, micro-batches of 2, row 5 dropped from the
+    loss: the loss is called on rows (0, 1), (4, 5) for the first optimizer step and (2, 3),
+    (6, 7) for the second, each with its mini-batch's kept sequences (3, then 4) and tokens."""
+    import dataclasses
+
+    from configs.batching import plan_grpo_batch
+    from policy.algorithms.grpo import StepBatch, update_step
+    from policy.math.losses import POLICY_LOSSES
+    from runtime.engine import build_engine
+    from runtime.training import Trainer
+    from small_config import SMALL
+
+    cfg = load_config("configs/tiny.yaml", [*SMALL, "grpo.group_size=4", "grpo.mini_batches=2",
+                                            "grpo.supervision=outcome"], recipe="gspo")
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    plan = plan_grpo_batch(2, 4, 2, 1, 2)
+    engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=1e-3,
+                          micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    trainer = Trainer(tmp_path / "grpo", engine, logger, 2, desc="test")
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([5, 4, 3, 5, 2, 5, 4, 1])
+    completion_mask = (torch.arange(5)[None, :] < lengths[:, None]).long()
+    rollout = Rollout(torch.randint(3, 20, (8, 4), generator=gen), torch.ones(8, 4, dtype=torch.long),
+                      torch.randint(3, 20, (8, 5), generator=gen), completion_mask,
+                      [""] * 8, torch.zeros(8, dtype=torch.bool), 4)
+    keep = torch.tensor([True] * 5 + [False] + [True] * 2)
+    loss_mask = completion_mask.float() * keep[:, None]
+    rows = torch.arange(8, dtype=torch.float)[:, None].expand(8, 5) + 1.0  # advantage = row + 1
+    batch = StepBatch(rows.clone(), rows[:, :1], keep, torch.zeros(2, dtype=torch.bool),
+                      loss_mask, 7.0, float(loss_mask.sum()))
+    seen = []
+    spec = POLICY_LOSSES["gspo"]
+
+    def recording(logprobs, old, ref, advantages, mask, **kw):
+        seen.append(([int(a) - 1 for a in advantages[:, 0].tolist()], kw["num_sequences"],
+                     kw["num_tokens"]))
+        return spec.fn(logprobs, old, ref, advantages, mask, **kw)
+
+    monkeypatch.setitem(POLICY_LOSSES, "gspo", dataclasses.replace(spec, fn=recording))
+    stats = update_step(trainer, None, rollout, batch, cfg.grpo, plan, "mini-batches")
+    assert stats["skipped"] == 0.0
+    first, second = 5 + 4 + 2 + 0, 3 + 5 + 4 + 1  # kept tokens of rows 0, 1, 4, (5) / 2, 3, 6, 7
+    assert seen == [([0, 1], 3.0, first), ([4, 5], 3.0, first),
+                    ([2, 3], 4.0, second), ([6, 7], 4.0, second)]
+
+
+@pytest.mark.parametrize("supervision", ["outcome", "process"])
+def test_gspo_mini_batches_make_the_sequence_clip_act(tmp_path, supervision):
+    """The gspo recipe at mu = 1: its 4 mini-batches are 4 optimizer steps, so the last three
+    see a ratio other than 1 and the paper's tight ranges clip sequences (GSPO-token under
+    process supervision); with one mini-batch nothing is off-policy and nothing clips."""
+    from policy.algorithms import train_policy
+    from runtime.data import load_splits
+    from runtime.tiny_model import build_tiny
+    from runtime.tracking import MetricsLogger, read_metrics
+    from small_config import SMALL
+
+    clipped = {}
+    for mini_batches in (4, 1):
+        out = tmp_path / str(mini_batches)
+        cfg = load_config("configs/tiny.yaml", [
+            f"run.root={out}", *SMALL, "grpo.steps=2", "grpo.eval_every=0", "grpo.lr=1e-2",
+            f"grpo.mini_batches={mini_batches}", "run.wandb_mode=disabled",
+            f"grpo.supervision={supervision}", "grpo.reward=step_oracle",
+            "grpo.inspect_every=0"], recipe="gspo")
+        splits = load_splits(cfg.data, 0)
+        base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+        logger = MetricsLogger(out / "m.jsonl", config={}, mode="disabled", project="",
+                               name="")
+        gen = torch.Generator().manual_seed(0)
+
+        def reward(records, rollout):
+            n = len(rollout.texts)
+            steps = torch.rand(n, 2, generator=gen)
+            return Scores(rewards=steps.sum(-1), step_rewards=steps,
+                          step_mask=torch.ones(n, 2, dtype=torch.bool),
+                          step_end_index=torch.tensor([[0, 1]] * n))
+
+        train_policy(cfg, out, base, reward, splits.rl, splits.eval[:2], logger, "",
+                     evaluate_ends=False)
+        rows = [r for r in read_metrics(out / "m.jsonl") if "train/clip_fraction" in r]
+        assert len(rows) == 2
+        clipped[mini_batches] = max(r["train/clip_fraction"] for r in rows)
+    assert clipped[4] > 0 and clipped[1] == 0, clipped
+
+
 def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeypatch):
     """grpo.max_minutes: with 10 s per step and a 25 s budget, three steps run (10, 20, 30 s),
     and the seconds spent are part of the state a checkpoint saves."""
@@ -265,9 +367,9 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
     calls = {"reference": 0}
     forward = policy.kit.forward_logprobs
 
-    def counting(model, rollout, micro):  # the reference's forwards (and pi_old's: mu = 2)
+    def counting(model, rollout, micro, *args):  # the reference's (and pi_old's: mu = 2)
         calls["reference"] += 1
-        return forward(model, rollout, micro)
+        return forward(model, rollout, micro, *args)
 
     for module in (policy.kit, policy.algorithms.grpo, policy.critic):  # where it is called
         monkeypatch.setattr(module, "forward_logprobs", counting)

@@ -10,9 +10,9 @@ import torch
 from datasets import load_dataset
 
 from configs import load_config
-from policy.algorithms import grpo as grpo_module
 from policy import inspection
 from policy.math.advantages import normalised_step_rewards
+from policy.math.losses import POLICY_LOSSES
 from policy.rewards import Scores, grade_samples
 from policy.generation.rollout import Rollout
 from policy.algorithms import train_policy
@@ -46,13 +46,13 @@ class _VariedStepReward:
 
 def _capture_loss(monkeypatch) -> list[torch.Tensor]:
     captured = []
-    spec = grpo_module.POLICY_LOSSES["grpo"]
+    spec = POLICY_LOSSES["grpo"]
 
     def recording(logprobs, old, ref, advantages, mask, **kw):
         captured.append(advantages.detach().clone())
         return spec.fn(logprobs, old, ref, advantages, mask, **kw)
 
-    monkeypatch.setitem(grpo_module.POLICY_LOSSES, "grpo", dataclasses.replace(spec, fn=recording))
+    monkeypatch.setitem(POLICY_LOSSES, "grpo", dataclasses.replace(spec, fn=recording))
     return captured
 
 

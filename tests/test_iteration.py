@@ -58,8 +58,13 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     manifest = json.loads((run / "manifest.json").read_text())["units"]
     assert all(u["state"] == "done" for u in manifest.values())
     for name in ("sft", "label/0", "rm-orm/0", "rm-prm/0", "grpo/1", "label/1", "rm-prm/1",
-                 "grpo/2", "eval/2"):
+                 "refresh-check/1", "grpo/2", "eval/2"):
         assert name in manifest, name
+    # The refreshed reward models beside the ones they replace, on the GRPO-1 policy's samples.
+    assert "refresh" not in its[1] and its[2]["refresh"] == manifest["refresh-check/1"]["outputs"]
+    for kind in ("prm", "orm"):
+        assert set(its[2]["refresh"][kind]) == {"previous", "refreshed", "change"}
+        assert set(its[2]["refresh"][kind]["refreshed"]) == {"group_auroc", "pick", "step_accuracy"}
     for kind in ("orm", "prm"):
         for k in (0, 1):
             assert (run / f"rm-{kind}" / f"iteration-{k}" / "final" / "model.safetensors").exists()
@@ -80,7 +85,8 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     refresh = manifest["rm-prm/1"]["outputs"]
     new_rows = refresh["rows"] - refresh["historical_rows"]
     assert refresh["historical_rows"] == historical_count(new_rows, 0.25) > 0
-    # Worked SFT solutions join the first training only (rm.worked_solutions=8), never a refresh.
+    # Worked SFT solutions join the first training only (rm.worked_solutions=8), not a refresh
+    # (iterate.refresh_worked_solutions=0 here).
     assert manifest["rm-prm/0"]["outputs"]["worked_rows"] == 8 and refresh["worked_rows"] == 0
     # The likelihood weights: fitted at iteration 0 (worked solutions are right, samples wrong);
     # the refresh's samples of a random model are all wrong, so the refit is refused and the
@@ -217,3 +223,97 @@ def test_iterate_runs_ppo_with_a_critic_from_the_reward_model(tmp_path):
     start = rows[tokenizer.convert_tokens_to_ids("+")] - rows[tokenizer.convert_tokens_to_ids("-")]
     assert torch.nn.functional.cosine_similarity(head, start, dim=0) > 0.9
     assert not torch.equal(head, start)  # and the critic trained
+
+
+class _OracleScorer:
+    """A reward model that knows the truth: each step's true correctness (PRM), or whether the
+    solution's final answer is the gold one (ORM). `flat` scores every step 0.5 instead."""
+
+    def __init__(self, kind, flat=False):
+        self.kind, self.flat = kind, flat
+
+    def score(self, examples):
+        from runtime import synthetic
+        from runtime.steps import split_steps
+
+        out = []
+        for ex in examples:
+            steps = ex.steps if self.kind == "prm" else split_steps(ex.steps[0])
+            truth = synthetic.step_correctness(ex.question, steps) if steps else [False]
+            out.append([0.5] * len(ex.steps) if self.flat else
+                       [float(t) for t in truth] if self.kind == "prm" else [float(truth[-1])])
+        return out
+
+
+def test_refresh_report_compares_both_reward_models_on_the_same_policy_samples():
+    """The previous and the refreshed reward models are read on the same samples of the policy:
+    a model that knows each step's truth ranks every question perfectly, picks a right sample
+    wherever there is one and is right on every step; a flat one ranks at chance (0.5)."""
+    from configs import load_config
+    from iteration import stages
+    from runtime.data import load_splits
+    from runtime.models import load_causal_lm, load_tokenizer
+
+    cfg = load_config("configs/tiny.yaml", ["rm.bon_questions=6", "rm.bon_samples=8",
+                                            "run.threads=2"])
+    policy = cfg.model.policy_path
+    model, tokenizer = load_causal_lm(policy).eval(), load_tokenizer(policy)
+    records = load_splits(cfg.data, 0).eval
+    truth = {k: _OracleScorer(k) for k in ("prm", "orm")}
+    flat = {k: _OracleScorer(k, flat=True) for k in ("prm", "orm")}
+    report = stages.refresh_report(cfg, flat, truth, model, tokenizer, records)
+    assert (report["questions"], report["samples"], report["temperature"]) == (6, 8, 1.0)
+    for kind in ("prm", "orm"):
+        new, old = report[kind]["refreshed"], report[kind]["previous"]
+        assert new["group_auroc"] == 1.0 and new["step_accuracy"] == 1.0
+        assert old["group_auroc"] == 0.5
+        # The oracle picks a right sample on each question that has one: the pass rate, which
+        # a flat scorer (the first sample: a random one) does not beat.
+        assert new["pick"] >= old["pick"] and new["pick"] > 0.5
+        # The paired change over the same questions: +0.5 in-group AUROC on every question.
+        change = report[kind]["change"]
+        assert change["group_auroc"] == {"diff": 0.5, "lo": 0.5, "hi": 0.5}
+        assert change["pick"]["diff"] == pytest.approx(new["pick"] - old["pick"])
+        assert change["pick"]["lo"] <= change["pick"]["diff"] <= change["pick"]["hi"]
+    assert report["prm"]["refreshed"]["pick"] == report["orm"]["refreshed"]["pick"]
+
+
+@pytest.mark.parametrize("levers, init, worked, epochs", [
+    (["iterate.refresh_worked_solutions=0"], "rm-prm/iteration-0/final", 0, 2.0),
+    (["iterate.refresh_from=base", "iterate.refresh_worked_solutions=3",
+      "iterate.refresh_epochs=5"], "BASE", 3, 5.0)])
+def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers, init, worked,
+                                                   epochs):
+    """A refresh continues the reward model it replaces on the new rows + replay (the paper's;
+    the tiny config also keeps 1,000 worked solutions), or with the levers restarts from the first reward models' backbone, reads worked solutions and
+    trains its own epochs; the first training (k = 0) is left as it was."""
+    import iteration.loop as loop_module
+    from configs import load_config
+    from iteration.loop import IterationRun
+    from iteration.manifest import Manifest
+    from runtime.data import run_splits
+
+    cfg = load_config("configs/tiny.yaml", ["data.sft_questions=16", "data.rl_questions=64",
+                                            "rm.worked_solutions=4", "rm.init_path=BASE",
+                                            *levers])
+    for k, n in enumerate([40, 30]):
+        save_iteration(tmp_path / "replay" / "prm", k, _rows(n, k))
+    manifest = Manifest(tmp_path / "manifest.json")
+    manifest.run("sft", lambda: {"policy": "policy"})
+    manifest.run("rm-prm/0", lambda: {"path": "rm-prm/iteration-0/final"})
+    (tmp_path / "rm-prm" / "iteration-0" / "final").mkdir(parents=True)
+    seen = []
+
+    def fake_train(cfg_, out, init_, examples, logger, config_yaml):
+        seen.append((cfg_.rm.epochs, str(init_), len(examples)))
+        return out / "final"
+
+    monkeypatch.setattr(loop_module, "train_reward_model", fake_train)
+    run = IterationRun(cfg, tmp_path, tmp_path / "policy", run_splits(cfg),
+                       lambda stage: type("L", (), {"close": lambda self: None})(), "")
+    run.reward_model("prm", 0)
+    out = run.reward_model("prm", 1)
+    assert seen[0] == (2.0, "BASE", 40 + 4)  # the first training: its rows and 4 worked ones
+    expected_init = "BASE" if init == "BASE" else str(tmp_path / init)
+    assert seen[1] == (epochs, expected_init, 30 + historical_count(30, 0.1) + worked)
+    assert out["worked_rows"] == worked

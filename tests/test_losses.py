@@ -174,3 +174,125 @@ def test_clip_higher_and_cispo_clip_on_the_upper_side_only():
     assert (grpo.clip_fraction.item(), grpo.clip_high.item()) == pytest.approx((1.0, 2 / 3))
     assert (dapo.clip_fraction.item(), dapo.clip_high.item()) == pytest.approx((2 / 3, 1 / 3))
     assert (cispo.clip_fraction.item(), cispo.clip_high.item()) == pytest.approx((1 / 3, 1 / 3))
+
+
+def _gspo_group():
+    """Three sequences of lengths 3, 2 and 1: per-token log(pi / pi_old) with means 0.1, 0.4
+    and -0.5, advantages +1, +0.5 and -2 on every token."""
+    mask = torch.tensor([[1., 1., 1.], [1., 1., 0.], [1., 0., 0.]])
+    log_ratio = torch.tensor([[0.3, 0.0, 0.0], [0.5, 0.3, 0.0], [-0.5, 0.0, 0.0]])
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.1, -9.0], [-2.0, -9.0, -9.0]])
+    adv = torch.tensor([[1.0] * 3, [0.5] * 3, [-2.0] * 3]) * mask
+    return (old + log_ratio).requires_grad_(), old, adv, mask
+
+
+def test_gspo_sequence_ratio_clip_and_loss_by_hand():
+    """s = e^0.1 = 1.10517 (inside [0.8, 1.2]), e^0.4 = 1.49182 (clipped above: 1.2 x 0.5 =
+    0.6), e^-0.5 = 0.60653 (clipped below: 0.8 x -2 = -1.6). Objective (1.10517 + 0.6 - 1.6) / 3
+    = 0.035057; only the unclipped sequence has a gradient: -s A / |o| / G = -1.10517 / 3 / 3 on
+    each of its tokens. Clipped: 3 of 6 tokens, 2 of them above."""
+    logp, old, adv, mask = _gspo_group()
+    out = POLICY_LOSSES["gspo"].fn(logp, old, None, adv, mask, clip_eps_low=0.2,
+                                   clip_eps_high=0.2, beta=0.0, num_sequences=3, num_tokens=6,
+                                   max_tokens=3)
+    assert out.loss.item() == pytest.approx(-(math.exp(0.1) + 0.6 - 1.6) / 3, abs=1e-6)
+    assert out.loss.item() == pytest.approx(-0.035057, abs=1e-6)
+    assert out.clip_fraction.item() == pytest.approx(0.5)
+    assert out.clip_high.item() == pytest.approx(2 / 6)
+    out.loss.backward()
+    expected = torch.tensor([[-math.exp(0.1) / 9] * 3, [0.0] * 3, [0.0] * 3])
+    assert torch.allclose(logp.grad, expected, atol=1e-7)
+
+
+def test_gspo_paper_ranges_clip_every_sequence_that_moved():
+    """With the paper's ranges (3e-4 below, 4e-4 above) the three moved sequences are all
+    clipped and carry no gradient; an unmoved one (ratio 1) is not clipped."""
+    logp, old, adv, mask = _gspo_group()
+    out = POLICY_LOSSES["gspo"].fn(logp, old, None, adv, mask, clip_eps_low=3e-4,
+                                   clip_eps_high=4e-4, beta=0.0, num_sequences=3, num_tokens=6,
+                                   max_tokens=3)
+    assert out.clip_fraction.item() == pytest.approx(1.0)
+    out.loss.backward()
+    assert logp.grad.abs().max().item() == 0.0
+    same = old.clone().requires_grad_()
+    out = POLICY_LOSSES["gspo"].fn(same, old, None, adv, mask, clip_eps_low=3e-4,
+                                   clip_eps_high=4e-4, beta=0.0, num_sequences=3, num_tokens=6,
+                                   max_tokens=3)
+    assert out.clip_fraction.item() == 0.0
+    assert out.loss.item() == pytest.approx(-(1 + 0.5 - 2) / 3)
+
+
+def test_gspo_token_equals_gspo_when_a_sequence_shares_its_advantage():
+    """GSPO-token's ratio has GSPO's value and token t's gradient: with one advantage per
+    sequence its loss and every token's gradient equal GSPO's; with per-token advantages token
+    t of an unclipped sequence gets -s_i A_{i,t} / |o_i| / G."""
+    grads, losses = [], []
+    for name in ("gspo", "gspo_token"):
+        logp, old, adv, mask = _gspo_group()
+        out = POLICY_LOSSES[name].fn(logp, old, None, adv, mask, clip_eps_low=0.2,
+                                     clip_eps_high=0.2, beta=0.0, num_sequences=3, num_tokens=6,
+                                     max_tokens=3)
+        out.loss.backward()
+        grads.append(logp.grad)
+        losses.append(out.loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-7)
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+    logp, old, _, mask = _gspo_group()
+    step_adv = torch.tensor([[1.0, -0.5, 2.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    out = POLICY_LOSSES["gspo_token"].fn(logp, old, None, step_adv, mask, clip_eps_low=0.2,
+                                         clip_eps_high=0.2, beta=0.0, num_sequences=3,
+                                         num_tokens=6, max_tokens=3)
+    out.loss.backward()
+    s = math.exp(0.1)
+    assert logp.grad[0].tolist() == pytest.approx([-s * a / 3 / 3 for a in (1.0, -0.5, 2.0)],
+                                                  abs=1e-7)
+
+
+def test_gspo_under_process_supervision_is_gspo_token():
+    from policy.math.losses import policy_loss
+
+    assert policy_loss("gspo", "process") is POLICY_LOSSES["gspo_token"]
+    assert policy_loss("gspo", "outcome") is POLICY_LOSSES["gspo"]
+    assert policy_loss("grpo", "process") is POLICY_LOSSES["grpo"]
+
+
+def test_dpo_loss_and_gradient_of_a_pair_by_hand():
+    """One pair, DeepSeekMath's form (eq. 14: each side's log-ratio averaged over its tokens):
+    chosen (0.3 - 0.1) / 2 = 0.1, rejected 0.4 / 1; beta 0.5: margin 0.5 x (0.1 - 0.4) = -0.15,
+    loss -log sigmoid(-0.15) = 0.770957. Gradient: -beta sigmoid(0.15) / |o+| = -0.134357 on
+    each chosen token, +beta sigmoid(0.15) / |o-| = +0.268715 on the rejected one, 0 on padding
+    and on the unpaired rows."""
+    from policy.math.losses import dpo_loss
+
+    ref = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -9.0, -9.0], [-1.0, -1.0, -1.0],
+                        [-2.0, -2.0, -2.0]])
+    logp = (ref + torch.tensor([[0.3, -0.1, 0.0], [0.4, 0.0, 0.0], [0.7, 0.2, 0.1],
+                                [-0.3, 0.0, 0.0]])).requires_grad_()
+    mask = torch.tensor([[1., 1., 0.], [1., 0., 0.], [1., 1., 1.], [1., 0., 0.]])
+    role = torch.tensor([1.0, -1.0, 0.0, 0.0])
+    out = dpo_loss(logp, ref, mask, role, beta=0.5, num_pairs=1.0)
+    assert out.loss.item() == pytest.approx(math.log(1 + math.exp(0.15)), abs=1e-6)
+    assert out.loss.item() == pytest.approx(0.770957, abs=1e-6)
+    assert out.margin_sum.item() == pytest.approx(-0.15, abs=1e-6)
+    assert out.right_sum.item() == 0.0
+    out.loss.backward()
+    c = 0.5 / (1 + math.exp(-0.15))
+    expected = torch.tensor([[-c / 2, -c / 2, 0.0], [c, 0.0, 0.0], [0.0] * 3, [0.0] * 3])
+    assert c / 2 == pytest.approx(0.134357, abs=1e-6)
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_preference_pairs_match_best_with_worst_within_a_group():
+    """Group 0 (rewards 1, 0, 1, 0; ranked 0, 2, 1, 3, ties in rollout order): the best with
+    the worst (rows 0 and 3), then the second best with the second worst (2 and 1);
+    group 1 all right: none; group 2 (0.9, 0.2, 0.5, 0.5): 0.9 with 0.2, then 0.5 = 0.5 stops;
+    group 3 holds a NaN: none."""
+    from policy.algorithms.dpo import preference_pairs
+
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.2, 0.5, 0.5,
+                            1.0, 0.0, 0.0, 0.0])
+    broken = torch.tensor([False, False, False, True])
+    order, role = preference_pairs(rewards, 4, broken)
+    assert order.tolist()[:6] == [0, 3, 2, 1, 8, 9]
+    assert role.tolist()[:6] == [1, -1, 1, -1, 1, -1] and not role[6:].any()
+    assert sorted(order.tolist()) == list(range(16))

@@ -120,7 +120,8 @@ def test_recipe_composes_with_any_base_and_owns_its_keys(tmp_path):
     with pytest.raises(ConfigError, match="recipe 'dapoo'.*the recipes are c3po"):
         load_config("configs/tiny.yaml", [], recipe="dapoo")
     assert set(recipes()) == {"grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po",
-                              "online_rft", "offline_rft", "ppo", "vc_ppo", "vapo", "t_ppo"}
+                              "online_rft", "offline_rft", "ppo", "vc_ppo", "vapo", "t_ppo",
+                              "dpo", "online_dpo", "gspo"}
 
 
 @pytest.mark.parametrize("recipe", recipes())

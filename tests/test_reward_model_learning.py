@@ -102,3 +102,4 @@ def _validation(examples, cfg):
     from reward_model.train import split_validation
 
     return split_validation(examples, cfg.rm.val_fraction, cfg.run.seed, cfg.rm.val_rows)[1]
+

@@ -173,6 +173,7 @@ def test_metrics_by_hand():
     assert bon["rm_pick"] == 0.5 and bon["majority"] == 0.0
     assert bon["random"] == pytest.approx(1 / 3)
     assert bon["group_auroc"] == pytest.approx((1.0 + 0.5) / 2)  # 0.3 beats 0.1, not 0.8
+    assert bon["per_question"] == [(1.0, 1.0), (0.0, 0.5)]
     # Pooled over questions these scores rank well; within each question they rank nothing.
     right = [[True, True, False], [True, False, False]]  # an easy and a hard question
     easy_hard = [[0.9, 0.9, 0.9], [0.2, 0.2, 0.2]]
@@ -365,3 +366,48 @@ def test_length_grouped_batches_pad_less_and_keep_the_epoch_a_permutation():
 
     with pytest.raises(ConfigError, match="rm.group_by_question and rm.group_by_length"):
         load_config("configs/tiny.yaml", ["rm.group_by_question=true", "rm.group_by_length=true"])
+
+
+def test_pairwise_loss_ranks_a_questions_right_solutions_above_its_wrong_ones():
+    """Hand-computed: solution scores are the lowest labelled tag logit; only (right, wrong) pairs
+    of one question count, each adding softplus(s_wrong - s_right)."""
+    import math
+
+    from reward_model.tag_scores import pairwise_loss_sum
+
+    margin = torch.tensor([[2.0, 1.0, 9.0], [0.5, -1.0, 9.0], [3.0, 9.0, 9.0], [-2.0, 9.0, 9.0]],
+                          requires_grad=True)
+    label_mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 0, 0]], dtype=torch.bool)
+    targets = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    group = torch.tensor([0, 0, 1, 0])  # rows 0, 1, 3 share a question; row 2 is alone
+    total, pairs = pairwise_loss_sum(margin, targets, label_mask, group)
+    # right: row 0 (score 1.0); wrong: row 1 (score -1.0), row 3 (score -2.0)
+    softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
+    assert pairs == 2
+    assert math.isclose(total.item(), softplus(-1.0 - 1.0) + softplus(-2.0 - 1.0), rel_tol=1e-6)
+    total.backward()  # the gradient reaches only the tags that set each score
+    assert margin.grad[0, 0] == 0 and margin.grad[0, 1] < 0 and margin.grad[1, 1] > 0
+    assert margin.grad[2].abs().sum() == 0 and margin.grad[:, 2].abs().sum() == 0
+
+
+def test_train_rm_adds_the_pairwise_loss_to_the_pointwise_one(tmp_path):
+    """`rm.pairwise_weight` adds the within-question pairwise term to the loss of the same batch:
+    at the first step (same weights, same rows) the loss is the plain run's plus the logged term."""
+    import igrpo
+    from runtime.tracking import read_metrics
+    from small_config import SMALL
+
+    rows = {}
+    for name, weight in (("plain", 0.0), ("pairwise", 1.0)):
+        assert igrpo.main(["train-rm", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
+                           f"run.name={name}", *SMALL, "rm.kind=prm", "rm.synthetic_solutions=64",
+                           "rm.epochs=1", "rm.batch_size=16", "deepspeed.micro_batch_size=16",
+                           "rm.val_fraction=0", "rm.likelihood_feature=false",
+                           "rm.group_by_question=true", f"rm.pairwise_weight={weight}",
+                           "run.wandb_mode=disabled"]) == 0
+        rows[name] = [r for r in read_metrics(tmp_path / name / "rm-prm" / "metrics.jsonl")
+                      if "rm/loss" in r]
+    pair = [r["rm/pairwise_loss"] for r in rows["pairwise"]]
+    assert "rm/pairwise_loss" not in rows["plain"][0] and all(p > 0 for p in pair)
+    assert rows["pairwise"][0]["rm/loss"] == pytest.approx(rows["plain"][0]["rm/loss"] + pair[0],
+                                                           rel=1e-5)

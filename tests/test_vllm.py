@@ -77,9 +77,12 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     assert rows(loaded) == rows(theirs)
 
 
-def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
+@pytest.mark.parametrize("recipe", ["grpo", "gspo", "online_dpo"])
+def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, recipe):
     """Two GRPO steps sampled by the engine: the loss's log-probs come from the training model,
-    and vLLM's own log-probs of the same tokens differ from them by float noise only."""
+    and vLLM's own log-probs of the same tokens differ from them by float noise only (GSPO:
+    measured in pi_old's forward, before its mini-batches move the policy). Online DPO samples
+    its pairs there too."""
     from policy.algorithms import train_policy
     from policy.rewards import RuleReward
     from policy.generation.vllm import engine_for
@@ -89,7 +92,7 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
                                             "grpo.questions_per_step=2", "grpo.group_size=8",
                                             "grpo.supervision=outcome", "grpo.lr=1e-3",
                                             "grpo.eval_every=0", "run.wandb_mode=disabled",
-                                            "grpo.inspect_every=0"])
+                                            "grpo.inspect_every=0"], recipe=recipe)
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     start = cfg.model.policy_path
@@ -98,7 +101,10 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path):
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
     assert len(rows) == 2
     assert engine_for(cfg, final) is setting[1]  # the stage sampled on the process's engine
-    assert all(0 <= r["rollout/logprob_diff"] < 1e-3 for r in rows)
+    if recipe == "online_dpo":
+        assert sum(r["dpo/pairs"] for r in rows) > 0
+    else:
+        assert all(0 <= r["rollout/logprob_diff"] < 1e-3 for r in rows)
     assert not torch.equal(load_causal_lm(start).lm_head.weight,
                            load_causal_lm(final).lm_head.weight)
 

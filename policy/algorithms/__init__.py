@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from policy.algorithms.dpo import train_dpo, train_online_dpo
 from policy.algorithms.grpo import train_grpo
 from policy.algorithms.offline_rft import train_offline_rft
 from policy.algorithms.ppo import train_ppo
 from policy.algorithms.tppo import train_tppo
 
 TRAINERS = {
+    "dpo": train_dpo,
     "grpo": train_grpo,
     "offline_rft": train_offline_rft,
+    "online_dpo": train_online_dpo,
     "ppo": train_ppo,
     "t_ppo": train_tppo,
 }

@@ -16,7 +16,7 @@ no signal (no kept token, or all advantages 0 and no KL term) skips the optimize
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,11 +27,12 @@ from policy import inspection
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.kit import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
-                        make_evaluator, make_sample, policy_engines, reference_logprobs,
-                        refill_questions, sampling_seed, starts_at, step_questions)
+                        make_evaluator, make_sample, mini_batch_order, policy_engines,
+                        reference_logprobs, refill_questions, sampler_drift, sampling_seed,
+                        starts_at, step_questions)
 from policy.math.advantages import (ADVANTAGE_ESTIMATORS, GroupNorm, informative_groups,
                                     token_budget_mask, zero_group_correction)
-from policy.math.losses import POLICY_LOSSES
+from policy.math.losses import policy_loss
 from policy.rewards import RewardFn, Scores
 from runtime.data import MathRecord
 from runtime.engine import (current_lr, device_memory_gib, gather_rows, global_sum, is_main,
@@ -182,7 +183,7 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
     tokens and becomes the token normaliser."""
     advantages, normalised = compute_advantages(
         scores, rewards, rollout, g,
-        std_normalised=POLICY_LOSSES[g.loss].std_normalised_advantages)
+        std_normalised=policy_loss(g.loss, g.supervision).std_normalised_advantages)
     if g.zero_advantages:
         advantages = torch.zeros_like(advantages)
     keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
@@ -220,55 +221,96 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
 
 def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g: GRPOConfig,
                 plan, where: str, is_reference: bool = False) -> dict:
-    """`grpo.mu` passes over the batch, one optimizer step each, against log-probs of the
-    reference and (mu > 1) of pi_old. Returns the global loss, KL and clip fraction, the gradient
-    norm and the per-token entropy of the first pass. `is_reference`: the policy still is the
-    reference (a stage's first step), so the reference's log-probs are pi_old's and no
-    reference forward runs."""
+    """`grpo.mu` passes over the batch, each `grpo.mini_batches` optimizer steps (each
+    normalised by its own counts), against log-probs of the reference and (mu > 1 or
+    mini-batches) of pi_old. Returns the global loss, KL and clip fraction (means over the
+    optimizer steps), the last gradient norm and the first pass's per-token entropy.
+    `is_reference`: the policy still is the reference (a stage's first step)."""
     engine, world_size = trainer.engine, world()[1]
+    kl_term = reference is not None and g.beta > 0
+    rollout, batch, order = in_mini_batch_order(rollout, batch, g)
     entropy = torch.zeros_like(batch.loss_mask)
-    if not has_signal(batch, reference is not None and g.beta > 0):
+    if not has_signal(batch, kl_term):
         # Nothing to learn: AdamW's momentum would still move the weights on a zero gradient.
         return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0,
                 "grad_norm": 0.0, "entropy": entropy, "skipped": 1.0}
-    loss_fn = POLICY_LOSSES[g.loss].fn
+    loss_fn = policy_loss(g.loss, g.supervision).fn
     ref_logprobs = reference_logprobs(reference, rollout, plan.micro_batch_size, is_reference)
-    old_logprobs = forward_logprobs(engine.module, rollout, plan.micro_batch_size) \
-        if g.mu > 1 else None
-    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0}
-    sampled = rollout.sampler_logprobs
-    all_tokens = global_sum(float(rollout.completion_mask.sum()))
-    grad_norm = 0.0
+    # pi_old's entropy and sampler drift: in pi_old's own forward when mini-batches move it
+    before, all_tokens = g.mini_batches > 1, global_sum(float(rollout.completion_mask.sum()))
+    old_logprobs = forward_logprobs(engine.module, rollout, plan.micro_batch_size, entropy
+                                    if before else None) if g.mu > 1 or before else None
+    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0,
+             "logprob_diff": sampler_drift(old_logprobs, rollout, all_tokens) if before else 0.0}
+    chunks = mini_batches(batch, plan.rank_sequences, g.mini_batches, kl_term)
+    passes, grad_norm = g.mu * len(chunks), 0.0
     engine.train()
     for update in range(g.mu):
-        def loss_of(rows: slice, mb: int):
-            logprobs = completion_logprobs(
-                engine, rollout.input_ids[rows], rollout.attention_mask[rows],
-                rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if update == 0 else None)
-            old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-            if sampled is not None and update == 0:  # how far the sampler's numbers drift
-                drift = (logprobs.detach() - sampled[rows].to(logprobs)).abs()
-                stats["logprob_diff"] += float((drift * rollout.completion_mask[rows]).sum()) \
-                    / max(all_tokens, 1.0)
-            ref = ref_logprobs[rows] if ref_logprobs is not None else \
-                old if reference is not None else None
-            result = loss_fn(logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
-                             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high,
-                             beta=g.beta, num_sequences=max(batch.num_sequences, 1.0),
-                             num_tokens=max(batch.num_tokens, 1.0), max_tokens=g.max_new_tokens)
-            # Shares of the global step: summed over micro-batches and ranks they give the
-            # batch loss and the token means of KL and clip fraction.
-            share = float(batch.loss_mask[rows].sum()) / max(batch.num_tokens, 1.0)
-            stats["loss"] += result.loss.item() / g.mu
-            stats["kl"] += result.kl.item() * share / g.mu
-            stats["clip"] += result.clip_fraction.item() * share / g.mu
-            stats["clip_high"] += result.clip_high.item() * share / g.mu
-            return result.loss * world_size
+        for offset, num_sequences, num_tokens in chunks:
+            def loss_of(rows: slice, mb: int):
+                rows = slice(offset + rows.start, offset + rows.stop)
+                measure = update == 0 and not before
+                logprobs = completion_logprobs(
+                    engine, rollout.input_ids[rows], rollout.attention_mask[rows],
+                    rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if measure else None)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                if measure:
+                    stats["logprob_diff"] += sampler_drift(logprobs.detach(), rollout,
+                                                           all_tokens, rows)
+                ref = ref_logprobs[rows] if ref_logprobs is not None else \
+                    old if reference is not None else None
+                result = loss_fn(logprobs, old, ref, batch.advantages[rows],
+                                 batch.loss_mask[rows], clip_eps_low=g.clip_eps,
+                                 clip_eps_high=g.clip_eps_high, beta=g.beta,
+                                 num_sequences=max(num_sequences, 1.0),
+                                 num_tokens=max(num_tokens, 1.0), max_tokens=g.max_new_tokens)
+                # Shares of the optimizer step: summed over micro-batches and ranks they give
+                # its loss and the token means of KL and clip fraction.
+                share = float(batch.loss_mask[rows].sum()) / max(num_tokens, 1.0) / passes
+                stats["loss"] += result.loss.item() / passes
+                stats["kl"] += result.kl.item() * share
+                stats["clip"] += result.clip_fraction.item() * share
+                stats["clip_high"] += result.clip_high.item() * share
+                return result.loss * world_size
 
-        grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
-                                     f"{where}, update {update + 1}", grad_norm)
+            grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                         f"{where}, update {update + 1}", grad_norm)
+    if order is not None:  # back in the rollout's order, for the step's metrics
+        entropy = torch.zeros_like(entropy).index_copy(0, order, entropy)
     return {**{key: global_sum(value) for key, value in stats.items()},
             "grad_norm": grad_norm, "entropy": entropy, "skipped": 0.0}
+
+
+def in_mini_batch_order(rollout: Rollout, batch: StepBatch, g: GRPOConfig
+                        ) -> tuple[Rollout, StepBatch, torch.Tensor | None]:
+    """With `grpo.mini_batches` > 1: the rollout and the batch with each mini-batch's rows side
+    by side (`mini_batch_order`), and that order (None: as they are)."""
+    if g.mini_batches == 1:
+        return rollout, batch, None
+    order = mini_batch_order(len(batch.keep), g.group_size, g.mini_batches).to(batch.keep.device)
+    return rollout.rows(order), replace(batch, advantages=batch.advantages[order],
+                                        keep=batch.keep[order],
+                                        loss_mask=batch.loss_mask[order]), order
+
+
+def mini_batches(batch: StepBatch, rows: int, count: int,
+                 kl_term: bool) -> list[tuple[int, float, float]]:
+    """(first row, global sequences, global tokens) of each of `count` mini-batches of `rows`
+    rows of this rank's batch (in `mini_batch_order`) that can have a gradient (at 1: the
+    step's own normalisers); a mini-batch without signal takes no optimizer step (all ranks
+    agree: the sums are global)."""
+    if count == 1:
+        return [(0, batch.num_sequences, batch.num_tokens)]
+    chunks = []
+    for offset in range(0, rows * count, rows):
+        part = slice(offset, offset + rows)
+        sequences = global_sum(float(batch.keep[part].sum()))
+        tokens = global_sum(float(batch.loss_mask[part].sum()))
+        signal = kl_term or global_sum(float((batch.advantages[part]
+                                              * batch.loss_mask[part]).abs().sum())) > 0
+        if sequences and tokens and signal:
+            chunks.append((offset, sequences, tokens))
+    return chunks
 
 
 def has_signal(batch: StepBatch, kl_term: bool) -> bool:

@@ -172,6 +172,55 @@ def cispo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_e
     return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
 
 
+def _sequence_ratio(logprobs, old_logprobs, mask):
+    """GSPO's s_i = (pi(o_i|q) / pi_old(o_i|q))^(1/|o_i|) = exp(mean_t log(pi/pi_old)). [N]."""
+    return torch.exp(_seq_mean(logprobs - old_logprobs, mask)
+                     .clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
+def _sequence_output(per_sequence, active, kl, mask, num_sequences):
+    """A loss of [N] sequence objectives over the step's sequences (1/G sum_i), and its stats,
+    `active` [N] counted on every token of its sequence."""
+    tokens = mask.sum().clamp(min=1)
+    per_token_active = active[:, None] * mask
+    return LossOutput(-per_sequence.sum() / num_sequences,
+                      ((per_token_active > 0).float()).sum().detach() / tokens,
+                      (kl * mask).sum().detach() / tokens,
+                      ((per_token_active == 2).float()).sum().detach() / tokens)
+
+
+@_masked_inputs
+def gspo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """GSPO (Zheng et al. 2025, eq. 5-7): 1/G sum_i min(s_i A_i, clip(s_i, 1 - eps_low,
+    1 + eps_high) A_i) with the sequence-level ratio s_i (`_sequence_ratio`) and the sequence's
+    advantage A_i (the mean of its token advantages: the group-normalised reward under outcome
+    supervision); minus beta times the sequence-mean k3 KL where a reference is given (the
+    paper runs without: the gspo recipe sets beta 0)."""
+    seq_advantage = _seq_mean(advantages, mask)
+    surrogate, active = _clipped_surrogate(_sequence_ratio(logprobs, old_logprobs, mask),
+                                           seq_advantage, clip_eps_low, clip_eps_high)
+    _, kl = _with_kl(torch.zeros_like(logprobs), logprobs, ref_logprobs, beta)
+    return _sequence_output(surrogate - beta * _seq_mean(kl, mask), active, kl, mask,
+                            num_sequences)
+
+
+@_masked_inputs
+def gspo_token_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+                    clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """GSPO-token (Zheng et al. 2025, eq. 13-14): per-token advantages A_{i,t} (process
+    supervision) under the ratio s_{i,t} = sg[s_i] * pi(o_t) / sg[pi(o_t)], whose value is the
+    sequence's s_i (so the clip acts on whole sequences) and whose gradient is token t's;
+    1/G sum_i 1/|o_i| sum_t min(s_{i,t} A_{i,t}, clip(s_{i,t}) A_{i,t}). With every A_{i,t}
+    equal to A_i its gradient is GSPO's."""
+    token_ratio = _sequence_ratio(logprobs, old_logprobs, mask).detach()[:, None] \
+        * torch.exp(logprobs - logprobs.detach())
+    surrogate, active = _clipped_surrogate(token_ratio, advantages, clip_eps_low, clip_eps_high)
+    per_token, kl = _with_kl(surrogate, logprobs, ref_logprobs, beta)
+    return _output(sequence_mean(per_token, mask, num_sequences, num_tokens, max_tokens),
+                   active, kl, mask)
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     fn: Callable[..., LossOutput]
@@ -187,7 +236,47 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "gpg": PolicyLoss(gpg_loss, std_normalised_advantages=False),
     "cispo": PolicyLoss(cispo_loss),
     "c3po": PolicyLoss(c3po_loss),
+    "gspo": PolicyLoss(gspo_loss),
+    "gspo_token": PolicyLoss(gspo_token_loss),
 }
+
+
+@dataclass(frozen=True)
+class PairLossOutput:
+    loss: torch.Tensor
+    """Scalar to minimise (this micro-batch's share of the step's loss)."""
+    margin_sum: torch.Tensor
+    """Sum over this micro-batch's pairs of beta times the difference of the two sides'
+    token-mean log(pi/pi_ref)."""
+    right_sum: torch.Tensor
+    """Pairs whose margin is above 0."""
+
+
+def dpo_loss(logprobs, ref_logprobs, mask, role, *, beta: float,
+             num_pairs: float) -> PairLossOutput:
+    """DPO as DeepSeekMath writes it (Appendix A.1.4, eq. 14): -1/P sum_pairs log sigmoid(beta
+    (1/|o+| sum_t log pi/pi_ref (o+_t) - 1/|o-| sum_t log pi/pi_ref (o-_t))), each side's
+    log-ratio averaged over its tokens (Rafailov et al. 2023, eq. 7, sums them), over pairs
+    laid out as rows (chosen, rejected) at (2k, 2k + 1); `role` [N] +1 on a chosen row, -1 on
+    its rejected one, 0 on rows outside any pair; `num_pairs` the step's pairs over every
+    micro-batch and rank."""
+    keep = mask.bool()
+    log_ratio = torch.where(keep, logprobs - ref_logprobs, logprobs.new_zeros(())).sum(-1) \
+        / mask.sum(-1).clamp(min=1)
+    chosen, rejected = log_ratio[0::2], log_ratio[1::2]
+    paired = (role[0::2] > 0).to(log_ratio.dtype)
+    margin = beta * (chosen - rejected)
+    loss = -(torch.nn.functional.logsigmoid(margin) * paired).sum() / num_pairs
+    return PairLossOutput(loss, (margin * paired).sum().detach(),
+                          ((margin > 0).to(paired.dtype) * paired).sum().detach())
+
+
+def policy_loss(name: str, supervision: str) -> PolicyLoss:
+    """`grpo.loss`'s entry; gspo under process supervision is GSPO-token, the paper's form
+    for per-token advantages (equal to GSPO wherever a sequence's tokens share one)."""
+    if name == "gspo" and supervision == "process":
+        name = "gspo_token"
+    return POLICY_LOSSES[name]
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int,

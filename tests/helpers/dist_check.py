@@ -274,19 +274,31 @@ def main() -> None:
                           recipe="ppo")
         splits = load_splits(cfg.data, 0)
         train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+    elif kind in ("gspo", "dpo", "online_dpo"):  # the recipe, sampled at temperature 1
+        from policy.algorithms import train_policy
+        from runtime.data import load_splits
+
+        # DPO: a second step, whose reference (the starting policy) differs from the policy
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "grpo.mu=1",
+                                                "grpo.temperature=1.0", "grpo.rollout_questions=1",
+                                                "grpo.lr=1e-2", f"grpo.steps={1 + ('dpo' in kind)}"],
+                          recipe=kind)
+        splits = load_splits(cfg.data, 0)
+        train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
     elif kind == "grpo":
         from policy.algorithms import grpo as grpo_module
+        from policy.math.losses import POLICY_LOSSES
         from runtime.data import load_splits
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides])
-        spec = grpo_module.POLICY_LOSSES["grpo"]
+        spec = POLICY_LOSSES["grpo"]
         seen = []
 
         def recording(logprobs, old, ref, advantages, mask, **kw):
             seen.append(advantages.detach().clone())
             return spec.fn(logprobs, old, ref, advantages, mask, **kw)
 
-        grpo_module.POLICY_LOSSES["grpo"] = dataclasses.replace(spec, fn=recording)
+        POLICY_LOSSES["grpo"] = dataclasses.replace(spec, fn=recording)
         splits = load_splits(cfg.data, 0)
         grpo_module.train_grpo(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger,
                                "")
@@ -302,4 +314,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:  # leave the group before exit: gloo's threads torn down at exit can abort a rank
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

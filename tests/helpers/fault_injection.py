@@ -148,13 +148,16 @@ def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
                  rng: random.Random, required: tuple[str, ...] = ()) -> list[tuple[str, float]]:
     """`kills` moments of the uninterrupted run, as (unit, seconds into it): one in each
     `required` unit, the others in a unit drawn uniformly (so short stages such as SFT,
-    labelling and RM training are hit as often as long ones), then a moment uniform within it;
-    in timeline order, so each kill lands at or after the previous one's place and the run
-    keeps moving forward whatever the machine's speed."""
+    labelling and RM training are hit as often as long ones), then a moment uniform within it
+    (within its first quarter for a required unit, which must be hit even when the killed run
+    goes up to 4x faster than the timeline's, a machine less loaded); in timeline order, so each
+    kill lands at or after the previous one's place and the run keeps moving forward whatever
+    the machine's speed."""
     order = {name: i for i, (name, _, _) in enumerate(timeline)}
     durations = {name: end - start for name, start, end in timeline}
-    picks = [*required, *(rng.choice(timeline)[0] for _ in range(kills - len(required)))]
-    targets = [(name, rng.uniform(0, durations[name])) for name in picks]
+    picks = [*((name, 0.25) for name in required),
+             *((rng.choice(timeline)[0], 1.0) for _ in range(kills - len(required)))]
+    targets = [(name, rng.uniform(0, share * durations[name])) for name, share in picks]
     return sorted(targets, key=lambda t: (order[t[0]], t[1]))
 
 

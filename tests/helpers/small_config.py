@@ -9,6 +9,7 @@ SMALL = [
     "deepspeed.micro_batch_size=8", "grpo.steps=2", "grpo.questions_per_step=2",
     "grpo.group_size=4", "grpo.max_new_tokens=12", "eval.max_new_tokens=12", "eval.k=2",
     "run.threads=2", "rm.extra_layers_from=[0]", "rm.worked_solutions=8",
+    "iterate.refresh_worked_solutions=0",
 ]
 
 ITERATE = [
