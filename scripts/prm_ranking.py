@@ -20,12 +20,17 @@ carries the oracle's label. Controls (each a change from `baseline`, the tiny co
   deeper         the 4 layers doubled (`rm.extra_layers_from=[0,1,2,3]`, added layers at 1e-3)
   random_init    a freshly initialised tiny model instead of the warm start
   quarter        a quarter of the samples (160 questions x 16)
+  ms_hard        the quarter labelled the paper's way instead of by the oracle: Math-Shepherd
+                 with the warm start as completer (the tiny config's `label.*`), hard labels
+  ms_soft        the same completions, soft labels (the share that reached the answer)
   worked         no policy samples: as many SFT worked solutions (40% of them slip at every
                  carry and borrow), labelled step by step against the question
+  deeper_quarter deeper, on the quarter
+  deeper_worked  deeper, on as many worked solutions as the quarter has samples
   likelihood     no training: the warm start's lowest token log-likelihood over the solution
 
 Writes `<out>/results.json` and `<out>/table.md`; finished controls are kept and skipped on a
-rerun.
+rerun, and invocations with different `--controls` may run side by side once the samples exist.
 """
 
 from __future__ import annotations
@@ -67,7 +72,11 @@ CONTROLS = {
     "deeper": ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"],
     "random_init": [],
     "quarter": [],
+    "ms_hard": [],
+    "ms_soft": [],
     "worked": [],
+    "deeper_quarter": ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"],
+    "deeper_worked": ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"],
     "likelihood": None,
 }
 
@@ -100,6 +109,23 @@ def worked_rows(n: int):
     splits = load_splits(load_config("configs/tiny.yaml", []).data, 0)
     return [{"question": ex.question, "steps": list(ex.steps), "labels": list(ex.labels)}
             for ex in worked_examples(splits.sft[:n])]
+
+
+def math_shepherd_rows(rows, records, cache: Path, soft: bool):
+    """`rows` (16 per record, in record order) with Math-Shepherd labels (the warm start
+    completing every step prefix, the tiny config's `label.*`) in place of the oracle's; the
+    completions are made once into `cache`."""
+    from process_supervision.label import Labeller, Solution, label_in_shards
+
+    cfg = load_config("configs/tiny.yaml", [])
+    lab = cfg.label
+    labeller = Labeller(load_causal_lm(WARM).eval(), load_tokenizer(WARM), prompt_format(cfg.data),
+                        lab.num_completions, lab.max_new_tokens, lab.temperature,
+                        cfg.eval.grade_timeout_s, lab.prefixes_per_batch)
+    solutions = [Solution(records[i // 16], tuple(r["steps"])) for i, r in enumerate(rows)]
+    assert all(x.record.question == r["question"] for x, r in zip(solutions, rows))
+    labelled = label_in_shards(labeller, solutions, cache, lab.shard_size, seed=0)
+    return [{**r, "labels": list(x.soft if soft else x.hard)} for r, x in zip(rows, labelled)]
 
 
 def examples_of(rows):
@@ -198,6 +224,19 @@ def train(out: Path, name: str, rows, init: str) -> Path:
     return out / name / "rm-prm" / "final"
 
 
+def control_rows(name: str, rows, out: Path, questions: int):
+    """The training rows of control `name` from the sampled ones."""
+    if name in ("quarter", "ms_hard", "ms_soft", "deeper_quarter", "deeper_worked"):
+        rows = rows[:len(rows) // 4]
+    if name in ("ms_hard", "ms_soft"):
+        rl = load_splits(load_config("configs/tiny.yaml", []).data, 0).rl
+        rows = math_shepherd_rows(rows, rl[20000:20000 + questions], out / "math-shepherd",
+                                  name == "ms_soft")
+    if name in ("worked", "deeper_worked"):
+        rows = worked_rows(len(rows))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/prm-ranking")
@@ -219,6 +258,7 @@ def main() -> None:
         tokenizer, model = load_tokenizer(WARM), load_causal_lm(WARM)
         ensure_tag_token(tokenizer, model, TAG, True)
         results["label_check"] = {k: label_check(data[k], tokenizer) for k in ("train", "heldout")}
+        results_path.write_text(json.dumps(results, indent=1))
     for name in a.controls:
         if name in results:
             continue
@@ -232,15 +272,12 @@ def main() -> None:
                 from runtime.tiny_model import build_tiny
                 init = str(build_tiny(out / "random-init", load_config("configs/tiny.yaml", []).model.tiny, 0,
                                             extra_tokens=(TAG,)))
-            rows = data["train"]
-            if name == "quarter":
-                rows = rows[:len(rows) // 4]
-            if name == "worked":
-                rows = worked_rows(len(rows))
-            final = train(out, name, rows, init)
+            final = train(out, name, control_rows(name, data["train"], out, a.questions), init)
             scores = TagScorer.from_pretrained(final, TAG, 256).score(examples_of(held))
-        results[name] = {**ranking(held, scores, 16), "overrides": CONTROLS[name],
-                         "minutes": (time.perf_counter() - started) / 60}
+        result = {**ranking(held, scores, 16), "overrides": CONTROLS[name],
+                  "minutes": (time.perf_counter() - started) / 60}
+        # Read again before writing: another invocation may be running other controls.
+        results = {**json.loads(results_path.read_text()), name: result}
         results_path.write_text(json.dumps(results, indent=1))
         print(name, json.dumps(results[name]), flush=True)
     lines = ["| control | in-group AUROC [95%] | pooled AUROC | step accuracy | BoN pick | majority "
