@@ -62,3 +62,44 @@ def added_layer_parameters(model) -> list:
     count = getattr(model.config, ADDED_LAYERS_KEY, 0)
     return [p for layer in list(decoder_layers(model))[-count:] for p in layer.parameters()] \
         if count else []
+
+
+def heldout_lm(path, cfg, questions: int = 100) -> dict:
+    """Teacher-forced next-token loss and accuracy of the model in `path` on the solution tokens
+    (as SFT lays them out) of the first `questions` held-out questions of `cfg`'s synthetic task:
+    on their right solutions, and on the slipping student's where it slips (one row at a time,
+    no padding: the same numbers on any batch size). The reward-model base's recorded numbers
+    (scripts/build_rm_base.py)."""
+    import dataclasses
+
+    from runtime import synthetic
+    from runtime.data import load_splits
+
+    held = load_splits(cfg.data, cfg.run.seed).eval[:questions]
+    slipped = [dataclasses.replace(r, solution_steps=steps) for r in held
+               if (steps := synthetic.carry_slip_solution(synthetic.Problem(
+                   r.question, r.solution_steps, int(r.answer)))) != r.solution_steps]
+    return {"right": _lm_numbers(path, held, cfg), "slipped": _lm_numbers(path, slipped, cfg)}
+
+
+def _lm_numbers(path, records, cfg) -> dict:
+    import torch
+
+    from policy.kit import sft_tensors
+    from runtime.models import load_causal_lm, load_tokenizer
+    from runtime.prompts import prompt_format
+
+    fmt = prompt_format(cfg.data)
+    model, tokenizer = load_causal_lm(path).eval(), load_tokenizer(path)
+    nll, right, tokens = 0.0, 0, 0
+    with torch.no_grad():
+        for record in records:
+            ids, _, labels = sft_tensors(tokenizer, [record], fmt)
+            logits = model(input_ids=ids).logits[0, :-1].double()
+            target = labels[0, 1:]
+            logits, target = logits[target != -100], target[target != -100]
+            nll += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+            right += int((logits.argmax(-1) == target).sum())
+            tokens += len(target)
+    return {"solutions": len(records), "tokens": tokens, "nll_per_token": nll / tokens,
+            "token_accuracy": right / tokens}

@@ -27,6 +27,8 @@ carries the oracle's label. Controls (each a change from `baseline`, the tiny co
                  carry and borrow), labelled step by step against the question
   deeper_quarter deeper, on the quarter
   deeper_worked  deeper, on as many worked solutions as the quarter has samples
+  base           deeper, from the shipped reward-model base (runtime/bundled/tiny_rm_base)
+  base_quarter   the base, on the quarter
   likelihood     no training: the warm start's lowest token log-likelihood over the solution
 
 Writes `<out>/results.json` and `<out>/table.md`; finished controls are kept and skipped on a
@@ -41,6 +43,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,20 +67,38 @@ WARM = "runtime/bundled/tiny_warm_start"
 TAG = "ки"
 TRAIN = ["rm.likelihood_feature=false", "rm.epochs=1", "rm.lr=3e-4", "rm.val_fraction=0.05",
          "rm.eval_every=0", "run.wandb_mode=disabled", "run.threads=1"]
+DEEPER = ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"]
+BASE = "runtime/bundled/tiny_rm_base"
+
+
+@dataclass(frozen=True)
+class Control:
+    """A change from `baseline`: training overrides, which rows (`all` or the first `quarter`),
+    whose labels (`oracle`, Math-Shepherd `ms_hard` / `ms_soft`, or SFT `worked` solutions in
+    place of the samples), and the backbone (`warm` start, `random` init, or the reward-model
+    `base`); `overrides=None` is the untrained likelihood score."""
+    overrides: list[str] | None = None
+    rows: str = "all"
+    labels: str = "oracle"
+    init: str = "warm"
+
+
 CONTROLS = {
-    "baseline": [],
-    "grouped": ["rm.group_by_question=true"],
-    "pairwise": ["rm.group_by_question=true", "rm.pairwise_weight=1.0"],
-    "no_lm": ["rm.lm_weight=0"],
-    "deeper": ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"],
-    "random_init": [],
-    "quarter": [],
-    "ms_hard": [],
-    "ms_soft": [],
-    "worked": [],
-    "deeper_quarter": ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"],
-    "deeper_worked": ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"],
-    "likelihood": None,
+    "baseline": Control([]),
+    "grouped": Control(["rm.group_by_question=true"]),
+    "pairwise": Control(["rm.group_by_question=true", "rm.pairwise_weight=1.0"]),
+    "no_lm": Control(["rm.lm_weight=0"]),
+    "deeper": Control(DEEPER),
+    "random_init": Control([], init="random"),
+    "quarter": Control([], rows="quarter"),
+    "ms_hard": Control([], rows="quarter", labels="ms_hard"),
+    "ms_soft": Control([], rows="quarter", labels="ms_soft"),
+    "worked": Control([], labels="worked"),
+    "deeper_quarter": Control(DEEPER, rows="quarter"),
+    "deeper_worked": Control(DEEPER, rows="quarter", labels="worked"),
+    "base": Control(DEEPER, init="base"),
+    "base_quarter": Control(DEEPER, rows="quarter", init="base"),
+    "likelihood": Control(None),
 }
 
 
@@ -218,7 +239,7 @@ def train(out: Path, name: str, rows, init: str) -> Path:
     write_math_shepherd_jsonl(data, examples_of(rows))
     cmd = [sys.executable, "-m", "igrpo", "train-rm", "--config", "configs/tiny.yaml",
            f"run.root={out}", f"run.name={name}", "rm.kind=prm", f"rm.init_path={init}",
-           f"rm.data_path={data}", *TRAIN, *CONTROLS[name]]
+           f"rm.data_path={data}", *TRAIN, *CONTROLS[name].overrides]
     print(" ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return out / name / "rm-prm" / "final"
@@ -226,15 +247,27 @@ def train(out: Path, name: str, rows, init: str) -> Path:
 
 def control_rows(name: str, rows, out: Path, questions: int):
     """The training rows of control `name` from the sampled ones."""
-    if name in ("quarter", "ms_hard", "ms_soft", "deeper_quarter", "deeper_worked"):
+    control = CONTROLS[name]
+    if control.rows == "quarter":
         rows = rows[:len(rows) // 4]
-    if name in ("ms_hard", "ms_soft"):
+    if control.labels in ("ms_hard", "ms_soft"):
         rl = load_splits(load_config("configs/tiny.yaml", []).data, 0).rl
         rows = math_shepherd_rows(rows, rl[20000:20000 + questions], out / "math-shepherd",
-                                  name == "ms_soft")
-    if name in ("worked", "deeper_worked"):
+                                  control.labels == "ms_soft")
+    if control.labels == "worked":
         rows = worked_rows(len(rows))
     return rows
+
+
+def backbone(name: str, out: Path) -> str:
+    """The folder control `name` trains from."""
+    init = CONTROLS[name].init
+    if init == "random":
+        from runtime.tiny_model import build_tiny
+
+        return str(build_tiny(out / "random-init", load_config("configs/tiny.yaml", []).model.tiny,
+                              0, extra_tokens=(TAG,)))
+    return BASE if init == "base" else WARM
 
 
 def main() -> None:
@@ -264,17 +297,13 @@ def main() -> None:
             continue
         started = time.perf_counter()
         held = data["heldout"]
-        if name == "likelihood":
+        if CONTROLS[name].overrides is None:
             scores = likelihood_scores(held, WARM)
         else:
-            init = WARM
-            if name == "random_init":
-                from runtime.tiny_model import build_tiny
-                init = str(build_tiny(out / "random-init", load_config("configs/tiny.yaml", []).model.tiny, 0,
-                                            extra_tokens=(TAG,)))
-            final = train(out, name, control_rows(name, data["train"], out, a.questions), init)
+            final = train(out, name, control_rows(name, data["train"], out, a.questions),
+                          backbone(name, out))
             scores = TagScorer.from_pretrained(final, TAG, 256).score(examples_of(held))
-        result = {**ranking(held, scores, 16), "overrides": CONTROLS[name],
+        result = {**ranking(held, scores, 16), "overrides": CONTROLS[name].overrides,
                   "minutes": (time.perf_counter() - started) / 60}
         # Read again before writing: another invocation may be running other controls.
         results = {**json.loads(results_path.read_text()), name: result}

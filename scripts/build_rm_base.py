@@ -1,0 +1,113 @@
+"""Build (or rebuild and check) the shipped reward-model base, runtime/bundled/tiny_rm_base.
+
+The tiny analogue of DeepSeekMath-Base for the reward models: the paper starts its reward models
+from a base model pretrained on math text, not from the instruct policy. Here the base is the
+shipped warm start made twice as deep (its 4 layers copied on top with zero output,
+`reward_model/backbone.py`: exactly the warm start's function at first) and then trained on as a
+language model on the task's text, the SFT split's worked solutions (40% by the student who
+forgets to carry and borrow), with `igrpo sft`. Predicting the next step of such text pays for
+telling the two students apart from the steps so far, which is what checking a step needs; the
+added layers are where a 4-layer policy has room to do it (docs/reward_models.md).
+
+    python scripts/build_rm_base.py              # deepen, train, measure, bundle (~13 min)
+    python scripts/build_rm_base.py --check      # train again into runs/, compare, keep the bundle
+    python scripts/build_rm_base.py --from-run   # package the run already in --run
+
+`rm.init_path=bundled:tiny_rm_base` starts both reward models from it. The bundle holds the model,
+its tokenizer and `recipe.json`: the commands, the SFT run's record, the weights' sha256 and the
+recorded numbers (`heldout_lm`: next-token loss and accuracy on the held-out questions' right
+solutions, teacher-forced; tests/test_warm_start.py recomputes them). A rebuild matches within
+float noise, not bitwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import igrpo  # noqa: E402
+from build_warm_start import FILES, sha256  # noqa: E402
+from configs import load_config  # noqa: E402
+from reward_model.backbone import heldout_lm  # noqa: E402
+from runtime.rundir import atomic_write_json  # noqa: E402
+
+BUNDLE = ROOT / "runtime" / "bundled" / "tiny_rm_base"
+WARM = ROOT / "runtime" / "bundled" / "tiny_warm_start"
+CONFIG = "configs/tiny.yaml"
+COPIED_LAYERS = [0, 1, 2, 3]
+# `igrpo sft` on the deepened warm start: half an epoch of the SFT split at 5e-4 decaying to 0.
+RECIPE = ["sft.enabled=true", "sft.lr=5e-4", "sft.epochs=0.5", "run.wandb_mode=disabled"]
+
+
+def deepened(root: Path) -> Path:
+    """The warm start with `COPIED_LAYERS` added on top, saved in `root/deepened`."""
+    from reward_model.backbone import deepen
+    from runtime.models import load_causal_lm, load_tokenizer
+
+    out = root / "deepened"
+    model = load_causal_lm(WARM)
+    deepen(model, COPIED_LAYERS)
+    model.save_pretrained(out)
+    load_tokenizer(WARM).save_pretrained(out)
+    return out
+
+
+def command(root: Path) -> list[str]:
+    return ["sft", "--config", CONFIG, f"run.root={root}", "run.name=lm",
+            f"model.policy_path={root / 'deepened'}", *RECIPE]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "rm-base")
+    parser.add_argument("--from-run", action="store_true",
+                        help="package the run already in --run instead of training")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with the shipped bundle instead of replacing it")
+    args = parser.parse_args()
+    seconds = None
+    if not args.from_run:
+        start = time.perf_counter()
+        deepened(args.run)
+        if igrpo.main(command(args.run)) != 0:
+            raise SystemExit("igrpo sft failed")
+        seconds = time.perf_counter() - start
+    run = args.run / "lm" / "sft"
+    final = run / "final"  # the language model at its end (`best` is chosen by greedy accuracy)
+    cfg = load_config(CONFIG, [])
+    numbers = {"warm_start": heldout_lm(WARM, cfg), "base": heldout_lm(final, cfg)}
+    if args.check:
+        shipped = json.loads((BUNDLE / "recipe.json").read_text())["heldout_lm"]["base"]
+        for text in ("right", "slipped"):
+            for key in ("nll_per_token", "token_accuracy"):
+                print(f"{text:>7} {key:>15}: shipped {shipped[text][key]:.4f}  rebuilt "
+                      f"{numbers['base'][text][key]:.4f}  warm start "
+                      f"{numbers['warm_start'][text][key]:.4f}")
+        return 0
+    BUNDLE.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if (final / name).exists():
+            shutil.copy2(final / name, BUNDLE / name)
+    atomic_write_json(BUNDLE / "recipe.json", {
+        "commands": ["python scripts/build_rm_base.py (deepen the warm start: layers "
+                     f"{COPIED_LAYERS} copied on top)",
+                     " ".join(["igrpo", *command(Path("runs/rm-base"))])],
+        "config": (run / "config.yaml").read_text(),
+        "sft": json.loads((run / "done.json").read_text()),
+        "seconds": seconds, "heldout_lm": numbers,
+        "sha256": {"model.safetensors": sha256(BUNDLE / "model.safetensors")}})
+    print(json.dumps(numbers, indent=2))
+    print(f"wrote {BUNDLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
