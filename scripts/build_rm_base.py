@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,10 +33,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import igrpo  # noqa: E402
-from build_warm_start import FILES, sha256  # noqa: E402
+from build_warm_start import write_bundle  # noqa: E402
 from configs import load_config  # noqa: E402
 from reward_model.backbone import heldout_lm  # noqa: E402
-from runtime.rundir import atomic_write_json  # noqa: E402
 
 BUNDLE = ROOT / "runtime" / "bundled" / "tiny_rm_base"
 WARM = ROOT / "runtime" / "bundled" / "tiny_warm_start"
@@ -92,18 +90,13 @@ def main() -> int:
                       f"{numbers['base'][text][key]:.4f}  warm start "
                       f"{numbers['warm_start'][text][key]:.4f}")
         return 0
-    BUNDLE.mkdir(parents=True, exist_ok=True)
-    for name in FILES:
-        if (final / name).exists():
-            shutil.copy2(final / name, BUNDLE / name)
-    atomic_write_json(BUNDLE / "recipe.json", {
+    write_bundle(final, BUNDLE, {
         "commands": ["python scripts/build_rm_base.py (deepen the warm start: layers "
                      f"{COPIED_LAYERS} copied on top)",
                      " ".join(["igrpo", *command(Path("runs/rm-base"))])],
         "config": (run / "config.yaml").read_text(),
         "sft": json.loads((run / "done.json").read_text()),
-        "seconds": seconds, "heldout_lm": numbers,
-        "sha256": {"model.safetensors": sha256(BUNDLE / "model.safetensors")}})
+        "seconds": seconds, "heldout_lm": numbers})
     print(json.dumps(numbers, indent=2))
     print(f"wrote {BUNDLE}")
     return 0

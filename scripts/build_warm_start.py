@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -53,6 +54,22 @@ FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenize
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_bundle(model: Path, bundle: Path, recipe: dict) -> None:
+    """Copy the model folder's FILES into `bundle` and write `recipe.json` (`recipe` and the
+    weights' sha256). Each file is written beside its target and renamed over it: a run that
+    has the old weights mapped keeps reading them (a copy in place would pull them from under
+    it)."""
+    bundle.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if (model / name).exists():
+            partial = bundle / f".{name}.partial"
+            shutil.copy2(model / name, partial)
+            partial.chmod(0o644)
+            os.replace(partial, bundle / name)
+    atomic_write_json(bundle / "recipe.json", {
+        **recipe, "sha256": {"model.safetensors": sha256(bundle / "model.safetensors")}})
 
 
 def evaluate(policy: Path, outcomes: Path) -> dict:
@@ -108,19 +125,14 @@ def main() -> int:
                       f"{metrics['eval/' + name]:.3f}  difference {d['diff']:+.3f} "
                       f"[{d['lo']:+.3f}, {d['hi']:+.3f}]")
         return 0
-    BUNDLE.mkdir(parents=True, exist_ok=True)
-    for name in FILES:
-        if (best / name).exists():
-            shutil.copy2(best / name, BUNDLE / name)
-    shutil.copy2(outcomes, BUNDLE / "heldout.json")
-    atomic_write_json(BUNDLE / "recipe.json", {
+    write_bundle(best, BUNDLE, {
         "commands": [" ".join(["igrpo", *argv]) for argv in commands(Path("runs/warm-start"))],
         "configs": [(stage / "config.yaml").read_text() for stage in stages],
         "sft": [json.loads((stage / "done.json").read_text()) for stage in stages],
         "validation": [[r for r in (json.loads(line) for line in open(stage / "metrics.jsonl"))
                         if "val/greedy_accuracy" in r] for stage in stages],
-        "sft_seconds": seconds, "heldout": metrics,
-        "sha256": {"model.safetensors": sha256(BUNDLE / "model.safetensors")}})
+        "sft_seconds": seconds, "heldout": metrics})
+    shutil.copy2(outcomes, BUNDLE / "heldout.json")
     print(json.dumps(metrics, indent=2))
     print(f"wrote {BUNDLE}")
     return 0
