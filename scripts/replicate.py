@@ -82,14 +82,15 @@ def prefix(root: Path, seed: int, extra: list[str]) -> Path:
     return root / f"seed{seed}-prefix"
 
 
-def start_arm(prefix_run: Path, arm_run: Path, arm: str) -> None:
-    """A new arm folder holds the prefix's finished units (its manifest resumes at GRPO)."""
+def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str]) -> None:
+    """A new arm folder (overrides `arm_args`) holds the prefix's finished units (its manifest
+    resumes at GRPO)."""
     if arm_run.exists():
         return
     tmp = arm_run.with_name(arm_run.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(prefix_run, tmp, ignore=shutil.ignore_patterns("config.yaml", "wandb"))
-    if "rm.likelihood_feature=false" in ARMS[arm]:
+    if "rm.likelihood_feature=false" in arm_args:
         manifest = json.loads((tmp / "manifest.json").read_text())
         for unit in RM_UNITS:
             manifest["units"].pop(unit, None)
@@ -101,32 +102,37 @@ def start_arm(prefix_run: Path, arm_run: Path, arm: str) -> None:
     tmp.rename(arm_run)
 
 
-def arm_overrides(arm: str, overrides: list[str]) -> list[str]:
-    """The arm's overrides; offline RFT and DPO draw all their samples from the warm start: one
-    iteration of as many steps' samples as the other arms' iterations together."""
+def arm_overrides(arm: str, overrides: list[str], arm_args: list[str] | None = None) -> list[str]:
+    """The arm's overrides (`arm_args`, else ARMS[arm]); offline RFT and DPO draw all their
+    samples from the warm start: one iteration of as many steps' samples as the other arms'
+    iterations together."""
+    arm_args = ARMS[arm] if arm_args is None else arm_args
     if arm not in FROM_THE_WARM_START:
-        return ARMS[arm]
-    cfg = igrpo.load_config(CONFIG, [*overrides, *ARMS[arm]])
-    return [*ARMS[arm], f"grpo.steps={cfg.grpo.steps * cfg.iterate.iterations}",
+        return arm_args
+    cfg = igrpo.load_config(CONFIG, [*overrides, *arm_args])
+    return [*arm_args, f"grpo.steps={cfg.grpo.steps * cfg.iterate.iterations}",
             "iterate.iterations=1"]
 
 
-def run_arm(root: Path, seed: int, arm: str, overrides: list[str]) -> None:
+def run_arm(root: Path, seed: int, arm: str, arm_args: list[str], overrides: list[str]) -> None:
+    """One arm's run (a worker process gets the arm's overrides, not this module's table)."""
     run = root / f"seed{seed}-{arm}"
-    start_arm(root / f"seed{seed}-prefix", run, arm)
+    start_arm(root / f"seed{seed}-prefix", run, arm_args)
     print(f"[study] seed {seed}: {arm}", flush=True)
-    iterate(root, run.name, seed, *overrides, *arm_overrides(arm, overrides))
+    iterate(root, run.name, seed, *overrides, *arm_overrides(arm, overrides, arm_args))
 
 
 def run_study(root: Path, seeds: list[int], arms: list[str], overrides: list[str],
-              jobs: int) -> None:
-    """Every seed's prefix, then its arms; with `jobs` > 1, that many runs at a time, the cores
-    shared out (run.threads), an arm starting as soon as its seed's prefix is done."""
+              jobs: int, table: dict[str, list[str]] | None = None) -> None:
+    """Every seed's prefix, then its arms (their overrides from `table`, default ARMS); with
+    `jobs` > 1, that many runs at a time, the cores shared out (run.threads), an arm starting
+    as soon as its seed's prefix is done."""
+    table = ARMS if table is None else table
     if jobs <= 1:
         for seed in seeds:
             prefix(root, seed, overrides)
             for arm in arms:
-                run_arm(root, seed, arm, overrides)
+                run_arm(root, seed, arm, table[arm], overrides)
         return
     overrides = [*overrides, f"run.threads={max(1, (os.cpu_count() or 1) // jobs)}"]
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -134,7 +140,8 @@ def run_study(root: Path, seeds: list[int], arms: list[str], overrides: list[str
         runs = []
         for done in as_completed(prefixes):
             done.result()
-            runs += [pool.submit(run_arm, root, prefixes[done], arm, overrides) for arm in arms]
+            runs += [pool.submit(run_arm, root, prefixes[done], arm, table[arm], overrides)
+                     for arm in arms]
         for done in as_completed(runs):
             done.result()
 

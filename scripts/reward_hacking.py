@@ -136,7 +136,8 @@ def main() -> int:
     command = " ".join(["python scripts/reward_hacking.py", *sys.argv[1:]])
     start = time.perf_counter()
     if not args.report_only:
-        replicate.run_study(args.root, seeds, arms, [*HORIZON, *args.overrides], args.jobs)
+        replicate.run_study(args.root, seeds, arms, [*HORIZON, *args.overrides], args.jobs,
+                            ARMS)
     seconds = None if args.report_only else time.perf_counter() - start
     section, traces = report(args.root, seeds, arms, seconds, command)
     plot(traces, arms, args.doc.parent / "reward_hacking.png")
