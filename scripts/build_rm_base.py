@@ -10,14 +10,14 @@ telling the two students apart from the steps so far, which is what checking a s
 added layers are where a 4-layer policy has room to do it (docs/reward_models.md).
 
     python scripts/build_rm_base.py              # deepen, train, measure, bundle (~13 min)
-    python scripts/build_rm_base.py --check      # train again into runs/, compare, keep the bundle
-    python scripts/build_rm_base.py --from-run   # package the run already in --run
+    python scripts/build_rm_base.py --check --run runs/rm-base-2   # train again, compare
+    python scripts/build_rm_base.py --from-run                     # package the run in --run
 
 `rm.init_path=bundled:tiny_rm_base` starts both reward models from it. The bundle holds the model,
 its tokenizer and `recipe.json`: the commands, the SFT run's record, the weights' sha256 and the
-recorded numbers (`heldout_lm`: next-token loss and accuracy on the held-out questions' right
-solutions, teacher-forced; tests/test_warm_start.py recomputes them). A rebuild matches within
-float noise, not bitwise.
+recorded numbers (`heldout_lm`: teacher-forced next-token loss and accuracy on 100 held-out
+questions' right solutions and on the slipping student's; tests/test_rm_base.py recomputes them).
+A rebuild matches within float noise, not bitwise; `--check` prints it beside the shipped one.
 """
 
 from __future__ import annotations
