@@ -178,6 +178,10 @@ class SFTConfig:
     transition (the tests' warm start)."""
     lr_decay: bool = False
     """Decay the rate linearly to 0 over the run's steps (after `deepspeed.warmup_steps`)."""
+    export_final: bool = False
+    """Also export the last weights (`sft/final`) beside the best (`sft/best`): a model trained
+    on as a language model, as the reward-model base is, wants its end, not its best greedy
+    accuracy. Off by default: on a real model it is a second full checkpoint."""
 
 
 @dataclass
@@ -335,7 +339,8 @@ class RewardModelConfig:
     checking a written result against it needs layers after that (`reward_model/backbone.py`)."""
     new_layer_lr: float = 0.0
     """Learning rate of the layers `extra_layers_from` added (0 = `lr`): they start at zero
-    output and learn from scratch, while the backbone's own layers only need adjusting."""
+    output and learn from scratch, while the backbone's own layers only need adjusting. A
+    backbone deepened already (the reward-model base) gives its added layers this rate too."""
     group_by_question: bool = False
     """Keep each question's solutions side by side in the batches; synthetic data then holds
     each question's right solution next to one with a slip (minimal pairs)."""

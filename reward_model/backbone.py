@@ -79,18 +79,21 @@ def heldout_lm(path, cfg, questions: int = 100) -> dict:
     slipped = [dataclasses.replace(r, solution_steps=steps) for r in held
                if (steps := synthetic.carry_slip_solution(synthetic.Problem(
                    r.question, r.solution_steps, int(r.answer)))) != r.solution_steps]
-    return {"right": _lm_numbers(path, held, cfg), "slipped": _lm_numbers(path, slipped, cfg)}
+    from runtime.models import load_causal_lm, load_tokenizer
+
+    # On the CPU wherever it runs: the recorded numbers are CPU float32.
+    model, tokenizer = load_causal_lm(path, device="cpu").eval(), load_tokenizer(path)
+    return {"right": _lm_numbers(model, tokenizer, held, cfg),
+            "slipped": _lm_numbers(model, tokenizer, slipped, cfg)}
 
 
-def _lm_numbers(path, records, cfg) -> dict:
+def _lm_numbers(model, tokenizer, records, cfg) -> dict:
     import torch
 
     from policy.kit import sft_tensors
-    from runtime.models import load_causal_lm, load_tokenizer
     from runtime.prompts import prompt_format
 
     fmt = prompt_format(cfg.data)
-    model, tokenizer = load_causal_lm(path).eval(), load_tokenizer(path)
     nll, right, tokens = 0.0, 0, 0
     with torch.no_grad():
         for record in records:

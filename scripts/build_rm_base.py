@@ -42,7 +42,8 @@ WARM = ROOT / "runtime" / "bundled" / "tiny_warm_start"
 CONFIG = "configs/tiny.yaml"
 COPIED_LAYERS = [0, 1, 2, 3]
 # `igrpo sft` on the deepened warm start: half an epoch of the SFT split at 5e-4 decaying to 0.
-RECIPE = ["sft.enabled=true", "sft.lr=5e-4", "sft.epochs=0.5", "run.wandb_mode=disabled"]
+RECIPE = ["sft.enabled=true", "sft.lr=5e-4", "sft.epochs=0.5", "sft.export_final=true",
+          "run.wandb_mode=disabled"]
 
 
 def deepened(root: Path) -> Path:

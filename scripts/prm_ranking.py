@@ -43,6 +43,7 @@ import random
 import subprocess
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +68,7 @@ WARM = "runtime/bundled/tiny_warm_start"
 TAG = "ки"
 TRAIN = ["rm.likelihood_feature=false", "rm.epochs=1", "rm.lr=3e-4", "rm.val_fraction=0.05",
          "rm.eval_every=0", "run.wandb_mode=disabled", "run.threads=1"]
-DEEPER = ["rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3"]
+DEEPER = ("rm.extra_layers_from=[0,1,2,3]", "rm.new_layer_lr=1e-3")
 BASE = "runtime/bundled/tiny_rm_base"
 
 
@@ -77,23 +78,29 @@ class Control:
     whose labels (`oracle`, Math-Shepherd `ms_hard` / `ms_soft`, or SFT `worked` solutions in
     place of the samples), and the backbone (`warm` start, `random` init, or the reward-model
     `base`); `overrides=None` is the untrained likelihood score."""
-    overrides: list[str] | None = None
+    overrides: tuple[str, ...] | None = None
     rows: str = "all"
     labels: str = "oracle"
     init: str = "warm"
 
+    def __post_init__(self):
+        for key, allowed in (("rows", ("all", "quarter")), ("init", ("warm", "random", "base")),
+                             ("labels", ("oracle", "ms_hard", "ms_soft", "worked"))):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"Control.{key}={getattr(self, key)!r}: one of {allowed}")
+
 
 CONTROLS = {
-    "baseline": Control([]),
-    "grouped": Control(["rm.group_by_question=true"]),
-    "pairwise": Control(["rm.group_by_question=true", "rm.pairwise_weight=1.0"]),
-    "no_lm": Control(["rm.lm_weight=0"]),
+    "baseline": Control(()),
+    "grouped": Control(("rm.group_by_question=true",)),
+    "pairwise": Control(("rm.group_by_question=true", "rm.pairwise_weight=1.0")),
+    "no_lm": Control(("rm.lm_weight=0",)),
     "deeper": Control(DEEPER),
-    "random_init": Control([], init="random"),
-    "quarter": Control([], rows="quarter"),
-    "ms_hard": Control([], rows="quarter", labels="ms_hard"),
-    "ms_soft": Control([], rows="quarter", labels="ms_soft"),
-    "worked": Control([], labels="worked"),
+    "random_init": Control((), init="random"),
+    "quarter": Control((), rows="quarter"),
+    "ms_hard": Control((), rows="quarter", labels="ms_hard"),
+    "ms_soft": Control((), rows="quarter", labels="ms_soft"),
+    "worked": Control((), labels="worked"),
     "deeper_quarter": Control(DEEPER, rows="quarter"),
     "deeper_worked": Control(DEEPER, rows="quarter", labels="worked"),
     "base": Control(DEEPER, init="base"),
@@ -303,7 +310,7 @@ def main() -> None:
             final = train(out, name, control_rows(name, data["train"], out, a.questions),
                           backbone(name, out))
             scores = TagScorer.from_pretrained(final, TAG, 256).score(examples_of(held))
-        result = {**ranking(held, scores, 16), "overrides": CONTROLS[name].overrides,
+        result = {**ranking(held, scores, 16), **dataclasses.asdict(CONTROLS[name]),
                   "minutes": (time.perf_counter() - started) / 60}
         # Read again before writing: another invocation may be running other controls.
         results = {**json.loads(results_path.read_text()), name: result}

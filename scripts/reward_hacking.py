@@ -123,7 +123,6 @@ def write_section(doc: Path, section: str) -> None:
 
 
 def main() -> int:
-    replicate.ARMS.update(ARMS)
     parser = replicate.study_parser(__doc__.split("\n\n")[0], ROOT / "runs" / "hacking",
                                     "--arms", ARMS, 2)
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "replication.md")

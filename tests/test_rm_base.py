@@ -1,5 +1,5 @@
 """The shipped reward-model base (scripts/build_rm_base.py): what its recipe says, the numbers it
-recorded, and reward training from it."""
+recorded, and its depth as reward training finds it."""
 
 import hashlib
 import json
@@ -43,8 +43,8 @@ def test_rm_base_reproduces_its_recorded_numbers_and_is_not_the_warm_start():
                                                      rel=1e-3)
 
 
-def test_reward_training_from_the_base_does_not_deepen_it_again():
-    model = load_causal_lm(BASE)
+def test_the_base_is_deepened_already_and_its_added_layers_were_trained():
+    model = load_causal_lm(BASE, device="cpu")
     assert deepen(model, [0, 1, 2, 3]) == 0  # `rm.extra_layers_from` beside the base: a no-op
     layers = decoder_layers(model)
     assert len(layers) == 8
@@ -52,4 +52,5 @@ def test_reward_training_from_the_base_does_not_deepen_it_again():
     assert [id(p) for p in added] == [id(p) for layer in list(layers)[4:]
                                       for p in layer.parameters()]
     # The added layers were trained: their output projections are no longer zero.
-    assert all(float(layer.self_attn.o_proj.weight.detach().abs().max()) > 0 for layer in list(layers)[4:])
+    assert all(float(layer.self_attn.o_proj.weight.detach().abs().max()) > 0
+               for layer in list(layers)[4:])

@@ -3,8 +3,8 @@
 Launch: `igrpo sft --config configs/tiny.yaml [key=value ...]` (one process), or under
 `torchrun --nproc_per_node N -m policy sft ...`. Trains through the same DeepSpeed engine as GRPO,
 evaluates greedy accuracy on validation questions (`data.val_questions`, disjoint from the
-held-out set the loop reports) every `sft.eval_every` steps, keeps the best export (`sft/best`)
-and the last (`sft/final`: a base trained on as a language model wants its end), and stops
+held-out set the loop reports) every `sft.eval_every` steps, keeps the best export (`sft/best`;
+with `sft.export_final` also the last, `sft/final`), and stops
 early once `sft.patience` evaluations in a row bring no new best: the warm start is trained
 until more SFT on its set stops helping (as the paper's instruct model is, before RL).
 Re-running the same command resumes from the last evaluation.
@@ -85,7 +85,7 @@ def train_sft(cfg: Config, run_path: Path, policy_path: str | Path, sft_records:
         trainer.log(metrics)  # (before the save: a kill between the two redoes this step)
         if validated:
             trainer.save()
-    trainer.finish(tokenizer, out / "final", config_yaml,
+    trainer.finish(tokenizer, out / "final" if cfg.sft.export_final else None, config_yaml,
                    {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
     return best_dir
 
