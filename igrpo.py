@@ -421,6 +421,13 @@ TAG_STAGES = ("label", "train-rm", "iterate", "demo")
 
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
+    """The CLI: the exit code (a rank of a several-process CPU job that succeeded exits here)."""
+    from runtime.engine import finish_process
+
+    return finish_process(_run(argv, stages))
+
+
+def _run(argv: list[str] | None, stages: tuple[str, ...] | None) -> int:
     args = _parse(argv, stages or tuple(COMMANDS))
     from runtime.rundir import UnsafePathError
 

@@ -1,6 +1,6 @@
 """runtime/engine.py: the optimizer DeepSpeed is given. `deepspeed.fused_adam` runs torch's fused
 AdamW kernel and trains to the same weights as the default loop, up to rounding, under ZeRO-0
-(fp32) and ZeRO-2 (bf16)."""
+(fp32) and ZeRO-2 (bf16). How a finished rank of a several-process CPU job ends.
 
 import pytest
 import torch
@@ -38,3 +38,15 @@ def test_fused_adam_trains_to_the_default_loops_weights(stage, bf16):
     tolerance = 1e-2 if bf16 else 1e-6  # (bf16 weights: one rounding step of the copy)
     for a, b in zip(fused, plain):
         assert torch.allclose(a, b, atol=tolerance, rtol=0)
+
+
+def test_finish_process_leaves_one_process_and_a_failure_alone():
+    """`finish_process` ends only a finished rank of a several-process gloo job: in one process
+    (rank 0 of 1) it returns the code, whatever it is, and the group stays."""
+    import torch.distributed as dist
+
+    from runtime.engine import finish_process, init_distributed
+
+    init_distributed()
+    assert finish_process(0) == 0 and finish_process(2) == 2
+    assert dist.is_initialized() and dist.get_world_size() == 1

@@ -266,7 +266,7 @@ def test_token_classification_prm_trains_on_two_processes_under_zero3_as_on_one(
     data.write_text("".join(json.dumps(r) + "\n" for r in _stepwise_rows(80)))
     runs = {}
     for nproc in (1, 2):
-        torchrun(nproc, "-m", "igrpo", "train-rm", "--config", "configs/tiny.yaml",
+        done = torchrun(nproc, "-m", "igrpo", "train-rm", "--config", "configs/tiny.yaml",
                  f"run.root={tmp_path}", f"run.name=p{nproc}", f"rm.init_path={base}",
                  "rm.family=token_classification", "rm.lm_weight=0",
                  "rm.likelihood_feature=false", f"rm.data_path={data}", "rm.batch_size=16",
@@ -274,6 +274,8 @@ def test_token_classification_prm_trains_on_two_processes_under_zero3_as_on_one(
                  "rm.lr=1e-3", "rm.eval_every=2", "rm.val_fraction=0.2", "run.threads=1",
                  "run.wandb_mode=disabled")
         out = tmp_path / f"p{nproc}" / "rm-prm"
+        # what each rank printed last, flushed before a finished rank exits without teardown
+        assert done.stdout.splitlines().count(str(out / "final")) == nproc, done.stdout[-2000:]
         runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "rm/loss" in r],
                        json.loads((out / "done.json").read_text()),
                        load_file(out / "final" / "model.safetensors"))

@@ -314,8 +314,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:  # leave the group before exit: gloo's threads torn down at exit can abort a rank
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    from runtime.engine import finish_process
+
+    main()
+    finish_process(0)  # as the CLI ends: a rank that finished its work exits with 0

@@ -124,4 +124,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from runtime.engine import finish_process
+
     main()
+    finish_process(0)  # as the CLI ends: a rank that finished its work exits with 0
