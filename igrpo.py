@@ -421,7 +421,9 @@ TAG_STAGES = ("label", "train-rm", "iterate", "demo")
 
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
-    """The CLI: the exit code (a rank of a several-process CPU job that succeeded exits here)."""
+    """The CLI: the exit code. A rank of a several-process gloo job that succeeded exits here
+    (`finish_process`), so a script running several commands under `torchrun` on CPU calls
+    `_run` for all but its last."""
     from runtime.engine import finish_process
 
     return finish_process(_run(argv, stages))

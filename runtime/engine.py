@@ -91,7 +91,8 @@ def finish_process(code: int) -> int:
     dist.barrier()
     dist.destroy_process_group()
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed or no stream
+            stream.flush()
     os._exit(0)
 
 
