@@ -422,8 +422,8 @@ TAG_STAGES = ("label", "train-rm", "iterate", "demo")
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
     """The CLI: the exit code. A rank of a several-process gloo job that succeeded exits here
-    (`finish_process`), so a script running several commands under `torchrun` on CPU calls
-    `_run` for all but its last."""
+    (`finish_process`): in a script that runs several commands under `torchrun` on CPU, only
+    the last returns. The project's scripts run their commands in one process."""
     from runtime.engine import finish_process
 
     return finish_process(_run(argv, stages))
