@@ -1,6 +1,6 @@
 """runtime/engine.py: the optimizer DeepSpeed is given. `deepspeed.fused_adam` runs torch's fused
 AdamW kernel and trains to the same weights as the default loop, up to rounding, under ZeRO-0
-(fp32) and ZeRO-2 (bf16). How a finished rank of a several-process CPU job ends.
+(fp32) and ZeRO-2 (bf16). How a finished rank of a several-process CPU job ends."""
 
 import pytest
 import torch
