@@ -17,7 +17,8 @@ added layers are where a 4-layer policy has room to do it (docs/reward_models.md
 its tokenizer and `recipe.json`: the commands, the SFT run's record, the weights' sha256 and the
 recorded numbers (`heldout_lm`: teacher-forced next-token loss and accuracy on 100 held-out
 questions' right solutions and on the slipping student's; tests/test_rm_base.py recomputes them).
-A rebuild matches within float noise, not bitwise; `--check` prints it beside the shipped one.
+A rebuild matches within float noise, not bitwise; `--check` prints it beside the shipped one and
+exits 1 when it is not nearer the shipped base than half the way to the warm start.
 """
 
 from __future__ import annotations
@@ -59,6 +60,21 @@ def deepened(root: Path) -> Path:
     return out
 
 
+def check_failures(shipped: dict, numbers: dict) -> int:
+    """`--check`'s exit code. A rebuild matches when, on both texts, its per-token NLL lies
+    nearer the shipped base's than half the way from the shipped base to the warm start (what the
+    base's training moved); 1 when it does not, or when it is no longer below the warm start's."""
+    off = []
+    for text in ("right", "slipped"):
+        base, rebuilt, warm = (n[text]["nll_per_token"]
+                               for n in (shipped, numbers["base"], numbers["warm_start"]))
+        if abs(rebuilt - base) > abs(warm - base) / 2 or rebuilt >= warm:
+            off.append(text)
+            print(f"rebuild differs from the shipped base on the {text} solutions: NLL/token "
+                  f"{rebuilt:.4f}, shipped {base:.4f}, warm start {warm:.4f}")
+    return 1 if off else 0
+
+
 def command(root: Path) -> list[str]:
     return ["sft", "--config", CONFIG, f"run.root={root}", "run.name=lm",
             f"model.policy_path={root / 'deepened'}", *RECIPE]
@@ -90,7 +106,7 @@ def main() -> int:
                 print(f"{text:>7} {key:>15}: shipped {shipped[text][key]:.4f}  rebuilt "
                       f"{numbers['base'][text][key]:.4f}  warm start "
                       f"{numbers['warm_start'][text][key]:.4f}")
-        return 0
+        return check_failures(shipped, numbers)
     write_bundle(final, BUNDLE, {
         "commands": ["python scripts/build_rm_base.py (deepen the warm start: layers "
                      f"{COPIED_LAYERS} copied on top)",

@@ -14,8 +14,9 @@ accuracy: 0.745 after stage 1, best 0.805 in stage 2, 0.76 at its end: more SFT 
 The bundle holds the model, its tokenizer, `recipe.json` (the command, the SFT run's record, the
 held-out accuracies with 95% intervals, the weights' sha256) and `heldout.json` (per-question
 outcomes, for paired comparisons). `--check` reports the rebuilt policy's held-out accuracies
-next to the shipped ones and the paired difference: float kernels differ between machines, so a
-rebuild matches within noise, not bitwise.
+next to the shipped ones and the paired difference, and exits 1 when a difference's 95% interval
+leaves out 0: float kernels differ between machines, so a rebuild matches within noise, not
+bitwise.
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ def commands(root: Path) -> list[list[str]]:
              *(o.format(stage1=stage1) for o in STAGE2)]]
 
 
+def check_failures(change: dict) -> int:
+    """`--check`'s exit code: 1 when a paired 95% interval of the rebuilt-minus-shipped change
+    leaves out 0 (the rebuild differs by more than the evaluation's noise), else 0."""
+    off = [name for name, d in change.items()
+           if isinstance(d, dict) and (d["lo"] > 0 or d["hi"] < 0)]
+    for name in off:
+        print(f"rebuild differs from the shipped warm start beyond noise: {name}")
+    return 1 if off else 0
+
+
 def train(root: Path) -> float:
     start = time.perf_counter()
     for argv in commands(root):
@@ -124,7 +135,7 @@ def main() -> int:
                 print(f"{name:>16}: shipped {shipped['eval/' + name]:.3f}  rebuilt "
                       f"{metrics['eval/' + name]:.3f}  difference {d['diff']:+.3f} "
                       f"[{d['lo']:+.3f}, {d['hi']:+.3f}]")
-        return 0
+        return check_failures(change)
     write_bundle(best, BUNDLE, {
         "commands": [" ".join(["igrpo", *argv]) for argv in commands(Path("runs/warm-start"))],
         "configs": [(stage / "config.yaml").read_text() for stage in stages],

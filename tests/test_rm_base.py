@@ -2,7 +2,9 @@
 recorded, and its depth as reward training finds it."""
 
 import hashlib
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from runtime.models import load_causal_lm
 
 BASE = BUNDLED / "tiny_rm_base"
 WARM = BUNDLED / "tiny_warm_start"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_rm_base_is_what_its_recipe_says():
@@ -54,3 +57,30 @@ def test_the_base_is_deepened_already_and_its_added_layers_were_trained():
     # The added layers were trained: their output projections are no longer zero.
     assert all(float(layer.self_attn.o_proj.weight.detach().abs().max()) > 0
                for layer in list(layers)[4:])
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rebuild_checks_fail_a_rebuild_that_differs_and_pass_the_shipped_numbers():
+    recipe = json.loads((BASE / "recipe.json").read_text())["heldout_lm"]
+    shipped, warm = recipe["base"], recipe["warm_start"]
+    check = _script("build_rm_base").check_failures
+    assert check(shipped, {"base": shipped, "warm_start": warm}) == 0
+    assert check(shipped, {"base": warm, "warm_start": warm}) == 1  # training did nothing
+    halfway = {text: {"nll_per_token": (shipped[text]["nll_per_token"]
+                                        + 0.6 * (warm[text]["nll_per_token"]
+                                                 - shipped[text]["nll_per_token"]))}
+               for text in ("right", "slipped")}
+    assert check(shipped, {"base": halfway, "warm_start": warm}) == 1
+    # The warm start's check: its own held-out outcomes against themselves pass; a change whose
+    # interval leaves out 0 fails.
+    warm_check = _script("build_warm_start")
+    same = warm_check.change_from(WARM / "heldout.json", WARM / "heldout.json")
+    assert warm_check.check_failures(same) == 0
+    assert warm_check.check_failures({**same, "mean_at_k": {"diff": -0.05, "lo": -0.08,
+                                                            "hi": -0.02}}) == 1
