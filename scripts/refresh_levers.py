@@ -19,6 +19,8 @@ Levers (overrides of the run's config):
   epochs-x4     4x the refresh's epochs (`iterate.refresh_epochs=8`)
   replay-50     half of the refresh set replayed from iteration 0 (`iterate.replay_fraction=0.5`)
   worked-questions-x4   worked and questions-x4 together
+  worked-lr-quarter     worked, the refresh at a quarter of the first training's rate
+                        (`rm.lr=5e-5`: only the refresh trains in the copy)
 
 Prints a table (each cell previous -> refreshed; the change in in-group AUROC with its paired 95%
 interval over the questions) and writes `<out>/levers.json` (default `<run>-levers`).
@@ -48,6 +50,7 @@ LEVERS = {
     "epochs-x4": ["iterate.refresh_epochs=8"],
     "replay-50": ["iterate.replay_fraction=0.5"],
     "worked-questions-x4": ["iterate.refresh_worked_solutions=1000", "label.questions=128"],
+    "worked-lr-quarter": ["iterate.refresh_worked_solutions=1000", "rm.lr=5e-5"],
 }
 KEEP = ("sft", "label/0", "rm-orm/0", "rm-prm/0", "eval/0", "grpo/1", "eval/1", "label/1")
 
