@@ -26,13 +26,13 @@ from omegaconf import OmegaConf
 
 from iteration import stages
 from iteration.manifest import Manifest
-from iteration.replay import refresh_set, save_iteration
+from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, write_summary
 from policy.algorithms import train_policy
 from policy.algorithms.sft import train_sft
 from process_supervision.label import label_statistics
-from reward_model.examples import as_orm, worked_examples
+from reward_model.examples import as_orm, worked_examples, worked_orm_examples
 from reward_model.train import train_reward_model
 from runtime.data import Splits
 from runtime.engine import broadcast_from_main, is_main
@@ -77,30 +77,44 @@ class IterationRun:
 
     def reward_model(self, kind: str, k: int) -> dict:
         """Train (k = 0) or refresh (k > 0, continuing from RM_{k-1}) on new data + replay."""
-        rows = refresh_set(self.run / "replay" / kind, k, self.cfg.iterate.replay_fraction,
-                           self.cfg.run.seed)
         it = self.cfg.iterate
         init = self.base_rm_init() if k == 0 or it.refresh_from == "base" else \
             self._abs(self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"])
-        examples = [ex for _, ex in rows]
-        # The first training also reads worked solutions of the SFT set (all steps right): true
-        # labels that teach a small backbone the tagged layout (`rm.worked_solutions`); a
-        # refresh reads `iterate.refresh_worked_solutions` of them.
+        # The first training also reads worked solutions of the SFT set (`rm.worked_solutions`):
+        # true labels that teach a small backbone the tagged layout. A refresh draws its 10%
+        # replay from earlier iterations' samples and `iterate.refresh_worked_solutions` of
+        # those worked solutions together (iteration/replay.py).
         n_worked = self.cfg.rm.worked_solutions if k == 0 else it.refresh_worked_solutions
-        worked = worked_examples(self.splits.sft[:n_worked]) if n_worked else []
-        examples += as_orm(worked) if kind == "orm" else worked
+        worked = self._worked(kind, n_worked)
+        if k == 0:
+            rows = load_iteration(self.run / "replay" / kind, 0) + [(WORKED, ex) for ex in worked]
+        else:
+            rows = refresh_set(self.run / "replay" / kind, k, it.replay_fraction,
+                               self.cfg.run.seed, worked)
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
         cfg = self.cfg
         if k > 0 and it.refresh_epochs:
             cfg = OmegaConf.merge(cfg, {"rm": {"epochs": it.refresh_epochs}})
         logger = self.make_logger(f"rm-{kind}/iteration-{k}")
         try:
-            path = train_reward_model(cfg, out, init, examples, logger, self.config_yaml)
+            path = train_reward_model(cfg, out, init, [ex for _, ex in rows], logger,
+                                      self.config_yaml)
         finally:
             logger.close()
-        origins = [origin for origin, _ in rows]
+        counts = composition(rows, k)
         return {"path": self._rel(path), "rows": len(rows),
-                "historical_rows": sum(1 for o in origins if o != k), "worked_rows": len(worked)}
+                "historical_rows": counts["replayed"] + (counts["worked"] if k else 0),
+                "worked_rows": counts["worked"], "composition": counts}
+
+    def _worked(self, kind: str, n: int) -> list:
+        """The first `n` SFT worked solutions as `kind` examples: step by step against the
+        question for the PRM, by the final answer for the ORM (as the policy's samples are)."""
+        if not n:
+            return []
+        records = self.splits.sft[:n]
+        if kind == "orm":
+            return worked_orm_examples(records, self.cfg.eval.grade_timeout_s)
+        return worked_examples(records)
 
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
         """GRPO from `policy` with the reference reset to it, rewarded by the current RMs."""
@@ -133,6 +147,10 @@ class IterationRun:
             entry["grpo"] = self._grpo_means(k)
             entry["change"] = change_from(self.run / "eval" / "iteration-0.json",
                                           self.run / "eval" / f"iteration-{k}.json")
+        logger = self.make_logger("eval")  # wandb: the held-out metrics against the iteration
+        logger.rewind(k - 1)  # (an eval unit redone after a crash logs its row once)
+        logger.log({key: v for key, v in metrics.items() if not isinstance(v, str)}, step=k)
+        logger.close()
         return broadcast_from_main(entry)
 
     def refresh_check(self, k: int, policy: str) -> dict:

@@ -9,6 +9,7 @@ from process_supervision.formats import StepExample, read_step_rows
 from reward_model.encoding import orm_example
 from runtime import synthetic
 from runtime.data import MathRecord
+from runtime.grading import grade
 
 
 def as_orm(examples: list[StepExample], separator: str = "\n") -> list[StepExample]:
@@ -21,6 +22,10 @@ def worked_examples(records: list[MathRecord]) -> list[StepExample]:
     """Worked solutions (e.g. the SFT set's) as PRM examples with true labels. A synthetic one is
     labelled step by step against the question (the SFT set may hold slipped solutions); any
     other is used only when its last step states the gold answer, every step then labelled right."""
+    return [ex for _, ex in _worked_pairs(records)]
+
+
+def _worked_pairs(records: list[MathRecord]) -> list[tuple[MathRecord, StepExample]]:
     out = []
     for r in records:
         steps = tuple(r.solution_steps)
@@ -32,8 +37,17 @@ def worked_examples(records: list[MathRecord]) -> list[StepExample]:
             labels = (1.0,) * len(steps)
         else:
             continue
-        out.append(StepExample(r.question, steps, labels, r.source_id))
+        out.append((r, StepExample(r.question, steps, labels, r.source_id)))
     return out
+
+
+def worked_orm_examples(records: list[MathRecord], timeout_s: int = 2) -> list[StepExample]:
+    """Worked solutions as ORM examples labelled by their final answer against the gold one,
+    as the policy's samples are (process_supervision/label.py): a synthetic solution whose
+    slips cancel is right for the ORM, though its steps are wrong for the PRM."""
+    return [orm_example(ex.question, "\n".join(ex.steps),
+                        float(grade(ex.steps[-1], r.answer, timeout_s)))
+            for r, ex in _worked_pairs(records)]
 
 
 def synthetic_step_examples(records: list[MathRecord], seed: int, wrong_fraction: float = 0.5,

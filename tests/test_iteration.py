@@ -278,6 +278,24 @@ def test_refresh_report_compares_both_reward_models_on_the_same_policy_samples()
     assert report["prm"]["refreshed"]["pick"] == report["orm"]["refreshed"]["pick"]
 
 
+def test_a_refresh_is_new_samples_and_ten_percent_replay_with_worked_solutions_inside(tmp_path):
+    """The paper's continual training with a 10% replay: 128 new rows, and 14 drawn from the
+    historical pool of 128 earlier samples and 1,000 worked solutions (the tiny config keeps
+    them), not 128 + 14 + 1,000 (89% of the set not the current policy's)."""
+    from iteration.replay import WORKED, composition
+
+    save_iteration(tmp_path, 0, _rows(128, 0))
+    save_iteration(tmp_path, 1, _rows(128, 1))
+    worked = _rows(1000, 9)
+    rows = refresh_set(tmp_path, 1, 0.1, seed=0, worked=worked)
+    counts = composition(rows, 1)
+    assert counts["new"] == 128 and counts["replayed"] + counts["worked"] == 14
+    assert counts["new"] / len(rows) == pytest.approx(0.9, abs=0.005)
+    # A uniform draw from the pool: mostly worked solutions (1000 of 1128), some samples.
+    assert counts["worked"] > counts["replayed"]
+    assert all(ex in worked for o, ex in rows if o == WORKED)
+
+
 @pytest.mark.parametrize("levers, init, worked, epochs", [
     (["iterate.refresh_worked_solutions=0"], "rm-prm/iteration-0/final", 0, 2.0),
     (["iterate.refresh_from=base", "iterate.refresh_worked_solutions=3",
@@ -315,5 +333,31 @@ def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers
     out = run.reward_model("prm", 1)
     assert seen[0] == (2.0, "BASE", 40 + 4)  # the first training: its rows and 4 worked ones
     expected_init = "BASE" if init == "BASE" else str(tmp_path / init)
-    assert seen[1] == (epochs, expected_init, 30 + historical_count(30, 0.1) + worked)
-    assert out["worked_rows"] == worked
+    # Worked solutions join the historical pool: the refresh holds 10% of replay whatever it keeps.
+    assert seen[1] == (epochs, expected_init, 30 + historical_count(30, 0.1))
+    assert out["composition"]["new"] == 30
+    assert out["composition"]["replayed"] + out["composition"]["worked"] == 3
+    assert out["worked_rows"] <= worked
+
+
+def test_labelling_completes_prefixes_with_the_policy_whose_samples_it_labels(tmp_path,
+                                                                              monkeypatch):
+    """With `label.completer` empty, a refresh's Math-Shepherd labels are completed by the
+    policy that wrote the samples (the current one), not the warm start; a completer path
+    replaces it."""
+    from configs import load_config
+    from iteration import stages
+
+    loaded, completers = [], []
+    monkeypatch.setattr(stages, "load_policy",
+                        lambda cfg, path: (loaded.append(str(path)) or f"model:{path}", "tok"))
+    monkeypatch.setattr(stages, "sample_solutions", lambda *a, **k: [])
+    monkeypatch.setattr(stages, "Labeller",
+                        lambda model, *a: completers.append(model) or "labeller")
+    monkeypatch.setattr(stages, "label_in_shards", lambda *a, **k: [])
+    cfg = load_config("configs/tiny.yaml", ["model.policy_path="])
+    stages.label(cfg, "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
+    assert completers == ["model:runs/x/grpo/iteration-1/final"]
+    cfg = load_config("configs/tiny.yaml", ["model.policy_path=", "label.completer=warm"])
+    stages.label(cfg, "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
+    assert completers[-1] == "model:warm"

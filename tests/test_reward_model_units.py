@@ -411,3 +411,23 @@ def test_train_rm_adds_the_pairwise_loss_to_the_pointwise_one(tmp_path):
     assert "rm/pairwise_loss" not in rows["plain"][0] and all(p > 0 for p in pair)
     assert rows["pairwise"][0]["rm/loss"] == pytest.approx(rows["plain"][0]["rm/loss"] + pair[0],
                                                            rel=1e-5)
+
+
+def test_a_worked_solution_whose_slips_cancel_is_right_for_the_orm_and_wrong_for_the_prm():
+    """The ORM reads worked solutions as it reads the policy's samples, by the final answer;
+    the PRM by the question, step by step. 27+5 forgotten carry (-10), 22-8 forgotten borrow
+    (+10): the answer 48 is the gold one through two wrong steps."""
+    from reward_model.examples import worked_examples, worked_orm_examples
+    from runtime.data import MathRecord
+
+    question = "Start with 27. Add 5. Subtract 8. Multiply by 2."
+    slipped = MathRecord(question, "48", ("Add 5: 27+5=22", "Subtract 8: 22-8=24",
+                                          "Multiply by 2: 24*2=48", "The answer is 48"),
+                         "synthetic:0:0")
+    wrong = MathRecord(question, "48", ("Add 5: 27+5=22", "Subtract 8: 22-8=14",
+                                        "Multiply by 2: 14*2=28", "The answer is 28"),
+                       "synthetic:0:1")
+    orm = worked_orm_examples([slipped, wrong])
+    assert [ex.labels for ex in orm] == [(1.0,), (0.0,)]
+    assert orm[0].steps == ("\n".join(slipped.solution_steps),)
+    assert [ex.labels for ex in worked_examples([slipped])] == [(0.0, 0.0, 0.0, 0.0)]
