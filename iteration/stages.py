@@ -8,7 +8,8 @@ same stage computes inside `igrpo iterate`.
     rm_backbone       what a first reward model trains from
     load_scorer       a reward model, read at its tags
     make_reward       the GRPO reward: rule, step oracle, or the ORM/PRM
-    evaluate          held-out greedy, mean@k, maj@k, pass@k (with intervals)
+    evaluate          held-out greedy, mean@k, maj@k, pass@k, and with a step oracle trace
+                      accuracy and the lucky-answer rate (with intervals)
     reward_model_report   step metrics on known first errors, and best-of-N on policy samples
     refresh_report    refreshed reward models against the ones they replace, on the policy's samples
 """
@@ -21,7 +22,7 @@ from process_supervision.label import Labeller, label_in_shards
 from process_supervision.sampling import sample_solutions
 from reward_model.examples import as_orm, synthetic_step_examples
 from reward_model.report import best_of_n_report, labelled_report
-from runtime.data import MathRecord
+from runtime.data import MathRecord, step_oracle
 from runtime.engine import is_main
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import prompt_format
@@ -102,14 +103,20 @@ def make_reward(cfg, policy_tokenizer, choice: str, scorers: dict | None = None)
 
 def evaluate(cfg, model, tokenizer, records: list[MathRecord], outcomes_path: Path | None = None,
              progress: bool = True) -> dict:
-    """`eval/*` metrics of the policy on `records` at the config's k and temperature."""
+    """`eval/*` metrics of the policy on `records` at the config's k and temperature. Data
+    without a step oracle has no trace metrics, and `eval/trace_metrics` says so."""
     from policy.evaluate import evaluate_policy
 
-    return evaluate_policy(model, tokenizer, records, prompt_format(cfg.data), k=cfg.eval.k,
-                           temperature=cfg.eval.temperature,
-                           max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                           timeout_s=cfg.eval.grade_timeout_s, progress=progress,
-                           outcomes_path=outcomes_path, seed=cfg.run.seed)
+    oracle = step_oracle(cfg.data)
+    metrics = evaluate_policy(
+        model, tokenizer, records, prompt_format(cfg.data), k=cfg.eval.k,
+        temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
+        batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s, progress=progress,
+        outcomes_path=outcomes_path, seed=cfg.run.seed, step_oracle=oracle,
+        step_separator=cfg.data.step_separator)
+    if oracle is None:
+        metrics["eval/trace_metrics"] = "no step oracle"
+    return metrics
 
 
 def prm_benchmark(cfg):
@@ -137,7 +144,6 @@ def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
     {} at rm.bon_questions=0."""
     if not cfg.rm.bon_questions:
         return {}
-    from runtime import synthetic
     from runtime.stats import paired_difference
 
     scorers = {f"{kind}/{age}": (scorer, kind) for age, found in
@@ -146,7 +152,7 @@ def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
         model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers,
         cfg.rm.aggregate, cfg.rm.bon_samples, cfg.grpo.temperature, cfg.grpo.max_new_tokens,
         cfg.eval.grade_timeout_s, seed=cfg.run.seed + 7,
-        oracle=synthetic.step_correctness if cfg.data.source == "synthetic" else None)
+        oracle=step_oracle(cfg.data))
     out: dict = {"questions": min(len(eval_records), cfg.rm.bon_questions),
                  "samples": cfg.rm.bon_samples, "temperature": cfg.grpo.temperature}
     for name in scorers:

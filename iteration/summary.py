@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from policy.evaluate import METRICS
+from policy.evaluate import METRICS, lucky_counts
 from runtime.rundir import atomic_write_json
-from runtime.stats import paired_difference
+from runtime.stats import paired_difference, paired_ratio_difference
 
 CURVES = (("eval.greedy_accuracy", "greedy"), ("eval.mean_at_k", "mean@k"),
           ("eval.maj_accuracy", "maj@k"), ("eval.pass_at_k", "pass@k"))
+TRACE_COLUMNS = (("eval.trace_accuracy", "trace"), ("eval.lucky_answer_rate", "lucky"))
+"""Shown where the data has a step oracle (policy.evaluate.TRACE_METRICS)."""
 
 
 def lookup(entry: dict, dotted: str):
@@ -24,13 +26,18 @@ def lookup(entry: dict, dotted: str):
 
 def change_from(before_path: Path, after_path: Path) -> dict:
     """Each metric's change between two evaluations of the same questions, with its paired 95%
-    interval, and `gap_closed`: the share of the first policy's gap between mean@k and pass@k
-    that the second closed."""
+    interval (the lucky-answer rate's resamples the questions with their counts), and
+    `gap_closed`: the share of the first policy's gap between mean@k and pass@k that the second
+    closed."""
     before, after = (json.loads(Path(p).read_text()) for p in (before_path, after_path))
     if before["questions"] != after["questions"]:
         raise ValueError(f"{before_path} and {after_path} hold different questions")
     out = {name: paired_difference(before[name], after[name])
-           for name in METRICS if name in before and name in after}
+           for name in (*METRICS, "trace_accuracy") if name in before and name in after}
+    if "sample_trace" in before and "sample_trace" in after:
+        counts = [lucky_counts(o["sample_right"], o["sample_trace"]) for o in (before, after)]
+        if all(sum(right) for _, right in counts):  # (no share without a right sample)
+            out["lucky_answer_rate"] = paired_ratio_difference(*counts)
     if "mean_at_k" in out and "pass_at_k" in before:
         mean0, pass0 = (sum(before[n]) / len(before[n]) for n in ("mean_at_k", "pass_at_k"))
         out["gap_closed"] = out["mean_at_k"]["diff"] / (pass0 - mean0) if pass0 > mean0 else None
@@ -85,10 +92,14 @@ def with_interval(entry: dict, key: str) -> str:
 
 
 def table(iterations: list[dict]) -> str:
-    """A terminal table of the per-iteration metrics: accuracies with their 95% intervals, then
-    the reward models and GRPO."""
-    keys = [key for key, _ in CURVES]
-    lines = ["  ".join([f"{'iter':>4}"] + [f"{title:>20}" for _, title in CURVES]
+    """A terminal table of the per-iteration metrics: accuracies with their 95% intervals (and
+    where the data has a step oracle, trace accuracy and the lucky-answer rate), then the reward
+    models and GRPO."""
+    shown = list(CURVES)
+    if any(lookup(it, key) is not None for it in iterations for key, _ in TRACE_COLUMNS):
+        shown += TRACE_COLUMNS
+    keys = [key for key, _ in shown]
+    lines = ["  ".join([f"{'iter':>4}"] + [f"{title:>20}" for _, title in shown]
                        + [f"{'questions':>9}"])]
     for it in iterations:
         lines.append("  ".join([f"{it['iteration']:>4d}"]
@@ -102,6 +113,11 @@ def table(iterations: list[dict]) -> str:
     if closed is not None:
         lines.append(f"RL closed {closed:.0%} of the warm start's gap between mean@k and pass@k "
                      "(+/-: change from iteration 0, paired 95% interval over the same questions)")
+    if any(lookup(it, "eval.trace_metrics") for it in iterations):
+        lines.append("trace accuracy and lucky-answer rate: no step oracle for this data")
+    elif len(shown) > len(CURVES):
+        lines.append("trace: answer and every step right; lucky: share of right answers "
+                     "reached through a wrong step")
     return "\n".join(lines) + "\n\n" + _table_rest(iterations)
 
 

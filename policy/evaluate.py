@@ -1,4 +1,5 @@
-"""Policy evaluation on held-out questions: greedy, mean@k, maj@k and pass@k with 95% intervals.
+"""Policy evaluation on held-out questions: greedy, mean@k, maj@k and pass@k with 95% intervals,
+and where the data has a step oracle (the synthetic task) trace accuracy and the lucky-answer rate.
 
 Launch alone: `igrpo eval --config configs/tiny.yaml eval.checkpoint=runs/tiny/grpo/final`.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -19,7 +21,12 @@ from runtime.grading import answers_match, extract_final_answer
 from runtime.prompts import PromptFormat
 from runtime.rundir import atomic_write_json
 from runtime.shards import map_chunks, my_chunks
-from runtime.stats import bootstrap_interval
+from runtime.stats import bootstrap_interval, ratio_interval
+from runtime.steps import split_steps
+
+StepOracle = Callable[[str, list[str]], list[bool]]
+"""(question, steps of a solution) -> is each step still on the true path (runtime.synthetic's
+`step_correctness`)."""
 
 
 def _vote_key(answer: str | None) -> str | None:
@@ -60,15 +67,54 @@ METRICS = ("greedy_accuracy", "mean_at_k", "maj_accuracy", "pass_at_k")
 samples as DeepSeek-R1 reports it); maj@k (the majority answer right); pass@k (any sample right)."""
 
 
+TRACE_METRICS = ("trace_accuracy", "lucky_answer_rate")
+"""With a step oracle: trace accuracy (per question, the share of the k samples whose final
+answer is right and every step is on the true path); the lucky-answer rate (pooled over
+questions: of all right samples, the share reached through a wrong step)."""
+
+
+def trace_flags(step_oracle: StepOracle | None, question: str, texts: list[str],
+                rights: list[bool], separator: str = "\n") -> list[bool] | None:
+    """Per sample: its answer is right and every step of it is right (`step_oracle` on its
+    steps, split as process rewards split them); None without an oracle."""
+    if step_oracle is None:
+        return None
+    return [right and all(step_oracle(question, split_steps(text, separator)))
+            for text, right in zip(texts, rights)]
+
+
 def per_question(greedy: list[bool], samples: list[list[bool]] | None,
-                 majority: list[bool] | None) -> dict[str, list[float]]:
-    """The per-question values of METRICS (greedy only when nothing was sampled)."""
+                 majority: list[bool] | None,
+                 traces: list[list[bool]] | None = None) -> dict[str, list[float]]:
+    """The per-question values of METRICS (greedy only when nothing was sampled), and trace
+    accuracy where each sample's trace flag is known."""
     out = {"greedy_accuracy": [float(g) for g in greedy]}
     if samples is not None:
         out["mean_at_k"] = [sum(r) / len(r) for r in samples]
         out["maj_accuracy"] = [float(m) for m in majority]
         out["pass_at_k"] = [float(any(r)) for r in samples]
+    if traces is not None:
+        out["trace_accuracy"] = [sum(t) / len(t) for t in traces]
     return out
+
+
+def lucky_counts(samples: list[list[bool]],
+                 traces: list[list[bool]]) -> tuple[list[int], list[int]]:
+    """Per question: (right samples with a wrong step, right samples)."""
+    return ([sum(r and not t for r, t in zip(rs, ts)) for rs, ts in zip(samples, traces)],
+            [sum(rs) for rs in samples])
+
+
+def lucky_answer_rate(samples: list[list[bool]], traces: list[list[bool]],
+                      seed: int = 0) -> dict[str, float]:
+    """`eval/lucky_answer_rate`: of all right samples, the share whose trace is wrong, with its
+    95% interval by a bootstrap over questions; {} when no sample is right (no such share)."""
+    lucky, right = lucky_counts(samples, traces)
+    if not sum(right):
+        return {}
+    rate, lo, hi = ratio_interval(lucky, right, seed=seed)
+    return {"eval/lucky_answer_rate": rate, "eval/lucky_answer_rate_lo": lo,
+            "eval/lucky_answer_rate_hi": hi}
 
 
 def summarise(values: dict[str, list[float]], seed: int = 0) -> dict[str, float]:
@@ -85,10 +131,13 @@ def summarise(values: dict[str, list[float]], seed: int = 0) -> dict[str, float]
 def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptFormat, *, k: int,
                     temperature: float, max_new_tokens: int, batch_size: int, timeout_s: int = 2,
                     sampled: bool = True, progress: bool = False,
-                    outcomes_path: Path | None = None, seed: int = 0) -> dict[str, float]:
+                    outcomes_path: Path | None = None, seed: int = 0,
+                    step_oracle: StepOracle | None = None,
+                    step_separator: str = "\n") -> dict[str, float]:
     """Greedy accuracy, and with `sampled`: mean@k, maj@k and pass@k at `temperature`, each with
-    its 95% interval over questions. `outcomes_path` receives every question's values (for paired
-    comparisons of two policies on the same questions, and each sample's correctness and vote key
+    its 95% interval over questions; with a `step_oracle` (None: the data has none) also
+    TRACE_METRICS. `outcomes_path` receives every question's values (for paired comparisons of
+    two policies on the same questions, and each sample's correctness, vote key and trace flag
     for maj@K and pass@K at every K up to k).
 
     The questions are spread over the ranks in chunks (`runtime.shards`), each chunk's samples
@@ -111,16 +160,18 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptForm
         return ([_is_right(extract_final_answer(t), r.answer, timeout_s)
                  for t, r in zip(greedy.texts, chunk)], greedy.lengths.tolist())
 
-    def sample_chunk(c: int) -> list[tuple[list[bool], list[str | None], bool]]:
+    def sample_chunk(c: int) -> list[tuple]:
         chunk = records[sample_starts[c]:sample_starts[c] + per_batch]
         rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), k,
                                   max_new_tokens=max_new_tokens, temperature=temperature)
         out = []
         for q, rec in enumerate(chunk):
-            answers = [extract_final_answer(t) for t in rollout.texts[q * k:(q + 1) * k]]
-            out.append(([_is_right(a, rec.answer, timeout_s) for a in answers],
-                        [_vote_key(a) for a in answers],
-                        _is_right(majority_of(answers), rec.answer, timeout_s)))
+            texts = rollout.texts[q * k:(q + 1) * k]
+            answers = [extract_final_answer(t) for t in texts]
+            rights = [_is_right(a, rec.answer, timeout_s) for a in answers]
+            out.append((rights, [_vote_key(a) for a in answers],
+                        _is_right(majority_of(answers), rec.answer, timeout_s),
+                        trace_flags(step_oracle, rec.question, texts, rights, step_separator)))
         return out
 
     greedy = map_chunks(len(greedy_starts), greedy_chunk, costs=greedy_costs,
@@ -136,14 +187,17 @@ def evaluate_policy(model, tokenizer, records: list[MathRecord], fmt: PromptForm
 def _metrics(records: list[MathRecord], greedy: list, rows: list | None, k: int,
              temperature: float, outcomes_path: Path | None) -> dict[str, float]:
     """`evaluate_policy`'s metrics from its chunks' results (greedy: (rights, lengths) per
-    chunk; rows: (sample rights, vote keys, majority right) per question, None when nothing was
-    sampled), and the outcomes file, which the main rank writes."""
+    chunk; rows: (sample rights, vote keys, majority right, trace flags or None) per question,
+    None when nothing was sampled), and the outcomes file, which the main rank writes."""
     greedy_right = [right for rights, _ in greedy for right in rights]
     lengths = [n for _, ns in greedy for n in ns]
-    samples, votes, majority = ([[row[i] for row in rows] for i in range(3)] if rows is not None
-                                else (None, None, None))
-    values = per_question(greedy_right, samples, majority)
+    samples, votes, majority, traces = ([[row[i] for row in rows] for i in range(4)]
+                                        if rows is not None else (None,) * 4)
+    traces = traces if traces and traces[0] is not None else None  # None: no step oracle
+    values = per_question(greedy_right, samples, majority, traces)
     metrics = summarise(values)
+    if traces is not None:
+        metrics.update(lucky_answer_rate(samples, traces))
     metrics.update({"eval/greedy_length": sum(lengths) / len(lengths),
                     "eval/questions": len(records)})
     if rows is not None:
@@ -152,7 +206,8 @@ def _metrics(records: list[MathRecord], greedy: list, rows: list | None, k: int,
         atomic_write_json(Path(outcomes_path), {
             "questions": [r.source_id for r in records], "k": k if rows is not None else 0,
             "temperature": temperature, **values,
-            **({"sample_right": samples, "sample_votes": votes} if rows is not None else {})})
+            **({"sample_right": samples, "sample_votes": votes} if rows is not None else {}),
+            **({"sample_trace": traces} if traces is not None else {})})
     return metrics
 
 

@@ -28,7 +28,7 @@ from policy.generation.logprobs import completion_logprobs, selective_log_softma
 from policy.generation.rollout import Rollout, concat_rollouts, generate_groups
 from policy.math.losses import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
-from runtime.data import MathRecord
+from runtime.data import MathRecord, step_oracle
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
                             gathered_for_generation, global_sum, world)
 from runtime.models import load_causal_lm, load_tokenizer
@@ -302,7 +302,8 @@ def make_evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathReco
                 model, tokenizer, eval_records, fmt,
                 k=cfg.eval.k, temperature=cfg.eval.temperature,
                 max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                timeout_s=cfg.eval.grade_timeout_s, sampled=sampled, seed=cfg.run.seed)
+                timeout_s=cfg.eval.grade_timeout_s, sampled=sampled, seed=cfg.run.seed,
+                step_oracle=step_oracle(cfg.data), step_separator=cfg.data.step_separator)
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
     return evaluate

@@ -252,6 +252,13 @@ def run_splits(cfg) -> Splits:
     return load_splits(cfg.data, cfg.run.seed, worked_questions=worked)
 
 
+def step_oracle(data):
+    """The step oracle of a `DataConfig`'s questions, (question, steps) -> is each step still
+    on the true path: the synthetic task's `synthetic.step_correctness`; None for data without
+    one (GSM8K, MATH: their reference solutions are one way among many)."""
+    return synthetic.step_correctness if data.source == "synthetic" else None
+
+
 def load_splits(data, seed: int, worked_questions: int | None = None) -> Splits:
     """The three disjoint splits a run uses, from a `DataConfig`. Real data: the first
     `worked_questions` (default `data.sft_questions`) training questions form the SFT split and

@@ -65,8 +65,10 @@ FROM_THE_WARM_START = ("offline-rft", "dpo")
 # Units that differ with an arm's reward-model settings: rerun in its copy of the prefix.
 RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
 METRICS = (("mean_at_k", "mean@k"), ("greedy_accuracy", "greedy"), ("maj_accuracy", "maj@k"),
-           ("pass_at_k", "pass@k"))
+           ("pass_at_k", "pass@k"), ("trace_accuracy", "trace acc"),
+           ("lucky_answer_rate", "lucky answers"))
 KS = [1, 2, 4, 8]
+TRACE_KEYS = ("trace_accuracy", "lucky_answer_rate")
 
 
 def iterate(root: Path, name: str, seed: int, *overrides: str) -> None:
@@ -185,12 +187,16 @@ def arm_result(run: Path) -> dict:
 
 
 def _cell(entry: dict, key: str) -> str:
+    """`0.634 [0.611, 0.657]`; a metric the run lacks: "no step oracle" where its data has
+    none (the trace metrics), else "-" (a run from before the metric)."""
     ev = entry["eval"]
+    if key not in ev:
+        return ev.get("trace_metrics", "-") if key in TRACE_KEYS else "-"
     return f"{ev[key]:.3f} [{ev[key + '_lo']:.3f}, {ev[key + '_hi']:.3f}]"
 
 
-def _change(d: dict) -> str:
-    return f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+def _change(d: dict | None) -> str:
+    return "-" if d is None else f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
 
 
 def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
@@ -218,7 +224,10 @@ def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
 def _accuracy_section(results: dict, runs: list, seeds: list[int], arms: list[str]) -> list:
     lines = ["## Held-out accuracy after RL", "",
              "Each cell: mean and 95% bootstrap interval over the held-out questions. The warm "
-             "start row is iteration 0 (the same for every arm of a seed).", "",
+             "start row is iteration 0 (the same for every arm of a seed). `trace acc`: samples "
+             "whose answer and every step are right (the task's step oracle); `lucky answers`: "
+             "of the right samples, the share reached through a wrong step (docs/metrics.md).",
+             "",
              "| arm | seed | " + " | ".join(t for _, t in METRICS) + " |",
              "|---|---|" + "---|" * len(METRICS)]
     for s in seeds:
@@ -244,7 +253,7 @@ def _change_section(results: dict, runs: list) -> list:
         ch = results[(arm, s)]["change"]
         closed = ch.get("gap_closed")
         closed = "-" if closed is None else f"{closed:.0%}"
-        lines.append(f"| {arm} | {s} | " + " | ".join(_change(ch[k]) for k, _ in METRICS)
+        lines.append(f"| {arm} | {s} | " + " | ".join(_change(ch.get(k)) for k, _ in METRICS)
                      + f" | {closed} | {results[(arm, s)]['minutes']:.1f} |")
     return lines
 

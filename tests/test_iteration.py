@@ -53,6 +53,13 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     for it in its:
         check_against_outcomes(it["eval"], run / "eval" / f"iteration-{it['iteration']}.json")
         assert "prm/step_accuracy" in it["rm"] and "prm_pick" in it["bon"]
+        # The synthetic task has a step oracle: trace accuracy, checked against each sample.
+        assert "trace_accuracy" in it["eval"] and "trace_metrics" not in it["eval"]
+        assert "sample_trace" in json.loads(
+            (run / "eval" / f"iteration-{it['iteration']}.json").read_text())
+    assert "trace_accuracy" in its[2]["change"]
+    # The held-out metrics per iteration also go to wandb's `eval` run (metrics.jsonl beside it).
+    assert [r["step"] for r in read_metrics(run / "eval" / "metrics.jsonl")] == [0, 1, 2]
     assert "train/kl" in its[1]["grpo"] and "reward/mean" in its[2]["grpo"]
     assert (run / "accuracy.png").stat().st_size > 1000
     manifest = json.loads((run / "manifest.json").read_text())["units"]

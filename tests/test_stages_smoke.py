@@ -62,10 +62,13 @@ def test_cli_sft_then_grpo_process(tmp_path):
     for key in STEP_METRICS:
         assert offline["history"][-1][key] == pytest.approx(rows[-1][key]), key
     assert offline["config"]["grpo"]["reward"] == "step_oracle"  # the resolved config, verbatim
+    # The synthetic task has a step oracle: trace accuracy joins the final evaluation, in wandb.
+    assert offline["history"][-1]["eval/trace_accuracy"] == rows[-1]["eval/trace_accuracy"]
     assert (run / "config.yaml").exists() and (run / "grpo" / "config.yaml").exists()
     assert igrpo.main(["eval", *_args(tmp_path)]) == 0
     report = json.loads((run / "eval" / "grpo.json").read_text())
-    assert set(report) >= {"eval/greedy_accuracy", "eval/maj_accuracy", "eval/pass_at_k"}
+    assert set(report) >= {"eval/greedy_accuracy", "eval/maj_accuracy", "eval/pass_at_k",
+                           "eval/trace_accuracy"}
 
 
 def test_changed_config_refuses_to_resume(tmp_path, capsys):
