@@ -24,6 +24,7 @@ CHOICES = {
     "grpo.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo", "dpo", "online_dpo"),
     "ppo.critic_init": ("policy", "reward_model"),
     "grpo.supervision": ("outcome", "process", "rft"),
+    "grpo.process_credit": ("sum", "min", "anchored"),
     "grpo.reward": ("rule", "step_oracle", "rm"),
     "rm.kind": ("prm", "orm"),
     "rm.family": ("", "tag_lm", "token_classification", "sequence_classification"),
@@ -216,7 +217,16 @@ def _check_value_family(cfg, where: str) -> None:
 
 
 def _check_algorithm_options(g, where: str) -> None:
-    """GSPO's losses take GRPO's group advantages; DPO takes none of GRPO's loss options."""
+    """GSPO's losses take GRPO's group advantages; a process credit form shapes GRPO's process
+    advantages; DPO takes none of GRPO's loss options."""
+    if g.process_credit != "sum" and (g.supervision != "process" or g.algorithm != "grpo"):
+        raise ConfigError(f"{where}: grpo.process_credit={g.process_credit} with "
+                          f"grpo.supervision={g.supervision} and grpo.algorithm={g.algorithm}: a "
+                          "credit form shapes GRPO's process advantages (grpo.supervision="
+                          "process, grpo.algorithm=grpo)")
+    if not 0.0 <= g.process_weight < float("inf"):
+        raise ConfigError(f"{where}: grpo.process_weight = {g.process_weight}; expected a finite "
+                          "weight >= 0")
     if g.loss in ("gspo", "gspo_token") and g.algorithm != "grpo":
         raise ConfigError(f"{where}: grpo.loss={g.loss} with grpo.algorithm={g.algorithm}: "
                           "GSPO's sequence ratio takes group advantages (grpo.algorithm=grpo)")

@@ -214,6 +214,21 @@ class GRPOConfig:
     """outcome (one reward per sample) or process (one reward per step); rft is the paper's
     online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
     ones, no group baseline; run it with beta=0 as the paper does)."""
+    process_credit: str = "sum"
+    """How process rewards become token advantages (policy/math/advantages.py `PROCESS_CREDIT`,
+    docs/grpo.md): sum (DeepSeekMath §4.1.3: a token gets the sum of the group-normalised rewards
+    of its step and every later step), min (PURE, Cheng et al. 2025: a step's value is the
+    minimum of its reward and every later step's, the values normalised within the group) or
+    anchored (the final-answer check's group-normalised outcome advantage plus `process_weight`
+    times the min-form value clamped to [-1, 1]). Anything but sum needs
+    grpo.supervision=process; a sample without a step gets the group's floor under min and
+    anchored (sum gives it 0)."""
+    process_weight: float = 0.5
+    """anchored: the weight of the bounded process term. 0.5 is the largest weight at which the
+    PRM can never lift a wrong answer's token above a right answer's in the same group (their
+    outcome advantages differ by >= 2 with the std, exactly 1 without it; the term spans at most
+    2 x weight): the exact check orders right against wrong, the PRM orders within each and
+    speaks alone where a group is all right or all wrong."""
     reward: str = "rule"
     """Reward callable: rule (final answer vs gold), step_oracle (synthetic task: exact step
     correctness, a perfect PRM for tests and controls)."""

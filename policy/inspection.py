@@ -130,7 +130,9 @@ def wandb_media(rows: list[dict], page: str, scores: Scores, normalised: torch.T
     if process:
         steps = scores.step_mask
         media["inspect/step_rewards"] = wandb.Histogram(scores.step_rewards[steps].tolist())
-        media["inspect/normalised_step_rewards"] = wandb.Histogram(normalised[steps].tolist())
+        # the steps' columns: the anchored credit form appends its outcome part
+        media["inspect/normalised_step_rewards"] = wandb.Histogram(
+            normalised[:, :steps.shape[1]][steps].tolist())
     else:
         media["inspect/normalised_step_rewards"] = wandb.Histogram(
             [v for v in normalised[:, 0].tolist() if math.isfinite(v)])

@@ -192,10 +192,14 @@ def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: GRPOConfig,
 
 def shuffled_rewards(scores: Scores, rewards: torch.Tensor) -> tuple[Scores, torch.Tensor]:
     """The shuffled-reward control (`grpo.shuffle_rewards`): the batch's solution rewards
-    permuted over its samples and, for process supervision, its step rewards permuted over all
-    of its real steps, so that no reward belongs to its own sample or step any more (the same
+    permuted over its samples (its final-answer checks `correct` with them: the anchored
+    process credit trains on those) and, for process supervision, its step rewards permuted over
+    all of its real steps, so that no reward belongs to its own sample or step any more (the same
     values, the same step layout)."""
-    rewards = rewards[torch.randperm(len(rewards))]
+    order = torch.randperm(len(rewards))
+    rewards = rewards[order]
+    if scores.correct is not None:
+        scores = replace(scores, correct=scores.correct[order])
     if scores.step_rewards is not None:
         steps = scores.step_rewards.clone()
         values = steps[scores.step_mask]

@@ -1,14 +1,18 @@
 """Group-relative advantages (policy/math/advantages.py) against hand-computed numbers and the
-seed's worked example: outcome, process, RFT, the estimator table, GPG's alpha, C3PO's budget."""
+seed's worked example: outcome, process, RFT, the estimator table, the process credit forms (sum,
+min, anchored), GPG's alpha, C3PO's budget."""
 
 import math
 
 import pytest
 import torch
 
-from policy.algorithms.grpo import advantage_step
-from policy.math.advantages import (outcome_advantages, process_advantages, token_budget_mask,
-                                    zero_group_correction)
+from configs import load_config
+from configs.loader import ConfigError
+from policy.algorithms.grpo import advantage_step, compute_advantages
+from policy.math.advantages import (PROCESS_CREDIT, GroupNorm, min_form_values,
+                                    outcome_advantages, process_advantages, process_estimate,
+                                    token_budget_mask, zero_group_correction)
 from policy.rewards import Scores
 
 from recipe_batch import LENGTHS, REWARDS, batch_rollout, recipe_config
@@ -108,3 +112,197 @@ def test_c3po_selection_and_normaliser_by_hand():
     expected = token_budget_mask(torch.tensor(LENGTHS), 6, order)
     assert batch.loss_mask.sum(-1).long().tolist() == expected.tolist()
     assert batch.stats["train/budget_tokens"] == 6
+
+
+# One group, G = 3, T = 6: steps of different counts and token lengths; padding entries hold 9.0
+# (never read) and tokens after a sample's last step end lie outside every step.
+#   sample 0: 1 step,  reward 0.9,           ends at token 2     (tokens 3-5 after it)
+#   sample 1: 2 steps, rewards 0.8, 0.5,      ends at tokens 1, 5
+#   sample 2: 3 steps, rewards 0.6, 0.3, 0.5, ends at tokens 0, 2, 4 (token 5 after it)
+STEPS = torch.tensor([[0.9, 9.0, 9.0], [0.8, 0.5, 9.0], [0.6, 0.3, 0.5]])
+STEP_MASK = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
+STEP_END = torch.tensor([[2, 0, 0], [1, 5, 0], [0, 2, 4]])
+CORRECT = torch.tensor([True, True, False])
+NORM = GroupNorm(3, eps=0.0)
+ROOT2 = math.sqrt(2)
+
+
+def _close(got, rows):
+    torch.testing.assert_close(got, torch.tensor(rows, dtype=got.dtype), rtol=0, atol=1e-6)
+
+
+def _credit(name, steps=STEPS, mask=STEP_MASK, ends=STEP_END, correct=CORRECT, tokens=6,
+            norm=NORM, weight=0.5):
+    return PROCESS_CREDIT[name].estimate(steps, mask, ends, correct, tokens, norm, weight)
+
+
+def test_sum_credit_by_hand():
+    # The 6 rewards: mean 3.6 / 6 = 0.6; deviations .3 | .2 -.1 | 0 -.3 -.1, squares summing to
+    # .24: std sqrt(.24 / 6) = 0.2. Normalised: 1.5 | 1.0 -0.5 | 0 -1.5 -0.5. Token t sums its
+    # step and the later ones: sample 1's tokens 0-1 get 1.0 - 0.5, sample 2's tokens 0-2 get
+    # 0 - 1.5 - 0.5 (tokens 1-2 lie in step 1), its tokens 3-4 get -0.5.
+    adv, normalised = _credit("sum")
+    _close(adv, [[1.5] * 3 + [0.0] * 3,
+                 [0.5] * 2 + [-0.5] * 4,
+                 [-2.0] * 3 + [-0.5] * 2 + [0.0]])
+    assert normalised[STEP_MASK].tolist() == pytest.approx([1.5, 1.0, -0.5, 0, -1.5, -0.5],
+                                                          abs=1e-6)
+
+
+def test_min_credit_by_hand():
+    # Each step's value is the min of its reward and every later one: 0.9 | min(.8, .5) = .5, .5 |
+    # min(.6, .3, .5) = .3, min(.3, .5) = .3, .5. Mean 3.0 / 6 = 0.5; deviations .4 | 0 0 |
+    # -.2 -.2 0: std sqrt(.24 / 6) = 0.2. Normalised: 2 | 0 0 | -1 -1 0. Token t gets its own
+    # step's value: sample 2's tokens 0-2 get -1 (step 0 and step 1, whose 0.3 is the min of
+    # its own and the later rewards), tokens 3-4 get 0.
+    adv, normalised = _credit("min")
+    _close(adv, [[2.0] * 3 + [0.0] * 3,
+                 [0.0] * 6,
+                 [-1.0] * 3 + [0.0] * 3])
+    _close(normalised, [[2, 0, 0], [0, 0, 0], [-1, -1, 0]])
+
+
+def test_anchored_credit_by_hand_part_by_part():
+    # Outcome part: correct 1, 1, 0 normalised within the group: mean 2/3, std sqrt(2) / 3, so
+    # (1/3) / (sqrt(2)/3) = 1/sqrt(2) on each right sample, -sqrt(2) on the wrong one, on every
+    # token (also after the last step).
+    outcome, parts = _credit("anchored", weight=0.0)
+    _close(outcome, [[1 / ROOT2] * 6, [1 / ROOT2] * 6, [-ROOT2] * 6])
+    # Process part: the min form's token values (2 | 0 | -1, -1, -1, 0, ...) clamped to [-1, 1]
+    # (sample 0's 2 becomes 1), times process_weight 0.5.
+    adv, parts = _credit("anchored", weight=0.5)
+    process = (adv - outcome) / 0.5
+    _close(process, [[1.0] * 3 + [0.0] * 3, [0.0] * 6,
+                     [-1.0] * 3 + [0.0] * 3])
+    _close(adv, [[1 / ROOT2 + 0.5] * 3 + [1 / ROOT2] * 3,
+                 [1 / ROOT2] * 6,
+                 [-ROOT2 - 0.5] * 3 + [-ROOT2] * 3])
+    # What was normalised: the min-form values, then the outcome (each sums to 0 over the group).
+    _close(parts, [[2, 0, 0, 1 / ROOT2], [0, 0, 0, 1 / ROOT2],
+                   [-1, -1, 0, -ROOT2]])
+    assert parts.sum().item() == pytest.approx(0, abs=1e-5)
+
+
+def test_credit_forms_through_the_step_mask_completion_padding():
+    """compute_advantages picks the form from grpo.process_credit and zeroes the completion's
+    padding: completions of 4, 6 and 5 tokens (sample 0's tokens 4-5 and sample 2's token 5 are
+    padding, sample 0's token 3 lies after its last step)."""
+    rollout = batch_rollout(lengths=[4, 6, 5], width=6)
+    scores = Scores(rewards=torch.zeros(3), correct=CORRECT, step_rewards=STEPS,
+                    step_mask=STEP_MASK, step_end_index=STEP_END)
+    for name in ("sum", "min", "anchored"):
+        g = load_config("configs/tiny.yaml", ["grpo.group_size=3", "grpo.std_eps=0",
+                                              f"grpo.process_credit={name}"]).grpo
+        adv, _ = compute_advantages(scores, scores.rewards, rollout, g, std_normalised=True)
+        expected = _credit(name)[0] * rollout.completion_mask
+        assert torch.equal(adv, expected), name
+        assert (adv[0, 4:] == 0).all() and adv[2, 5] == 0
+    a, o = 1 / ROOT2 + 0.5, 1 / ROOT2
+    assert adv[0].tolist() == pytest.approx([a, a, a, o, 0, 0], abs=1e-6)
+
+
+def test_sum_credit_is_the_old_process_estimate_bit_for_bit():
+    torch.manual_seed(0)
+    n, s, t, g = 12, 5, 16, 4
+    for dtype in (torch.float32, torch.bfloat16):
+        steps = torch.rand(n, s).to(dtype)
+        mask = torch.rand(n, s) > 0.3
+        ends = torch.sort(torch.randint(0, t, (n, s)), dim=-1).values
+        for norm in (GroupNorm(g), GroupNorm(g, scale_by_std=False), GroupNorm(g, True, True)):
+            old = process_estimate(torch.zeros(n), steps, mask, ends, t, norm)
+            new = _credit("sum", steps, mask, ends, None, t, norm)
+            assert torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])
+    # ... and the default config takes it
+    g = load_config("configs/tiny.yaml", ["grpo.group_size=3"]).grpo
+    assert g.process_credit == "sum"
+    rollout = batch_rollout(lengths=[6, 6, 6], width=6)
+    scores = Scores(rewards=torch.zeros(3), step_rewards=STEPS, step_mask=STEP_MASK,
+                    step_end_index=STEP_END)
+    adv, _ = compute_advantages(scores, scores.rewards, rollout, g, std_normalised=True)
+    old = process_estimate(None, STEPS, STEP_MASK, STEP_END, 6, GroupNorm(3, eps=g.std_eps))
+    assert torch.equal(adv, old[0])
+
+
+def test_min_credit_equals_plain_loop():
+    torch.manual_seed(1)
+    n, s, t, g = 12, 4, 14, 4
+    steps = torch.rand(n, s)
+    mask = torch.rand(n, s) > 0.4
+    mask[3] = False  # a sample without a step
+    ends = torch.sort(torch.randint(0, t, (n, s)), dim=-1).values
+    fast, _ = _credit("min", steps, mask, ends, None, t, GroupNorm(g, eps=0.0))
+    for q in range(n // g):
+        rows = range(q * g, (q + 1) * g)
+        real = [steps[i, j].item() for i in rows for j in range(s) if mask[i, j]]
+        floor = min([0.0] + real)
+        values = {}
+        for i in rows:
+            js = [j for j in range(s) if mask[i, j]]
+            for j in js:
+                values[i, j] = min(steps[i, k].item() for k in js if k >= j)
+            if not js:
+                values[i, None] = floor
+        mean = sum(values.values()) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values.values()) / len(values))
+        for i in rows:
+            js = [j for j in range(s) if mask[i, j]]
+            for tok in range(t):
+                own = [j for j in js if ends[i, j] >= tok]
+                key = (i, own[0]) if own else (i, None) if not js else None
+                want = 0.0 if key is None else (values[key] - mean) / std
+                assert fast[i, tok].item() == pytest.approx(want, abs=1e-5)
+
+
+def test_a_sample_without_a_step_gets_the_floor_not_the_average():
+    # G = 3, T = 4: an empty completion beside two right ones (step rewards 1 | 1, 1). The sum
+    # form has no spread: all 0, the empty sample "average". Under min it gets the group's floor
+    # min(0, lowest step reward) = 0: values 0 | 1 | 1, 1, mean 3/4, std sqrt(3)/4, normalised
+    # -sqrt(3) | 1/sqrt(3) | 1/sqrt(3), 1/sqrt(3) (the seed example's numbers).
+    steps = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    mask = torch.tensor([[False, False], [True, False], [True, True]])
+    ends = torch.tensor([[0, 0], [3, 0], [1, 3]])
+    correct = torch.tensor([False, True, True])
+    args = dict(steps=steps, mask=mask, ends=ends, correct=correct, tokens=4)
+    assert (_credit("sum", **args)[0] == 0).all()
+    lo, hi = -math.sqrt(3), 1 / math.sqrt(3)
+    adv, normalised = _credit("min", **args)
+    _close(adv, [[lo] * 4, [hi] * 4, [hi] * 4])
+    _close(normalised, [[lo, 0], [hi, 0], [hi, hi]])
+    # anchored: outcome -sqrt(2) | 1/sqrt(2) | 1/sqrt(2); process 0.5 * clamp(-sqrt(3)) = -0.5
+    adv, _ = _credit("anchored", **args)
+    _close(adv, [[-ROOT2 - 0.5] * 4, [1 / ROOT2 + 0.5 * hi] * 4,
+                 [1 / ROOT2 + 0.5 * hi] * 4])
+    # A floor below 0: the group's lowest step reward (an overlong penalty can push one there).
+    values, valid = min_form_values(torch.tensor([[0.0, 0.0], [-0.5, 0.25]]),
+                                    torch.tensor([[False, False], [True, True]]), 2)
+    assert values.tolist() == [[-0.5, 0.0], [-0.5, 0.25]]
+    assert valid.tolist() == [[True, False], [True, True]]
+
+
+def test_each_credit_form_filters_on_what_it_normalises():
+    # G = 2: rewards 0.5, 0.2 | 0.2 spread, but their min-form values 0.2, 0.2 | 0.2 do not.
+    steps = torch.tensor([[0.5, 0.2], [0.2, 0.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    both, one = torch.tensor([True, True]), torch.tensor([True, False])
+    assert PROCESS_CREDIT["sum"].informative(steps, mask, both, 2).tolist() == [True]
+    assert PROCESS_CREDIT["min"].informative(steps, mask, both, 2).tolist() == [False]
+    assert PROCESS_CREDIT["anchored"].informative(steps, mask, both, 2).tolist() == [False]
+    # the outcome alone spreads: anchored has signal, and so has its advantage
+    assert PROCESS_CREDIT["anchored"].informative(steps, mask, one, 2).tolist() == [True]
+    adv, _ = _credit("anchored", steps, mask, torch.tensor([[0, 1], [1, 0]]), one, 2,
+                     GroupNorm(2, eps=0.0), 0.5)
+    _close(adv, [[1.0, 1.0], [-1.0, -1.0]])
+    with pytest.raises(ValueError, match="Scores.correct"):
+        _credit("anchored", correct=None)
+
+
+def test_credit_form_typos_and_misuse_fail_at_start_up():
+    with pytest.raises(ConfigError, match="grpo.process_credit"):
+        load_config("configs/tiny.yaml", ["grpo.process_credit=mean"])
+    with pytest.raises(ConfigError, match="grpo.process_credit=min with grpo.supervision=outcome"):
+        load_config("configs/tiny.yaml", ["grpo.process_credit=min", "grpo.supervision=outcome"])
+    with pytest.raises(ConfigError, match="grpo.process_weight"):
+        load_config("configs/tiny.yaml", ["grpo.process_credit=anchored",
+                                          "grpo.process_weight=-0.5"])
+    assert load_config("configs/tiny.yaml", ["grpo.process_credit=anchored"]).grpo.process_weight \
+        == 0.5

@@ -32,9 +32,12 @@ def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
     mask = torch.tensor([[True, True, True, False], [True, True, False, False],
                          [True, True, True, True]])
     steps = torch.arange(12, dtype=torch.float32).reshape(3, 4) * mask
-    scores = Scores(rewards=torch.tensor([0.1, 0.2, 0.3]), step_rewards=steps, step_mask=mask,
-                    step_end_index=torch.zeros(3, 4, dtype=torch.long))
+    scores = Scores(rewards=torch.tensor([0.1, 0.2, 0.3]),
+                    correct=torch.tensor([True, False, False]), step_rewards=steps,
+                    step_mask=mask, step_end_index=torch.zeros(3, 4, dtype=torch.long))
     moved, rewards = shuffled_rewards(scores, scores.rewards)
+    # the final-answer checks move with the rewards (the anchored credit form trains on them)
+    assert moved.correct.tolist() == (rewards == 0.1).tolist()
     # The same values on the same layout (padding untouched) ...
     assert sorted(moved.step_rewards[mask].tolist()) == sorted(steps[mask].tolist())
     assert (moved.step_rewards[~mask] == 0).all()

@@ -62,13 +62,16 @@ def _sample_rows(rows):
     return [groups.index(r["question_id"]) * 4 + r["sample"] for r in rows]
 
 
-@pytest.mark.parametrize("supervision", ["process", "outcome", "rft"])
+@pytest.mark.parametrize("supervision", ["process", "outcome", "rft", "anchored"])
 def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch, supervision):
+    """`anchored`: process supervision in the anchored credit form (its normalised values carry
+    the outcome part in an extra column; the table shows the steps' own)."""
+    credit = ["grpo.supervision=process", "grpo.process_credit=anchored"] \
+        if supervision == "anchored" else [f"grpo.supervision={supervision}"]
     cfg = load_config("configs/tiny.yaml", [
         f"run.root={tmp_path}", *SMALL, "grpo.steps=2", "grpo.eval_every=0",
         "grpo.max_new_tokens=40", "deepspeed.micro_batch_size=8", "grpo.inspect_every=1",
-        "grpo.inspect_groups=2", "grpo.inspect_samples=4", f"grpo.supervision={supervision}",
-        "run.wandb_mode=offline"])
+        "grpo.inspect_groups=2", "grpo.inspect_samples=4", *credit, "run.wandb_mode=offline"])
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     tokenizer = load_tokenizer(base)
@@ -109,6 +112,10 @@ def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch
                 norm = [s["normalised_reward"] for s in steps]
                 for k, s in enumerate(steps):
                     assert s["advantage"] == pytest.approx(sum(norm[k:]), abs=1e-5)
+            elif supervision == "anchored":  # A_k = o + 0.5 clip(v~_k): o one per sample
+                outcome = {round(s["advantage"] - 0.5 * min(max(s["normalised_reward"], -1), 1),
+                                 5) for s in steps}
+                assert len(outcome) == 1
             else:
                 assert len({round(s["advantage"], 6) for s in steps}) == 1
             if supervision == "rft":  # online RFT: 1 on a sample judged right, else 0

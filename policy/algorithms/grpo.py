@@ -30,8 +30,9 @@ from policy.kit import (Sampled, Sampler, concat_sampled, due_evaluation, forwar
                         make_evaluator, make_sample, mini_batch_order, policy_engines,
                         reference_logprobs, refill_questions, sampler_drift, sampling_seed,
                         starts_at, step_questions)
-from policy.math.advantages import (ADVANTAGE_ESTIMATORS, GroupNorm, informative_groups,
-                                    token_budget_mask, zero_group_correction)
+from policy.math.advantages import (ADVANTAGE_ESTIMATORS, PROCESS_CREDIT, GroupNorm,
+                                    informative_groups, token_budget_mask,
+                                    zero_group_correction)
 from policy.math.losses import policy_loss
 from policy.rewards import RewardFn, Scores
 from runtime.data import MathRecord
@@ -113,27 +114,41 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout,
                        g: GRPOConfig, *, std_normalised: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, T] token advantages of the estimator `grpo.supervision` names
-    (`ADVANTAGE_ESTIMATORS`), and the normalised rewards they were built from: [N, S] per step
-    (process) or [N, 1] (outcome, rft). `std_normalised`: whether the loss variant divides by
-    the group's std at all (Dr. GRPO and GPG do not)."""
+    (`ADVANTAGE_ESTIMATORS`; process supervision: the credit form `grpo.process_credit` names,
+    `PROCESS_CREDIT`), and the normalised values they were built from: [N, S] per step (process;
+    anchored [N, S + 1], the outcome last) or [N, 1] (outcome, rft). `std_normalised`: whether
+    the loss variant divides by the group's std at all (Dr. GRPO and GPG do not)."""
     if g.supervision == "process" and scores.step_rewards is None:
         raise ValueError("grpo.supervision=process needs a reward that returns step rewards "
                          "(a PRM or a step oracle), but this reward returned only outcomes")
     norm = GroupNorm(g.group_size, g.scale_by_std and std_normalised, g.std_unbiased, g.std_eps,
                      g.min_reward_std)
-    advantages, normalised = ADVANTAGE_ESTIMATORS[g.supervision](
-        rewards, scores.step_rewards, scores.step_mask, scores.step_end_index,
-        rollout.completion_ids.shape[1], norm)
+    num_tokens = rollout.completion_ids.shape[1]
+    if g.supervision == "process":
+        advantages, normalised = PROCESS_CREDIT[g.process_credit].estimate(
+            scores.step_rewards, scores.step_mask, scores.step_end_index, scores.correct,
+            num_tokens, norm, g.process_weight)
+    else:
+        advantages, normalised = ADVANTAGE_ESTIMATORS[g.supervision](
+            rewards, scores.step_rewards, scores.step_mask, scores.step_end_index, num_tokens,
+            norm)
     return advantages * rollout.completion_mask, normalised
 
 
+def signal_groups(scores: Scores, rewards: torch.Tensor, g: GRPOConfig) -> torch.Tensor:
+    """[Q] bool: groups whose advantages can be non-zero, DAPO's filter (Yu et al. 2025, eq. 11)
+    on the values the advantages normalise: the rewards, or what the process credit form
+    normalises (`ProcessCredit.informative`)."""
+    if g.supervision != "process" or scores.step_rewards is None:
+        return informative_groups(rewards, g.group_size)
+    return PROCESS_CREDIT[g.process_credit].informative(scores.step_rewards, scores.step_mask,
+                                                        scores.correct, g.group_size)
+
+
 def informative(sampled: Sampled, g: GRPOConfig) -> torch.Tensor:
-    """[Q] bool: groups whose advantages can be non-zero (DAPO's filter on the values the
-    supervision normalises), and whose rewards are finite."""
-    steps = sampled.scores.step_rewards if g.supervision == "process" else None
-    return informative_groups(sampled.rewards, g.group_size, steps,
-                              sampled.scores.step_mask if steps is not None else None) \
-        & ~sampled.broken
+    """[Q] bool: groups whose advantages can be non-zero (`signal_groups`), and whose rewards
+    are finite."""
+    return signal_groups(sampled.scores, sampled.rewards, g) & ~sampled.broken
 
 
 def refill_step(first: Sampled, sample_more: Callable[[int], Sampled], g: GRPOConfig,
@@ -188,10 +203,7 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
         advantages = torch.zeros_like(advantages)
     keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
     if g.dynamic_sampling:
-        steps = scores.step_rewards if g.supervision == "process" else None
-        keep = informative_groups(rewards, g.group_size, steps,
-                                  scores.step_mask if steps is not None else None
-                                  ).repeat_interleave(g.group_size)
+        keep = signal_groups(scores, rewards, g).repeat_interleave(g.group_size)
     keep &= ~broken.repeat_interleave(g.group_size)
     if g.overlong_filter:
         keep &= ~rollout.truncated

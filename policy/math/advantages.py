@@ -1,4 +1,5 @@
-"""Group-relative advantages (DeepSeekMath §4.1.2 outcome, §4.1.3 process) as pure functions.
+"""Group-relative advantages (DeepSeekMath §4.1.2 outcome, §4.1.3 process) as pure functions,
+and the credit forms for process rewards (`PROCESS_CREDIT`: §4.1.3's sum, PURE's min, anchored).
 
 Samples are laid out group by group: rows [q*G, (q+1)*G) are the G samples of question q.
 Groups whose rewards are all equal get advantage 0 (never NaN), also when they are equal only up
@@ -159,6 +160,167 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]
 }
 """`grpo.supervision` -> estimator(rewards [N], step_rewards, step_mask, step_end_index [N, S]
 (None for outcome rewards), T, GroupNorm) -> (token advantages [N, T], what was normalised)."""
+
+
+# Credit assignment for process rewards (`grpo.process_credit`, docs/grpo.md): how step rewards
+# become token advantages. Each form: (step_rewards, step_mask, step_end_index [N, S], correct
+# [N] bool or None, T, GroupNorm, weight) -> ([N, T] token advantages, what was normalised).
+
+NO_CHECK = ("grpo.process_credit=anchored needs the reward's final-answer check (Scores.correct), "
+            "but this reward did not return it")
+
+
+def sum_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+               step_end_index: torch.Tensor, correct: torch.Tensor | None, num_tokens: int,
+               norm: GroupNorm, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeekMath §4.1.3: all step rewards of a group normalised together, r~ = (r - mean) /
+    std; token t gets sum_{j: end_j >= t} r~_j, its step's and every later step's (0 after the
+    last step, and on every token of a sample without a step). `process_estimate` itself.
+    Returns ([N, T], [N, S] normalised step rewards)."""
+    return process_estimate(None, step_rewards, step_mask, step_end_index, num_tokens, norm)
+
+
+def min_form_values(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                    group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """PURE's min-form value of each step (Cheng et al. 2025, V(s_t) = min_{t' >= t} r_t'):
+    v_k = min_{j >= k} r_j over the sample's real steps j. A sample without a step (an empty
+    completion) has no value of its own and must not sit at the group's average: it gets one
+    entry, in column 0, at the group's floor min(0, lowest step reward of the group) (0 is the
+    bottom of a P(+) read-out and the step oracle's "wrong"; every reward here scores a sample
+    without a step 0), so it is never above any real step of its group.
+
+    step_rewards, step_mask: [Q*G, S]. Returns ([Q*G, S] float32 values (0 on padding),
+    [Q*G, S] bool: the entries that count: real steps, and column 0 of a sample without one).
+    """
+    rewards = step_rewards.float()
+    s = rewards.shape[1]
+    masked = torch.where(step_mask, rewards, torch.full_like(rewards, float("inf")))
+    later_min = masked.flip(-1).cummin(-1).values.flip(-1)
+    values = torch.where(step_mask, later_min, torch.zeros_like(rewards))
+    floor = masked.reshape(-1, group_size * s).amin(-1).clamp(max=0.0)
+    empty = ~step_mask.any(-1)
+    first = torch.zeros_like(step_mask)
+    first[:, 0] = True
+    stand_in = first & empty[:, None]
+    values = torch.where(stand_in, floor.repeat_interleave(group_size)[:, None], values)
+    return values, step_mask | stand_in
+
+
+def own_step_to_tokens(values: torch.Tensor, step_mask: torch.Tensor,
+                       step_end_index: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[N, S] per-step values -> [N, T]: token t gets the value of its own step, the first real
+    step ending at or after t (step ends increase along a sample); 0 after the last step; a
+    sample without a step gets its column-0 entry (`min_form_values`' floor) on every token."""
+    token = torch.arange(num_tokens, device=values.device)
+    covers = (step_end_index[:, None, :] >= token[None, :, None]) & step_mask[:, None, :]
+    own = covers & (covers.cumsum(-1) == 1)
+    tokens = (own.to(values.dtype) * values[:, None, :]).sum(-1)
+    empty = ~step_mask.any(-1)
+    return torch.where(empty[:, None], values[:, :1].expand(-1, num_tokens), tokens)
+
+
+def min_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+               step_end_index: torch.Tensor, correct: torch.Tensor | None, num_tokens: int,
+               norm: GroupNorm, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """PURE's min-form credit (Cheng et al. 2025, "Stop Summation: Min-Form Credit Assignment Is
+    All Process Reward Model Needs for Reasoning"), in GRPO's group normalisation: the values
+    v_k = min_{j >= k} r_j of a group's steps (`min_form_values`, a sample without a step at the
+    group's floor) are normalised together, v~ = (v - mean) / std over all of them, each step
+    once, as §4.1.3 normalises rewards; token t gets v~ of its own step (0 after the last step).
+    Where a sample's rewards never rise again (the step oracle: 1 up to the first slip, then 0),
+    every step's value is the last step's reward.
+
+    The value is the paper's definition and the strict form of PURE's code (CJReinforce/PURE,
+    branch verl: `reward_model.credit_assignment: 'strict min-form'`, a reverse running minimum
+    of the token-level rewards in `compute_rloo_outcome_advantage`,
+    verl/trainer/ppo/core_algos.py). Where this departs from that code: its default (temperature
+    0.1) turns each sample's step rewards r into softmax(-r / 0.1) * r and sums them from the
+    token on (verl/workers/fsdp_workers.py `_forward_micro_batch`; main branch:
+    openrlhf/utils/utils.py `turn_process_reward_logits_to_reward`), which is ~min_j r_j up to
+    the worst step and ~0 after it, not the minimum of the later steps; its strict form also
+    takes the minimum over the 0 of every token that ends no step; and its baseline is RLOO's
+    (the other samples' mean return per token) and the advantages are whitened over the batch,
+    where here the group's mean and std over steps are used. Its verifiable reward is added to
+    the last token's reward (coefficient 1.0); here that is `anchored_credit`.
+    Returns ([N, T], [N, S] normalised values, the floor of a stepless sample in column 0)."""
+    values, valid = min_form_values(step_rewards, step_mask, norm.group_size)
+    normalised = normalised_step_rewards(values, valid, norm.group_size,
+                                         scale_by_std=norm.scale_by_std, unbiased=norm.unbiased,
+                                         eps=norm.eps, min_std=norm.min_std)
+    return own_step_to_tokens(normalised, step_mask, step_end_index, num_tokens), normalised
+
+
+def anchored_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                    step_end_index: torch.Tensor, correct: torch.Tensor | None,
+                    num_tokens: int, norm: GroupNorm,
+                    weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact final-answer check's outcome advantage plus a bounded process term:
+    A_t = o + weight * clamp(v~_t, -1, 1), where o = (c - mean) / std is `correct` [N] (1 right,
+    0 wrong) normalised within each group of G samples (as outcome supervision normalises its
+    rewards), and v~_t is `min_credit`'s token value, normalised within the group separately
+    (over the steps' min-form values). The process term cannot grow with the number of steps
+    (Gao et al. 2024, "On Designing Effective RL Reward at Training Time for LLM Reasoning",
+    bound process rewards against such hacking with Clip and Delta), and with weight <= 0.5 it
+    never lifts a wrong answer's token above a right answer's in its group: their outcome
+    advantages differ by 1 / sqrt(q (1 - q)) >= 2 (q the group's share right; >= 1.41 with the
+    sample std, exactly 1 without the std), while the process term spans at most 2 * weight
+    (unless `min_std` zeroes the outcome part). Where the outcome does not spread (all right or
+    all wrong) only the process term speaks. PURE's best model added verifiable rewards, on the
+    ~10% of its prompts that had a gold answer, to its PRM's (coefficient 1.0, on the last
+    token); here every sample has its verdict and the PRM refines it.
+    Returns ([N, T], [N, S + 1]: the normalised min-form values, then o in the last column)."""
+    if correct is None:
+        raise ValueError(NO_CHECK)
+    outcome = outcome_advantages(correct.float(), norm.group_size, scale_by_std=norm.scale_by_std,
+                                 unbiased=norm.unbiased, eps=norm.eps, min_std=norm.min_std)
+    process, normalised = min_credit(step_rewards, step_mask, step_end_index, None, num_tokens,
+                                     norm)
+    advantages = outcome[:, None] + weight * process.clamp(-1.0, 1.0)
+    return advantages, torch.cat([normalised, outcome[:, None]], -1)
+
+
+def sum_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                    correct: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """[Q] bool: the group's step rewards spread (what `sum_credit` normalises)."""
+    return informative_groups(step_rewards, group_size, step_rewards, step_mask)
+
+
+def min_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                    correct: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """[Q] bool: the group's min-form values spread (what `min_credit` normalises)."""
+    values, valid = min_form_values(step_rewards, step_mask, group_size)
+    width = group_size * values.shape[1]
+    return ~zero_spread(values.reshape(-1, width), valid.reshape(-1, width))
+
+
+def anchored_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                         correct: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """[Q] bool: the group's final-answer checks or its min-form values spread (either part of
+    `anchored_credit` can carry signal)."""
+    if correct is None:
+        raise ValueError(NO_CHECK)
+    verdicts = correct.float().view(-1, group_size)
+    spread = ~zero_spread(verdicts, torch.ones_like(verdicts, dtype=torch.bool))
+    return spread | min_informative(step_rewards, step_mask, correct, group_size)
+
+
+@dataclass(frozen=True)
+class ProcessCredit:
+    """One `grpo.process_credit` form: its estimator and DAPO's filter on what it normalises."""
+    estimate: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    """(step_rewards, step_mask, step_end_index [N, S], correct [N] | None, T, GroupNorm,
+    weight) -> ([N, T] token advantages, what was normalised)."""
+    informative: Callable[..., torch.Tensor]
+    """(step_rewards, step_mask [N, S], correct [N] | None, G) -> [Q] bool: groups whose
+    advantages can be non-zero."""
+
+
+PROCESS_CREDIT: dict[str, ProcessCredit] = {
+    "sum": ProcessCredit(sum_credit, sum_informative),
+    "min": ProcessCredit(min_credit, min_informative),
+    "anchored": ProcessCredit(anchored_credit, anchored_informative),
+}
+"""`grpo.process_credit` -> how process rewards become token advantages (docs/grpo.md)."""
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int,
