@@ -72,22 +72,22 @@ def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path):
     assert one["rollout/tokens_per_s"] == pytest.approx(42 / 2.0)
 
 
-@pytest.mark.slow
-def test_grpo_step_two_processes_equal_one(tmp_path, base, stage=3):
-    """One GRPO step under ZeRO-3 on 2 processes: the advantages the loss received, the step's
-    metrics and the updated weights equal one process's (ZeRO-2, and the reward model's steps,
-    are compared over whole `iterate` runs in tests/test_zero_stages.py)."""
-    runs = {}
-    for nproc in (1, 2):
-        out = tmp_path / f"p{nproc}"
-        torchrun(nproc, "tests/helpers/dist_check.py", "grpo", out, base, stage)
-        row = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0]
-        advantages = [torch.load(out / f"advantages-rank{r}.pt", weights_only=True)
-                      for r in range(nproc)]
-        width = max(a.shape[1] for a in advantages)
-        runs[nproc] = (row, torch.cat([torch.nn.functional.pad(a, (0, width - a.shape[1]))
-                                       for a in advantages]), out)
-    (one, adv1, out1), (two, adv2, out2) = runs[1], runs[2]
+def _grpo_step(nproc: int, out: Path, base, stage: int, *overrides) -> tuple:
+    """dist_check.py's GRPO step on `nproc` processes: (its metrics row, the advantages the loss
+    received, every rank's rows in order, the run folder)."""
+    torchrun(nproc, "tests/helpers/dist_check.py", "grpo", out, base, stage, *overrides)
+    row = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0]
+    advantages = [torch.load(out / f"advantages-rank{r}.pt", weights_only=True)
+                  for r in range(nproc)]
+    width = max(a.shape[1] for a in advantages)
+    return row, torch.cat([torch.nn.functional.pad(a, (0, width - a.shape[1]))
+                           for a in advantages]), out
+
+
+def _same_step(one: tuple, two: tuple) -> None:
+    """The advantages the loss received, the step's metrics and the updated weights of two
+    `_grpo_step` runs agree."""
+    (one, adv1, out1), (two, adv2, out2) = one, two
     assert adv1.abs().sum() > 0 and adv1.shape[0] == 16
     width = max(adv1.shape[1], adv2.shape[1])
     torch.testing.assert_close(torch.nn.functional.pad(adv1, (0, width - adv1.shape[1])),
@@ -99,6 +99,28 @@ def test_grpo_step_two_processes_equal_one(tmp_path, base, stage=3):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["train/grad_norm"] > 0 and one["train/kl"] > 0  # mu=2: the 2nd update sees KL
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
+
+
+@pytest.mark.slow
+def test_grpo_step_two_processes_equal_one(tmp_path, base, stage=3):
+    """One GRPO step under ZeRO-3 on 2 processes: the advantages the loss received, the step's
+    metrics and the updated weights equal one process's (ZeRO-2, and the reward model's steps,
+    are compared over whole `iterate` runs in tests/test_zero_stages.py)."""
+    _same_step(_grpo_step(1, tmp_path / "p1", base, stage),
+               _grpo_step(2, tmp_path / "p2", base, stage))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("credit", ["min", "anchored"])
+def test_grpo_credit_form_two_processes_equal_one(tmp_path, base, credit):
+    """`grpo.process_credit` min and anchored (the sum form is the test above): one GRPO step on
+    2 processes under ZeRO-2 and under ZeRO-3 equals one process's. Sampled at temperature 1
+    (a group's samples differ, so the min-form values and the final-answer checks spread), one
+    question per generate call so that sampling does not depend on the ranks."""
+    extra = (f"grpo.process_credit={credit}", "grpo.temperature=1.0", "grpo.rollout_questions=1")
+    one = _grpo_step(1, tmp_path / "p1", base, 2, *extra)
+    for stage in (2, 3):
+        _same_step(one, _grpo_step(2, tmp_path / f"z{stage}", base, stage, *extra))
 
 
 @pytest.mark.slow

@@ -71,25 +71,30 @@ def test_dpo_resumes_bitwise_after_a_crash(tmp_path, recipe):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _args(root, recipe):
+def _args(root, recipe, *extra):
     return ["iterate", "--config", "configs/tiny.yaml", f"run.root={root}", "--recipe", recipe,
             *SMALL, *ITERATE, "iterate.iterations=1", "grpo.steps=3", "grpo.save_every=1",
-            "rm.save_every=1"]
+            "rm.save_every=1", *extra]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["online_dpo", "gspo"])
-def test_iterate_recipe_killed_in_its_policy_stage_resumes_to_the_same_result(tmp_path, recipe):
+@pytest.mark.parametrize("recipe, extra", [("online_dpo", ()),
+                                           ("gspo", ("grpo.process_credit=anchored",))],
+                         ids=["online_dpo", "gspo"])
+def test_iterate_recipe_killed_in_its_policy_stage_resumes_to_the_same_result(tmp_path, recipe,
+                                                                               extra):
     """`igrpo iterate --recipe online_dpo|gspo` (PRM-judged, the reference reset to the current
-    policy): SIGKILLed three times, once inside its policy stage, and resumed with the same
+    policy; gspo's process advantages in the anchored credit form, so that a credit form is
+    resumed too): SIGKILLed three times, once inside its policy stage, and resumed with the same
     command, it ends with the uninterrupted run's summary and weights, bit for bit."""
     zygote = Zygote()
     try:
-        assert zygote.run(_args(tmp_path / "straight", recipe), tmp_path / "straight.log") == 0
+        assert zygote.run(_args(tmp_path / "straight", recipe, *extra),
+                          tmp_path / "straight.log") == 0
         straight = tmp_path / "straight" / "tiny"
         targets = kill_targets(unit_timeline(straight / "manifest.json"), 3, random.Random(0),
                                required=("grpo/1",))
-        report = kill_and_resume(zygote, _args(tmp_path / "killed", recipe),
+        report = kill_and_resume(zygote, _args(tmp_path / "killed", recipe, *extra),
                                  tmp_path / "killed" / "tiny", tmp_path / "killed.log", targets)
     finally:
         zygote.close()

@@ -1,7 +1,7 @@
 """One GRPO step or one reward-model step, run under `torchrun` with any number of processes;
 tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on the same global batch.
 
-    torchrun --nproc_per_node 2 tests/helpers/dist_check.py grpo OUT BASE ZERO_STAGE
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py grpo OUT BASE ZERO_STAGE [KEY=VALUE ...]
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py ppo OUT BASE ZERO_STAGE
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py rm OUT BASE ZERO_STAGE DATA.jsonl
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py world OUT
@@ -43,15 +43,17 @@ RM = [*SMALL, "rm.kind=prm", "rm.batch_size=8", "rm.epochs=1", "rm.eval_every=0"
 
 class ChunkStepReward:
     """Steps of 3 tokens; a step's reward is the parity of its token-id sum plus its index (a
-    random model's greedy text repeats itself: the index keeps the rewards varied)."""
+    random model's greedy text repeats itself: the index keeps the rewards varied); the
+    "final-answer check" is the parity of the whole completion's token-id sum."""
 
     def __call__(self, records, rollout):
         from policy.rewards import Scores
         from runtime.steps import pad_steps
 
-        values, ends = [], []
+        values, ends, correct = [], [], []
         for i in range(len(rollout.texts)):
             ids = rollout.completion_ids[i][rollout.completion_mask[i].bool()].tolist()
+            correct.append(sum(ids) % 2 == 0)
             cut = list(range(2, len(ids), 3)) or [len(ids) - 1]
             if cut[-1] != len(ids) - 1:
                 cut.append(len(ids) - 1)
@@ -59,8 +61,8 @@ class ChunkStepReward:
                            for k, e in enumerate(cut)])
             ends.append(cut)
         step_rewards, step_mask, step_end = pad_steps(values, ends)
-        return Scores(rewards=step_rewards.sum(-1), step_rewards=step_rewards,
-                      step_mask=step_mask, step_end_index=step_end)
+        return Scores(rewards=step_rewards.sum(-1), correct=torch.tensor(correct),
+                      step_rewards=step_rewards, step_mask=step_mask, step_end_index=step_end)
 
 
 def step_metrics() -> dict:
@@ -290,7 +292,7 @@ def main() -> None:
         from policy.math.losses import POLICY_LOSSES
         from runtime.data import load_splits
 
-        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides])
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *sys.argv[5:]])
         spec = POLICY_LOSSES["grpo"]
         seen = []
 
