@@ -138,6 +138,22 @@ def _override_keys(overrides) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+") for o in overrides]
 
 
+def _config_files(path: str | Path | None) -> list[tuple[str, DictConfig]]:
+    """(name, contents) of a config file and of the files it `extends:` (a path relative to
+    it), the base first; `extends` itself is dropped."""
+    chain: list[tuple[str, DictConfig]] = []
+    while path is not None:
+        if chain and not Path(path).exists():
+            raise ConfigError(f"{chain[0][0]}: extends {str(path)!r}, which does not exist")
+        loaded = OmegaConf.load(path)
+        base = loaded.pop("extends", None)
+        chain.insert(0, (str(path), loaded))
+        if base is not None and len(chain) > 8:
+            raise ConfigError(f"{path}: `extends` chains more than 8 files deep (a cycle?)")
+        path = None if base is None else Path(path).parent / base
+    return chain
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 recipe: str | None = None) -> DictConfig:
     """Merge the schema, an optional YAML file, a recipe (`recipe`, or `run.recipe` set by the
@@ -145,9 +161,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     cfg = OmegaConf.structured(Config)
     where = "defaults"
     try:
-        if path is not None:
-            where = str(path)
-            loaded = OmegaConf.load(path)
+        for where, loaded in _config_files(path):
             check_keys(_flat(OmegaConf.to_container(loaded)), where)
             cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line overrides"
@@ -187,6 +201,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"{where}: data.min_ops / max_ops / sft_max_ops = {data.min_ops} / "
                           f"{data.max_ops} / {data.sft_max_ops}; expected 1 <= min_ops <= max_ops "
                           "and sft_max_ops 0 (= max_ops) or within [min_ops, max_ops]")
+    if not data.operations or set(data.operations) - set("+-*") or \
+            len(set(data.operations)) != len(data.operations):
+        raise ConfigError(f"{where}: data.operations = {data.operations!r}; expected some of "
+                          "'+', '-' and '*', each once (e.g. '+-*' or '+-')")
     _resolve_bundled(cfg)
     if not 0.0 <= data.sft_slip_share < 1.0:
         raise ConfigError(f"{where}: data.sft_slip_share = {data.sft_slip_share}; expected a "

@@ -86,6 +86,10 @@ class DataConfig:
     """Synthetic: fewest operations (solution steps) per problem."""
     max_ops: int = 4
     """Synthetic: most operations per problem."""
+    operations: str = "+-*"
+    """Synthetic: the operations a problem draws from, among `+`, `-` and `*`. `+-` (additions
+    and subtractions only) lets carry and borrow slips cancel, so that right answers come through
+    wrong steps (configs/tiny_steps.yaml, docs/task_design.md)."""
     sft_max_ops: int = 0
     """Synthetic: most operations in the SFT worked solutions; 0 = `max_ops`. Set below `max_ops`,
     the warm start never sees a worked solution as long as the longest RL and held-out questions:
@@ -425,7 +429,9 @@ class RewardModelConfig:
 @dataclass
 class LabelConfig:
     completer: str = ""
-    """Policy that completes step prefixes; empty = this run's warm start."""
+    """Policy that completes step prefixes; empty = the policy whose samples are labelled (the
+    warm start at iteration 0, the current policy at a refresh): Math-Shepherd's completer is
+    its generator, so a label estimates the step's value under the policy that wrote it."""
     num_completions: int = 8
     """N continuations per step prefix (Math-Shepherd's 8)."""
     questions: int = 200

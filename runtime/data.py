@@ -220,10 +220,12 @@ def load_records(path: str, schema: str, *, split: str = "test", hub_config: str
 
 
 def synthetic_records(seed: int, count: int, min_ops: int, max_ops: int, offset: int = 0,
-                      slip_share: float = 0.0) -> list[MathRecord]:
+                      slip_share: float = 0.0,
+                      operations: str = synthetic.OPERATIONS) -> list[MathRecord]:
     """`count` synthetic problems; with `slip_share`, that share of them (a seeded draw) carry the
     worked solution of a student who forgets to carry and borrow, under the gold answer."""
-    problems = synthetic.make_problems(seed, count + offset, min_ops, max_ops)[offset:]
+    problems = synthetic.make_problems(seed, count + offset, min_ops, max_ops,
+                                       operations)[offset:]
     slips = random.Random(seed * 7919 + 1)
     records = []
     for i, p in enumerate(problems):
@@ -265,12 +267,16 @@ def load_splits(data, seed: int, worked_questions: int | None = None) -> Splits:
     stay out of the RL pool (`run_splits` sets it from the run's config)."""
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
+        ops = data.operations
         sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops,
-                                data.sft_max_ops or data.max_ops, slip_share=data.sft_slip_share)
-        rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops)
+                                data.sft_max_ops or data.max_ops, slip_share=data.sft_slip_share,
+                                operations=ops)
+        rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops,
+                               operations=ops)
         seen = {r.question for r in sft} | {r.question for r in rl}
         wanted = data.eval_questions + data.val_questions
-        pool = synthetic_records(seed * 3 + 3, wanted * 2, data.min_ops, data.max_ops)
+        pool = synthetic_records(seed * 3 + 3, wanted * 2, data.min_ops, data.max_ops,
+                                 operations=ops)
         unseen = [r for r in pool if r.question not in seen]
         held_out = unseen[:data.eval_questions]
         held_questions = {r.question for r in held_out}

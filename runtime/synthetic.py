@@ -39,10 +39,16 @@ class Problem:
     answer: int
 
 
-def _random_op(rng: random.Random, value: int) -> tuple[str, int]:
-    """A random operation that keeps the running value in [1, MAX_VALUE]."""
+OPERATIONS = "+-*"
+"""Every operation a problem may ask for; `operations="+-"` draws additions and subtractions
+only, whose carry and borrow slips (+-10) can cancel, where a slip before a multiplication is
+multiplied with it."""
+
+
+def _random_op(rng: random.Random, value: int, operations: str = OPERATIONS) -> tuple[str, int]:
+    """A random operation among `operations` that keeps the running value in [1, MAX_VALUE]."""
     choices = ((["+"] if value < MAX_VALUE else []) + (["-"] if value > 1 else [])
-               + (["*"] if 2 <= value <= MAX_VALUE // 2 else []))
+               + (["*"] if "*" in operations and 2 <= value <= MAX_VALUE // 2 else []))
     op = rng.choice(choices)
     if op == "+":
         return op, rng.randint(1, min(MAX_OPERAND, MAX_VALUE - value))
@@ -60,12 +66,13 @@ def render_step(value: int, op: str, n: int, result: int) -> str:
     return f"{_CLAUSES[op].format(n=n)}: {value}{op}{n}={result}"
 
 
-def make_problem(rng: random.Random, min_ops: int, max_ops: int) -> Problem:
+def make_problem(rng: random.Random, min_ops: int, max_ops: int,
+                 operations: str = OPERATIONS) -> Problem:
     value = rng.randint(2, 20)
     question = [f"Start with {value}."]
     steps = []
     for _ in range(rng.randint(min_ops, max_ops)):
-        op, n = _random_op(rng, value)
+        op, n = _random_op(rng, value, operations)
         result = _apply(value, op, n)
         question.append(_CLAUSES[op].format(n=n) + ".")
         steps.append(render_step(value, op, n, result))
@@ -74,10 +81,11 @@ def make_problem(rng: random.Random, min_ops: int, max_ops: int) -> Problem:
     return Problem(" ".join(question), tuple(steps), value)
 
 
-def make_problems(seed: int, count: int, min_ops: int = 2, max_ops: int = 4) -> list[Problem]:
-    """`count` problems, the same for the same seed."""
+def make_problems(seed: int, count: int, min_ops: int = 2, max_ops: int = 4,
+                  operations: str = OPERATIONS) -> list[Problem]:
+    """`count` problems, the same for the same seed (and `operations`)."""
     rng = random.Random(seed)
-    return [make_problem(rng, min_ops, max_ops) for _ in range(count)]
+    return [make_problem(rng, min_ops, max_ops, operations) for _ in range(count)]
 
 
 def true_chain(question: str) -> list[tuple[int, str, int, int]]:
