@@ -6,11 +6,10 @@ pi_old <- pi, roll out G samples per question, score them with the injected rewa
 compute group-relative advantages, then `grpo.mu` updates with the reference model frozen.
 Re-running the same command resumes from the last saved step.
 
-Departures from the paper, each a config switch: the loss table offers the seed's variants
-(`grpo.loss`), and the recipes (configs/recipes/) set each variant's paper settings: DAPO's
-dynamic sampling (more questions sampled until the step holds enough informative groups),
-overlong filtering and punishment, GPG's correction, C3PO's token budget. A step whose loss has
-no signal (no kept token, or all advantages 0 and no KL term) skips the optimizer.
+Departures from the paper, each a config switch: the loss variants (`grpo.loss`), process credit
+forms (`grpo.process_credit`) and recipes (configs/recipes/: DAPO's dynamic sampling, overlong
+filtering and punishment, GPG's correction, C3PO's token budget). A step whose loss has no signal
+(no kept token, or all advantages 0 and no KL term) skips the optimizer.
 """
 
 from __future__ import annotations
@@ -113,14 +112,12 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
 
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout,
                        g: GRPOConfig, *, std_normalised: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] token advantages of the estimator `grpo.supervision` names
-    (`ADVANTAGE_ESTIMATORS`; process supervision: the credit form `grpo.process_credit` names,
-    `PROCESS_CREDIT`), and the normalised values they were built from: [N, S] per step (process;
-    anchored [N, S + 1], the outcome last) or [N, 1] (outcome, rft). `std_normalised`: whether
-    the loss variant divides by the group's std at all (Dr. GRPO and GPG do not)."""
+    """[N, T] token advantages (`ADVANTAGE_ESTIMATORS[grpo.supervision]`; process supervision:
+    `PROCESS_CREDIT[grpo.process_credit]`) and the normalised values they came from ([N, S],
+    anchored [N, S + 1], outcome [N, 1]); `std_normalised`: the loss divides by the std at all."""
     if g.supervision == "process" and scores.step_rewards is None:
         raise ValueError("grpo.supervision=process needs a reward that returns step rewards "
-                         "(a PRM or a step oracle), but this reward returned only outcomes")
+                         "(a PRM or a step oracle); this one returned only outcomes")
     norm = GroupNorm(g.group_size, g.scale_by_std and std_normalised, g.std_unbiased, g.std_eps,
                      g.min_reward_std)
     num_tokens = rollout.completion_ids.shape[1]
@@ -137,8 +134,7 @@ def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout,
 
 def signal_groups(scores: Scores, rewards: torch.Tensor, g: GRPOConfig) -> torch.Tensor:
     """[Q] bool: groups whose advantages can be non-zero, DAPO's filter (Yu et al. 2025, eq. 11)
-    on the values the advantages normalise: the rewards, or what the process credit form
-    normalises (`ProcessCredit.informative`)."""
+    on what the advantages normalise (the rewards, or `ProcessCredit.informative`)."""
     if g.supervision != "process" or scores.step_rewards is None:
         return informative_groups(rewards, g.group_size)
     return PROCESS_CREDIT[g.process_credit].informative(scores.step_rewards, scores.step_mask,
@@ -146,8 +142,7 @@ def signal_groups(scores: Scores, rewards: torch.Tensor, g: GRPOConfig) -> torch
 
 
 def informative(sampled: Sampled, g: GRPOConfig) -> torch.Tensor:
-    """[Q] bool: groups whose advantages can be non-zero (`signal_groups`), and whose rewards
-    are finite."""
+    """[Q] bool: groups with signal (`signal_groups`) whose rewards are finite."""
     return signal_groups(sampled.scores, sampled.rewards, g) & ~sampled.broken
 
 
@@ -384,7 +379,6 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
     return metrics
 
 
-
 def inspect_step(folder: Path, step: int, g: GRPOConfig, tokenizer, sampled: Sampled,
                  batch: StepBatch, logger) -> dict | None:
     """Every `grpo.inspect_every` steps (main rank): write the step's advantage table and token
@@ -401,7 +395,6 @@ def inspect_step(folder: Path, step: int, g: GRPOConfig, tokenizer, sampled: Sam
     page = inspection.render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
                                   g.supervision)
     inspection.write_inspection(folder, step, rows, page)
-    if logger.wandb_run is None:
-        return None
-    return inspection.wandb_media(rows, page, scores, normalised, advantages,
-                                  rollout.completion_mask, g.supervision == "process")
+    return None if logger.wandb_run is None else inspection.wandb_media(
+        rows, page, scores, normalised, advantages, rollout.completion_mask,
+        g.supervision == "process")
