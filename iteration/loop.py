@@ -143,6 +143,10 @@ class IterationRun:
                                               tokenizer, self.splits.eval)}
         if k > 1 and cfg.iterate.refresh and cfg.rm.bon_questions:
             entry["refresh"] = self.manifest.outputs(f"refresh-check/{k - 1}")
+        # What the reward models that judged this iteration trained on: new, replayed, worked.
+        entry["reward_model_data"] = {
+            kind: self.manifest.outputs(f"rm-{kind}/{rm_iteration}").get("composition")
+            for kind in KINDS}
         if k > 0 and is_main():  # (the main rank wrote the outcomes it compares)
             entry["grpo"] = self._grpo_means(k)
             entry["change"] = change_from(self.run / "eval" / "iteration-0.json",

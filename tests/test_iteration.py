@@ -95,6 +95,11 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     # Worked SFT solutions join the first training only (rm.worked_solutions=8), not a refresh
     # (iterate.refresh_worked_solutions=0 here).
     assert manifest["rm-prm/0"]["outputs"]["worked_rows"] == 8 and refresh["worked_rows"] == 0
+    # summary.json says what the reward models of each iteration trained on.
+    first = its[0]["reward_model_data"]["prm"]
+    assert first["worked"] == 8 and first["replayed"] == 0 and first["new"] > 0
+    assert its[2]["reward_model_data"]["prm"] == refresh["composition"]
+    assert refresh["composition"]["replayed"] == refresh["historical_rows"]
     # The likelihood weights: fitted at iteration 0 (worked solutions are right, samples wrong);
     # the refresh's samples of a random model are all wrong, so the refit is refused and the
     # weights stay (unguarded, the fit saturated and every sample scored ~2e-8: no GRPO signal).
