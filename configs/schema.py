@@ -87,9 +87,9 @@ class DataConfig:
     max_ops: int = 4
     """Synthetic: most operations per problem."""
     operations: str = "+-*"
-    """Synthetic: the operations a problem draws from, among `+`, `-` and `*`. `+-` (additions
-    and subtractions only) lets carry and borrow slips cancel, so that right answers come through
-    wrong steps (configs/tiny_steps.yaml, docs/task_design.md)."""
+    """Synthetic: the operations a problem draws from, `+-*` or `+-` (additions and subtractions
+    only: carry and borrow slips of +-10 then cancel often, so that right answers come through
+    wrong steps; configs/tiny_steps.yaml, docs/task_design.md)."""
     sft_max_ops: int = 0
     """Synthetic: most operations in the SFT worked solutions; 0 = `max_ops`. Set below `max_ops`,
     the warm start never sees a worked solution as long as the longest RL and held-out questions:
@@ -467,8 +467,9 @@ class IterateConfig:
     base (the first reward models' backbone, `rm.init_path` or the warm start, on the refresh
     set alone)."""
     refresh_worked_solutions: int = 0
-    """SFT worked solutions (every step right) that join each refresh as they join the first
-    training (`rm.worked_solutions` there); 0 = the refresh reads the policy's samples only."""
+    """SFT worked solutions (the first `rm.worked_solutions` of them, labelled as in the first
+    training) that stay in the replay pool beside earlier iterations' samples: a refresh draws
+    its `replay_fraction` of historical rows from both (iteration/replay.py); 0 = samples only."""
     refresh_epochs: float = 0.0
     """Epochs of a refresh over its set (0 = `rm.epochs`)."""
 

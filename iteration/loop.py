@@ -113,7 +113,8 @@ class IterationRun:
             return []
         records = self.splits.sft[:n]
         if kind == "orm":
-            return worked_orm_examples(records, self.cfg.eval.grade_timeout_s)
+            return worked_orm_examples(records, self.cfg.eval.grade_timeout_s,
+                                       self.cfg.data.step_separator)
         return worked_examples(records)
 
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:

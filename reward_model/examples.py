@@ -41,11 +41,13 @@ def _worked_pairs(records: list[MathRecord]) -> list[tuple[MathRecord, StepExamp
     return out
 
 
-def worked_orm_examples(records: list[MathRecord], timeout_s: int = 2) -> list[StepExample]:
-    """Worked solutions as ORM examples labelled by their final answer against the gold one,
-    as the policy's samples are (process_supervision/label.py): a synthetic solution whose
-    slips cancel is right for the ORM, though its steps are wrong for the PRM."""
-    return [orm_example(ex.question, "\n".join(ex.steps),
+def worked_orm_examples(records: list[MathRecord], timeout_s: int = 2,
+                        separator: str = "\n") -> list[StepExample]:
+    """Worked solutions as ORM examples (steps joined by `separator`, as the policy writes
+    them) labelled by their final answer against the gold one, as the policy's samples are
+    (process_supervision/label.py): a synthetic solution whose slips cancel is right for the
+    ORM, though its steps are wrong for the PRM."""
+    return [orm_example(ex.question, separator.join(ex.steps),
                         float(grade(ex.steps[-1], r.answer, timeout_s)))
             for r, ex in _worked_pairs(records)]
 

@@ -40,13 +40,14 @@ class Problem:
 
 
 OPERATIONS = "+-*"
-"""Every operation a problem may ask for; `operations="+-"` draws additions and subtractions
-only, whose carry and borrow slips (+-10) can cancel, where a slip before a multiplication is
-multiplied with it."""
+"""Every operation a problem may ask for; `operations="+-"` leaves out multiplication: additions
+and subtractions only, whose carry and borrow slips (+-10) can cancel, where a slip before a
+multiplication is multiplied with it."""
 
 
 def _random_op(rng: random.Random, value: int, operations: str = OPERATIONS) -> tuple[str, int]:
-    """A random operation among `operations` that keeps the running value in [1, MAX_VALUE]."""
+    """A random operation that keeps the running value in [1, MAX_VALUE]: an addition, a
+    subtraction, or where `operations` has `*`, a multiplication."""
     choices = ((["+"] if value < MAX_VALUE else []) + (["-"] if value > 1 else [])
                + (["*"] if "*" in operations and 2 <= value <= MAX_VALUE // 2 else []))
     op = rng.choice(choices)

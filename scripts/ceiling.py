@@ -63,24 +63,27 @@ def run_one(task: str, seed: int, arm: str | None, root: Path, overrides: list[s
 
         checkpoint = load_config(task, overrides).model.policy_path
     igrpo(["eval", *common, f"eval.checkpoint={checkpoint}"], log)
-    found = max((json.loads(p.read_text()) for p in (root / name / "eval").glob("*.json")
-                 if p.name != "result.json"), key=lambda m: m["checkpoint"] == str(checkpoint))
+    reports = [json.loads(p.read_text()) for p in (root / name / "eval").glob("*.json")
+               if p.name != "result.json"]
+    found = next(m for m in reports if m["checkpoint"] == str(checkpoint))
     result.write_text(json.dumps(found, indent=2))
     return found
 
 
 def summarise(runs: dict) -> dict:
-    """{task: {"warm"|arm: {metric: [per seed]}, "steps - exact": {metric: t interval}}}."""
+    """{task: {"warm"|arm: {metric: {seed: value}}, "steps - exact": {metric: t interval over
+    the seeds that have the metric in both arms}}}."""
     out: dict = {}
-    for (task, seed, arm), metrics in sorted(runs.items(), key=lambda kv: str(kv[0])):
+    for (task, seed, arm), metrics in runs.items():
         per = out.setdefault(task, {}).setdefault(arm or "warm", {})
         for m in METRICS:
             if f"eval/{m}" in metrics:
-                per.setdefault(m, []).append(metrics[f"eval/{m}"])
+                per.setdefault(m, {})[seed] = metrics[f"eval/{m}"]
     for task, arms in out.items():
-        arms["steps - exact"] = {m: t_interval([s - e for s, e in zip(arms["steps"][m],
-                                                                      arms["exact"][m])])
-                                 for m in METRICS if m in arms.get("steps", {})}
+        steps, exact = arms.get("steps", {}), arms.get("exact", {})
+        arms["steps - exact"] = {
+            m: t_interval([steps[m][s] - exact[m][s] for s in steps[m] if s in exact[m]])
+            for m in METRICS if m in steps and m in exact}
     return out
 
 
@@ -92,8 +95,8 @@ def table(summary: dict) -> str:
         for arm in ("warm", *ARMS):
             if arm in arms:
                 lines.append(f"{arm:>14}" + "".join(
-                    f"{sum(v) / len(v):>26.3f}" if (v := arms[arm].get(m)) else f"{'-':>26}"
-                    for m in METRICS))
+                    f"{sum(v.values()) / len(v):>26.3f}" if (v := arms[arm].get(m))
+                    else f"{'-':>26}" for m in METRICS))
         diff = arms.get("steps - exact", {})
         lines.append(f"{'steps - exact':>14}" + "".join(
             f"{d['mean']:+9.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if (d := diff.get(m))
@@ -120,7 +123,7 @@ def main() -> int:
     args.root.mkdir(parents=True, exist_ok=True)
     (args.root / "ceiling.json").write_text(json.dumps(
         {"command": " ".join(sys.argv), "overrides": overrides, "seeds": args.seeds,
-         "summary": summary}, indent=2))
+         "summary": summary}, indent=2, default=str))
     print(table(summary))
     return 0
 

@@ -94,3 +94,47 @@ def test_schema_changes_alone_do_not_block_a_resume():
                         defaults=defaults) == ["grpo.token_budget_share"]
     # without the schema's defaults every one-sided key is a change
     assert diff_configs({"grpo": {"beta": 0.04}}, new) == ["grpo.token_budget_share"]
+
+
+def test_a_config_extends_another_and_the_steps_task_is_tiny_with_its_own_data(tmp_path):
+    """configs/tiny_steps.yaml is configs/tiny.yaml with longer chains of additions and
+    subtractions; a file's `extends` is read first, relative to it, and a missing one is named."""
+    from configs import ConfigError, load_config
+    from runtime.data import load_splits
+
+    steps = load_config("configs/tiny_steps.yaml", ["model.policy_path="])
+    tiny = load_config("configs/tiny.yaml")
+    assert (steps.data.min_ops, steps.data.max_ops, steps.data.operations) == (5, 7, "+-")
+    assert steps.grpo.group_size == tiny.grpo.group_size == 64 and steps.rm.lr == tiny.rm.lr
+    assert steps.run.name == "tiny-steps" and steps.grpo.max_new_tokens == 160
+    data = load_config("configs/tiny_steps.yaml", ["model.policy_path=", "data.sft_questions=200",
+                                                   "data.rl_questions=50"]).data
+    splits = load_splits(data, 0)
+    for r in splits.sft + splits.eval:
+        assert "Multiply" not in r.question and 6 <= len(r.solution_steps) <= 8
+        # the longest prompt and worked solution fit their token budgets (one character a token)
+        assert len(r.question) + 1 <= data.max_prompt_tokens
+        assert len("\n".join(r.solution_steps)) + 1 <= steps.grpo.max_new_tokens
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: missing.yaml\nrun:\n  name: x\n")
+    with pytest.raises(ConfigError, match="missing.yaml"):
+        load_config(child)
+    with pytest.raises(ConfigError, match="data.operations"):
+        load_config("configs/tiny.yaml", ["data.operations=+/"])
+
+
+def test_the_default_operations_draw_the_problems_they_always_drew():
+    """`data.operations` left at '+-*' keeps every seeded problem as it was (the shipped warm
+    start and every recorded number were made on them)."""
+    from runtime import synthetic
+
+    assert synthetic.make_problems(0, 1)[0].question == \
+        "Start with 14. Add 5. Multiply by 3. Subtract 5."
+    import hashlib
+
+    text = "\n".join(p.question + "|" + "|".join(p.steps) for p in synthetic.make_problems(0, 500))
+    # sha256 of the same 500 problems drawn before `operations` existed
+    assert hashlib.sha256(text.encode()).hexdigest() == \
+        "88337ebb37bf75ab355266a45ce8c956d1b9e13bbf796e616fee343d1fcd8504"
+    assert all("Multiply" not in p.question
+               for p in synthetic.make_problems(0, 50, operations="+-"))

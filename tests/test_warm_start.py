@@ -74,6 +74,29 @@ def test_shipped_warm_start_is_what_its_recipe_says():
         == recipe["heldout"]["eval/greedy_accuracy"]
 
 
+def test_the_steps_task_warm_start_brings_right_answers_through_wrong_steps():
+    """configs/tiny_steps.yaml's warm start (scripts/build_warm_start.py --task steps): its
+    weights are the recipe's, and on the 500 held-out questions at least 15% of its right
+    answers come through a wrong step (the interval's lower end), recomputed here from every
+    sample's outcome, with room for RL between mean@4 and pass@4."""
+    bundle = BUNDLED / "tiny_steps_warm_start"
+    recipe = json.loads((bundle / "recipe.json").read_text())
+    digest = hashlib.sha256((bundle / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == recipe["sha256"]["model.safetensors"]
+    assert all(c.startswith("igrpo sft --config configs/tiny_steps.yaml") for c in
+               recipe["commands"])
+    assert load_config("configs/tiny_steps.yaml").model.policy_path == str(bundle)
+    heldout = json.loads((bundle / "heldout.json").read_text())
+    right = [r for rows in heldout["sample_right"] for r in rows]
+    trace = [t for rows in heldout["sample_trace"] for t in rows]
+    lucky = sum(r and not t for r, t in zip(right, trace)) / sum(right)
+    found = recipe["heldout"]
+    assert len(heldout["questions"]) == found["eval/questions"] == 500
+    assert lucky == pytest.approx(found["eval/lucky_answer_rate"])
+    assert found["eval/lucky_answer_rate_lo"] >= 0.15
+    assert found["eval/pass_at_k"] - found["eval/mean_at_k"] > 0.2
+
+
 @pytest.mark.slow
 def test_shipped_warm_start_reproduces_its_held_out_greedy_accuracy_exactly():
     from policy.evaluate import evaluate_policy
