@@ -13,8 +13,9 @@ Levers (overrides of the run's config):
   paper         the paper's refresh: continue the previous reward model on the policy's labelled
                 samples + 10% replay (every lever starts from it)
   from-base     restart from the first reward models' backbone (`iterate.refresh_from=base`)
-  worked        keep 1,000 worked solutions in each refresh (`iterate.refresh_worked_solutions`,
-                the tiny config's setting)
+  worked        1,000 worked solutions in the replay pool (`iterate.refresh_worked_solutions`,
+                the tiny config's setting: they share the 10% replay with earlier samples; the
+                figures in docs/reward_models.md predate that and had them join whole)
   questions-x4  label 4x as many questions per refresh (`label.questions=128`; relabels)
   epochs-x4     4x the refresh's epochs (`iterate.refresh_epochs=8`)
   replay-50     half of the refresh set replayed from iteration 0 (`iterate.replay_fraction=0.5`)
