@@ -10,7 +10,7 @@ advantage of each step position (the advantage at the step's last token) over th
 groups' samples, and over the other groups' for contrast.
 
     python scripts/credit_bias.py --prm runs/tiny/rm-prm/iteration-0/final     # ~5 min, 2 cores
-    python scripts/credit_bias.py --prm ... --config configs/tiny_steps.yaml --questions 32
+    python scripts/credit_bias.py --prm ... --no-carry     # questions without a carry or borrow
 
 The run's PRM reads the policy's samples exactly as GRPO's reward does (`grpo.supervision=process`,
 `rm.aggregate`), with the config's group size and temperature.
@@ -33,6 +33,7 @@ from iteration import stages  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from policy.math.advantages import PROCESS_CREDIT, GroupNorm  # noqa: E402
 from runtime.data import run_splits  # noqa: E402
+from runtime import synthetic  # noqa: E402
 from runtime.prompts import prompt_format  # noqa: E402
 
 
@@ -61,6 +62,9 @@ def main() -> int:
     parser.add_argument("--prm", required=True, help="a trained PRM (e.g. rm-prm/iteration-0/final)")
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--questions", type=int, default=32)
+    parser.add_argument("--no-carry", action="store_true",
+                        help="only questions with no carry or borrow (synthetic task), which the "
+                             "warm start gets all right far more often: more all-right groups")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -70,7 +74,11 @@ def main() -> int:
     model, tokenizer = stages.load_policy(cfg, cfg.model.policy_path)
     reward = stages.make_reward(cfg, tokenizer, "rm", {"prm": stages.load_scorer(cfg, args.prm)})
     g, fmt = cfg.grpo, prompt_format(cfg.data)
-    records = run_splits(cfg).rl[:args.questions]
+    records = run_splits(cfg).rl
+    if args.no_carry:
+        records = [r for r in records if not any(
+            synthetic.carries(v, op, n) for v, op, n, _ in synthetic.true_chain(r.question))]
+    records = records[:args.questions]
     found: dict = {}
     for start in range(0, len(records), 2):
         chunk = records[start:start + 2]
@@ -93,7 +101,7 @@ def main() -> int:
     step_end, correct = cat("step_end_index", 0), torch.cat(found["correct"])
     all_right = correct.view(-1, g.group_size).all(-1).repeat_interleave(g.group_size)
     norm = GroupNorm(g.group_size, g.scale_by_std, g.std_unbiased, g.std_eps, g.min_reward_std)
-    table = {"questions": len(records), "group_size": g.group_size,
+    table = {"questions": len(records), "no_carry": args.no_carry, "group_size": g.group_size,
              "all_right_groups": int(all_right.sum()) // g.group_size, "forms": {}}
     for name, credit in PROCESS_CREDIT.items():
         advantages, _ = credit.estimate(step_rewards, step_mask, step_end, correct, width, norm,
