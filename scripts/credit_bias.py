@@ -57,6 +57,33 @@ def step_position_means(advantages: torch.Tensor, step_mask: torch.Tensor,
     return means
 
 
+def sample_and_score(cfg, prm: str, records) -> tuple:
+    """(step_rewards, step_mask, step_end_index [N, S], correct [N], completion width T): the
+    policy's G samples of each record, scored by the PRM as GRPO's process reward scores them."""
+    model, tokenizer = stages.load_policy(cfg, cfg.model.policy_path)
+    reward = stages.make_reward(cfg, tokenizer, "rm", {"prm": stages.load_scorer(cfg, prm)})
+    g, fmt = cfg.grpo, prompt_format(cfg.data)
+    found: dict = {}
+    for start in range(0, len(records), 2):
+        chunk = records[start:start + 2]
+        rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), g.group_size,
+                                  max_new_tokens=g.max_new_tokens, temperature=g.temperature)
+        scores = reward([r for r in chunk for _ in range(g.group_size)], rollout)
+        for key in ("step_rewards", "step_mask", "step_end_index", "correct"):
+            found.setdefault(key, []).append(getattr(scores, key))
+        found.setdefault("width", []).append(rollout.completion_ids.shape[1])
+        print(f"[credit_bias] {start + len(chunk)}/{len(records)} questions sampled and scored",
+              flush=True)
+    steps = max(t.shape[1] for t in found["step_mask"])
+
+    def cat(key, fill):
+        return torch.cat([torch.nn.functional.pad(t, (0, steps - t.shape[1]), value=fill)
+                          for t in found[key]])
+
+    return (cat("step_rewards", 0.0).float(), cat("step_mask", False), cat("step_end_index", 0),
+            torch.cat(found["correct"]), max(found["width"]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prm", required=True, help="a trained PRM (e.g. rm-prm/iteration-0/final)")
@@ -71,34 +98,13 @@ def main() -> int:
     cfg = load_config(args.config, ["grpo.supervision=process", *args.overrides])
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads)
-    model, tokenizer = stages.load_policy(cfg, cfg.model.policy_path)
-    reward = stages.make_reward(cfg, tokenizer, "rm", {"prm": stages.load_scorer(cfg, args.prm)})
-    g, fmt = cfg.grpo, prompt_format(cfg.data)
+    g = cfg.grpo
     records = run_splits(cfg).rl
     if args.no_carry:
         records = [r for r in records if not any(
             synthetic.carries(v, op, n) for v, op, n, _ in synthetic.true_chain(r.question))]
     records = records[:args.questions]
-    found: dict = {}
-    for start in range(0, len(records), 2):
-        chunk = records[start:start + 2]
-        rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), g.group_size,
-                                  max_new_tokens=g.max_new_tokens, temperature=g.temperature)
-        scores = reward([r for r in chunk for _ in range(g.group_size)], rollout)
-        for key in ("step_rewards", "step_mask", "step_end_index", "correct"):
-            found.setdefault(key, []).append(getattr(scores, key))
-        found.setdefault("width", []).append(rollout.completion_ids.shape[1])
-        print(f"[credit_bias] {start + len(chunk)}/{len(records)} questions sampled and scored",
-              flush=True)
-    width = max(found["width"])
-    steps = max(t.shape[1] for t in found["step_mask"])
-
-    def cat(key, fill):
-        return torch.cat([torch.nn.functional.pad(t, (0, steps - t.shape[1]), value=fill)
-                          for t in found[key]])
-
-    step_rewards, step_mask = cat("step_rewards", 0.0).float(), cat("step_mask", False)
-    step_end, correct = cat("step_end_index", 0), torch.cat(found["correct"])
+    step_rewards, step_mask, step_end, correct, width = sample_and_score(cfg, args.prm, records)
     all_right = correct.view(-1, g.group_size).all(-1).repeat_interleave(g.group_size)
     norm = GroupNorm(g.group_size, g.scale_by_std, g.std_unbiased, g.std_eps, g.min_reward_std)
     table = {"questions": len(records), "no_carry": args.no_carry, "group_size": g.group_size,
@@ -115,8 +121,7 @@ def main() -> int:
           "the end of step j from the first (from_end: from the answer line back)")
     for name, rows in table["forms"].items():
         for which, means in rows.items():
-            cells = " ".join(f"{m:+.2f}" for m in means)
-            print(f"{name:>9} {which:>18}: {cells}")
+            print(f"{name:>9} {which:>18}: " + " ".join(f"{m:+.2f}" for m in means))
     if args.out:
         args.out.write_text(json.dumps({"command": " ".join(sys.argv), **table}, indent=2))
     return 0
