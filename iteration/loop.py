@@ -101,10 +101,7 @@ class IterationRun:
                                       self.config_yaml)
         finally:
             logger.close()
-        counts = composition(rows, k)
-        return {"path": self._rel(path), "rows": len(rows),
-                "historical_rows": counts["replayed"] + (counts["worked"] if k else 0),
-                "worked_rows": counts["worked"], "composition": counts}
+        return {"path": self._rel(path), "composition": composition(rows, k)}
 
     def _worked(self, kind: str, n: int) -> list:
         """The first `n` SFT worked solutions as `kind` examples: step by step against the

@@ -11,7 +11,7 @@ from configs import load_config
 from configs.loader import ConfigError
 from policy.algorithms.grpo import advantage_step, compute_advantages
 from policy.math.advantages import (PROCESS_CREDIT, GroupNorm, min_form_values,
-                                    outcome_advantages, process_advantages, process_estimate,
+                                    outcome_advantages, process_advantages,
                                     token_budget_mask, zero_group_correction)
 from policy.rewards import Scores
 
@@ -210,8 +210,8 @@ def test_the_default_config_takes_the_sum_form_through_the_production_path():
     scores = Scores(rewards=torch.zeros(3), step_rewards=STEPS, step_mask=STEP_MASK,
                     step_end_index=STEP_END)
     adv, _ = compute_advantages(scores, scores.rewards, rollout, g, std_normalised=True)
-    old = process_estimate(None, STEPS, STEP_MASK, STEP_END, 6, GroupNorm(3, eps=g.std_eps))
-    assert torch.equal(adv, old[0])
+    by_hand = process_advantages(STEPS, STEP_MASK, STEP_END, 6, 3, eps=g.std_eps)
+    assert torch.equal(adv, by_hand)
 
 
 def test_min_credit_equals_plain_loop():

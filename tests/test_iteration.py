@@ -89,17 +89,16 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     rm_report = json.loads((run / "eval" / "reward_models.json").read_text())
     assert "prm/step_accuracy" in rm_report and "orm/step_accuracy" in rm_report
     # The refresh set of iteration 1 holds the configured historical fraction.
-    refresh = manifest["rm-prm/1"]["outputs"]
-    new_rows = refresh["rows"] - refresh["historical_rows"]
-    assert refresh["historical_rows"] == historical_count(new_rows, 0.25) > 0
-    # Worked SFT solutions join the first training only (rm.worked_solutions=8), not a refresh
+    refresh = manifest["rm-prm/1"]["outputs"]["composition"]
+    assert refresh["replayed"] == historical_count(refresh["new"], 0.25) > 0
+    # Worked SFT solutions join the first training (rm.worked_solutions=8), not this refresh
     # (iterate.refresh_worked_solutions=0 here).
-    assert manifest["rm-prm/0"]["outputs"]["worked_rows"] == 8 and refresh["worked_rows"] == 0
+    assert manifest["rm-prm/0"]["outputs"]["composition"]["worked"] == 8
+    assert refresh["worked"] == 0
     # summary.json says what the reward models of each iteration trained on.
     first = its[0]["reward_model_data"]["prm"]
     assert first["worked"] == 8 and first["replayed"] == 0 and first["new"] > 0
-    assert its[2]["reward_model_data"]["prm"] == refresh["composition"]
-    assert refresh["composition"]["replayed"] == refresh["historical_rows"]
+    assert its[2]["reward_model_data"]["prm"] == refresh
     # The likelihood weights: fitted at iteration 0 (worked solutions are right, samples wrong);
     # the refresh's samples of a random model are all wrong, so the refit is refused and the
     # weights stay (unguarded, the fit saturated and every sample scored ~2e-8: no GRPO signal).
@@ -349,7 +348,7 @@ def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers
     assert seen[1] == (epochs, expected_init, 30 + historical_count(30, 0.1))
     assert out["composition"]["new"] == 30
     assert out["composition"]["replayed"] + out["composition"]["worked"] == 3
-    assert out["worked_rows"] <= worked
+    assert out["composition"]["worked"] <= worked
 
 
 def test_labelling_completes_prefixes_with_the_policy_whose_samples_it_labels(tmp_path,

@@ -142,24 +142,13 @@ def rft_estimate(rewards: torch.Tensor, step_rewards, step_mask, step_end_index,
     return normalised.expand(-1, num_tokens), normalised
 
 
-def process_estimate(rewards: torch.Tensor, step_rewards: torch.Tensor, step_mask: torch.Tensor,
-                     step_end_index: torch.Tensor, num_tokens: int, norm: GroupNorm
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Process supervision (§4.1.3): a token gets the sum of the normalised rewards of its step
-    and every later one. step_*: [N, S]. Returns ([N, T], [N, S] normalised step rewards)."""
-    normalised = normalised_step_rewards(step_rewards.float(), step_mask, norm.group_size,
-                                         scale_by_std=norm.scale_by_std, unbiased=norm.unbiased,
-                                         eps=norm.eps, min_std=norm.min_std)
-    return step_sums_to_tokens(normalised, step_mask, step_end_index, num_tokens), normalised
-
-
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "outcome": outcome_estimate,
-    "process": process_estimate,
     "rft": rft_estimate,
 }
-"""`grpo.supervision` -> estimator(rewards [N], step_rewards, step_mask, step_end_index [N, S]
-(None for outcome rewards), T, GroupNorm) -> (token advantages [N, T], what was normalised)."""
+"""`grpo.supervision` (outcome, rft) -> estimator(rewards [N], step_rewards, step_mask,
+step_end_index [N, S] (None for outcome rewards), T, GroupNorm) -> (token advantages [N, T], what
+was normalised). Process supervision takes its credit form from `PROCESS_CREDIT` instead."""
 
 
 # Credit assignment for process rewards (`grpo.process_credit`, docs/grpo.md): how step rewards
@@ -175,9 +164,12 @@ def sum_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                norm: GroupNorm, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeekMath §4.1.3: all step rewards of a group normalised together, r~ = (r - mean) /
     std; token t gets sum_{j: end_j >= t} r~_j, its step's and every later step's (0 after the
-    last step, and on every token of a sample without a step). `process_estimate` itself.
+    last step, and on every token of a sample without a step).
     Returns ([N, T], [N, S] normalised step rewards)."""
-    return process_estimate(None, step_rewards, step_mask, step_end_index, num_tokens, norm)
+    normalised = normalised_step_rewards(step_rewards.float(), step_mask, norm.group_size,
+                                         scale_by_std=norm.scale_by_std, unbiased=norm.unbiased,
+                                         eps=norm.eps, min_std=norm.min_std)
+    return step_sums_to_tokens(normalised, step_mask, step_end_index, num_tokens), normalised
 
 
 def min_form_values(step_rewards: torch.Tensor, step_mask: torch.Tensor,
