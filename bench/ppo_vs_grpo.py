@@ -83,14 +83,14 @@ def measure(name: str, policy: str, steps: int, repeats: int) -> list[str]:
 def plan_rows() -> list[str]:
     sys.path.insert(0, str(ROOT))
     from configs import load_config
-    from configs.memory import GB, plan
+    from configs.memory import GB, peak, plan
 
     rows = ["| 7B config, 8 GPUs | peak GiB/GPU | critic model states GiB/GPU |", "| --- | --- | --- |"]
     for recipe in ("grpo", "ppo"):
         cfg = load_config("configs/deepseekmath_7b.yaml", recipe=recipe)
         items, numbers = plan(cfg, 8, 1, cfg.data.max_prompt_tokens)  # as `igrpo plan` does
         critic = sum(r.gpu_bytes for r in items if r.item == "critic model states")
-        rows.append(f"| {recipe} | {numbers['peak'] / GB:.1f} | {critic / GB:.1f} |")
+        rows.append(f"| {recipe} | {peak(numbers, 80) / GB:.1f} | {critic / GB:.1f} |")
     return rows
 
 

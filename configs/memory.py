@@ -1,28 +1,41 @@
-"""`igrpo plan`: per-GPU memory of a GRPO (or PPO: the critic counted) run at a given scale,
-and whether it fits.
+"""`igrpo plan`: per-GPU memory of every phase of a GRPO iteration (or PPO's: the critic
+counted) at a given scale, and whether each fits.
 
     igrpo plan --config configs/deepseekmath_7b.yaml --gpus 8 --nodes 1 --gpu-gb 80 141
 
-Model states (parameters, gradients, optimizer) come from DeepSpeed's own estimators
+The terms. Model states (parameters, gradients, optimizer) come from DeepSpeed's own estimators
 (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`); frozen models
-(the reference and the reward model in use) hold bf16/fp32 weights only, partitioned under ZeRO-3;
-the rollout's KV cache and the update's activations are computed from the architecture:
+(the reference, the reward models) hold bf16/fp32 weights only, the reference partitioned under
+ZeRO-3 and a reward model loaded whole on every GPU; the rest comes from the architecture:
 
-- KV cache: sequences per GPU x (prompt + completion tokens) x layers x 2 (K and V) x KV heads x
-  head dim x bytes per value;
-- activations of one update micro-batch without recomputation, with flash attention (no s x s
-  score matrix kept): layers x tokens x hidden x 34 bytes (Korthikanti et al., 2022, "Reducing
-  activation recomputation", table 2, bf16), plus the micro-batch's logits.
+- KV cache: sequences x (prompt + completion tokens) x layers x 2 (K and V) x KV heads x head dim
+  x bytes per value;
+- an update micro-batch's activations, with flash attention (no s x s score matrix kept): layers
+  x tokens x hidden x 34 bytes without recomputation (Korthikanti et al., 2022, table 2, bf16),
+  each layer's input plus one layer's 34 bytes with gradient checkpointing; and its logits: the
+  model's [tokens, vocabulary] output plus the loss's float32 copy, which the log-softmax keeps
+  for the backward pass (`selective_log_softmax` chunks its computation, not what autograd saves);
+- a no-gradient forward of the reward model (scoring): one layer's working set at a time,
+  `rm.score_batch_size` x `rm.max_length` tokens x (4 hidden + 3 intermediate) values.
 
-Rollout and update do not overlap in time, so the peak is the weights plus the larger of the two.
+The phases, in the order a GRPO iteration (`igrpo iterate`) runs them. The GRPO stage holds the
+policy's states, the reference and the reward model it is rewarded by throughout ("held"):
 
-With `rollout.backend=vllm` (both GPU configs) the rollout is the colocated vLLM engine's, not the
-decoding loop's: a pool of `rollout.memory_fraction` of the GPU (or the policy's weights plus
-`rollout.kv_cache_gb`) holds vLLM's copy of the weights and a paged KV cache that serves a
-question's G samples in waves (their prompt's blocks shared), so the plan asks how many full-length
-sequences it holds at once, not whether all G fit. Under ZeRO-3 the policy is gathered only to
-push the weights (beside vLLM's weights, before its KV cache wakes). With `rollout.sleep` the
-engine frees everything before the update (vLLM's sleep level 2).
+    start-up        held + a whole bf16 copy (ZeRO-3: each model is loaded whole, then partitioned)
+    push            held + the gathered policy (ZeRO-3) + vLLM's weights (its KV cache asleep)
+    rollout         held + vLLM's pool (weights + KV cache), or the decoding loop's KV cache
+    scoring         held + the reward model's forward (vLLM asleep)
+    update          held + activations + logits (vLLM asleep)
+    reward models   a reward model's training states + its activations (vLLM asleep)
+    labelling       vLLM's pool (the decoding loop: the policy + its KV cache)
+    evaluation      sampling beside both reward models (best-of-N), then their scoring
+
+With `rollout.backend=vllm` (both GPU configs) a pool of `rollout.memory_fraction` of the GPU
+(or the weights plus `rollout.kv_cache_gb`) holds vLLM's weights and a paged KV cache that serves
+a question's G samples in waves, so the plan asks how many full-length sequences it holds at
+once. With `rollout.sleep` (a GPU) the pool is mapped only while vLLM generates
+(docs/rollout.md, "Sleep and wake"); without it, every phase after the engine starts carries it.
+A GPU's usable memory is 90% of what the card reports (an "80 GB" H100: 79.65 GiB).
 """
 
 from __future__ import annotations
@@ -112,8 +125,29 @@ class PlanRow:
     note: str
 
 
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    terms: tuple[tuple[str, float], ...]
+    """(item, bytes per GPU) of what the GPU holds at the phase's peak."""
+
+    @property
+    def peak(self) -> float:
+        return sum(b for _, b in self.terms)
+
+
+# What a card reports in MiB (nvidia-smi), by the size it is sold as: an "80 GB" H100 or A100
+# has 81,559 MiB = 79.65 GiB, a 141 GB H200 143,771 MiB. Other sizes are taken as GiB.
+GPU_MIB = {80: 81_559, 141: 143_771, 40: 40_960, 24: 24_564}
+
+
+def gpu_bytes(gpu_gb: float) -> float:
+    """The memory a card sold as `gpu_gb` GB reports."""
+    return GPU_MIB.get(gpu_gb, gpu_gb * 1024) * 2**20
+
+
 def model_states(params: int, largest: int, ds, gpus: int, nodes: int) -> tuple[int, int, str]:
-    """(GPU bytes, CPU bytes, source) of the trained policy's states under its ZeRO stage."""
+    """(GPU bytes, CPU bytes, source) of a trained model's states under its ZeRO stage."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -134,7 +168,8 @@ def model_states(params: int, largest: int, ds, gpus: int, nodes: int) -> tuple[
 
 
 def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[PlanRow], dict]:
-    """Per-GPU memory rows of one GRPO iteration, and the numbers behind them."""
+    """Per-GPU terms of one GRPO iteration (the rows) and the numbers the phases are built from
+    (`phases`; vLLM's pool depends on the GPU's size)."""
     arch = architecture(cfg.model)
     ds, g = cfg.deepspeed, cfg.grpo
     total_gpus = gpus * nodes
@@ -145,28 +180,31 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     # One generate call holds grpo.rollout_questions questions' G samples (0: all of a rank's).
     rollout_seqs = min(rank_questions, g.rollout_questions or rank_questions) * g.group_size
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
-    gathered = value_bytes * params if ds.zero_stage == 3 else 0.0
-    weight_rows = _weight_rows(cfg, arch, gpus, nodes)
-    rollout_rows = _rollout_rows(cfg, value_bytes * params, gathered, rollout_seqs,
-                                 kv_per_seq, tokens)
-    update = _update_row(cfg, arch, tokens, value_bytes)
-    weights = sum(r.gpu_bytes for r in weight_rows)
-    rollout = sum(r.gpu_bytes for r in rollout_rows)
+    whole = value_bytes * params
+    rows = [*_weight_rows(cfg, arch, gpus, nodes),
+            PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
+                    "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
+    if cfg.rollout.backend != "vllm":
+        rows.append(PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
+                            f"{rollout_seqs:g} sequences x {tokens} tokens"))
+    rows += [_scoring_row(cfg, arch, value_bytes), *_update_rows(cfg, arch, tokens, value_bytes),
+             *_reward_model_rows(cfg, arch, gpus, nodes, value_bytes)]
     numbers = {"params": params, "largest_layer_params": arch.largest_layer_params,
-               "weights": weights, "gathered": gathered, "update": update.gpu_bytes,
-               "peak": weights + max(rollout, update.gpu_bytes),
                "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
                "group_size": g.group_size, "total_gpus": total_gpus, "tokens": tokens,
+               "zero3": ds.zero_stage == 3, "terms": {r.item: r.gpu_bytes for r in rows},
+               "label_sequences": cfg.label.prefixes_per_batch * cfg.label.num_completions,
+               "eval_sequences": cfg.eval.batch_size,
                "vllm": None}
     if cfg.rollout.backend == "vllm":
-        numbers["vllm"] = {"weights": value_bytes * params, "fraction": cfg.rollout.memory_fraction,
+        numbers["vllm"] = {"weights": whole, "fraction": cfg.rollout.memory_fraction,
                            "kv_fixed": cfg.rollout.kv_cache_gb * GB,
                            "sleeps": cfg.rollout.sleep}
-    return [*weight_rows, *rollout_rows, update], numbers
+    return rows, numbers
 
 
 def _weight_rows(cfg, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow]:
-    """What stays on the GPU throughout: the policy's model states (the critic's too), the
+    """What a GRPO stage holds throughout: the policy's model states (the critic's too), the
     frozen reference and the reward model GRPO is rewarded by."""
     ds, g = cfg.deepspeed, cfg.grpo
     value_bytes = 2 if ds.bf16 else 4
@@ -196,93 +234,120 @@ def _weight_rows(cfg, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow
     return rows
 
 
-def _rollout_rows(cfg, weights: float, gathered: float, sequences: float, kv_per_seq: float,
-                  tokens: int) -> list[PlanRow]:
-    """The rollout's: vLLM's copy of the weights (its pool is per GPU size: `vllm_phases`), or
-    the decoding loop's KV cache; the gathered policy under ZeRO-3 either way."""
-    r = cfg.rollout
-    if r.backend == "vllm":
-        pool = f"{r.kv_cache_gb:g} GB KV cache + the weights" if r.kv_cache_gb else \
-            f"rollout.memory_fraction {r.memory_fraction:g} of the GPU"
-        return [PlanRow("rollout: gathered policy", gathered,
-                        "ZeRO-3: gathered to push the weights into vLLM, released before it "
-                        "generates" if gathered else "not partitioned: nothing to gather"),
-                PlanRow("rollout: vLLM weights", weights,
-                        f"inside vLLM's pool ({pool}; per GPU size below)")]
-    return [PlanRow("rollout: gathered policy", gathered,
-                    "ZeRO-3: the full weights, gathered once per rollout" if gathered else
-                    "not partitioned: nothing to gather"),
-            PlanRow("rollout: KV cache", sequences * kv_per_seq,
-                    f"{sequences:g} sequences x {tokens} tokens")]
+def _scoring_row(cfg, arch: Architecture, value_bytes: int) -> PlanRow:
+    rm = cfg.rm
+    tokens = rm.score_batch_size * rm.max_length
+    return PlanRow("scoring: forward", tokens * (4 * arch.hidden + 3 * arch.intermediate)
+                   * value_bytes, f"one layer's working set, rm.score_batch_size "
+                   f"{rm.score_batch_size} x rm.max_length {rm.max_length} tokens")
 
 
-def _update_row(cfg, arch: Architecture, tokens: int, value_bytes: int) -> PlanRow:
-    """One update micro-batch's activations and logits. With gradient checkpointing each layer
-    keeps only its input, and one layer's activations are rebuilt at a time in the backward
-    pass. (The critic's update, after the policy's, keeps no vocabulary logits.)"""
-    ds, recompute = cfg.deepspeed, cfg.model.gradient_checkpointing
-    per_layer = tokens * ds.micro_batch_size * arch.hidden
-    activations = (arch.layers * per_layer * value_bytes + per_layer * 34) if recompute else \
+def _activations(arch: Architecture, tokens: int, recompute: bool, value_bytes: int) -> float:
+    """One micro-batch of `tokens` tokens: every layer's 34 bytes a token and hidden unit, or
+    with gradient checkpointing each layer's input and one layer rebuilt at a time."""
+    per_layer = tokens * arch.hidden
+    return (arch.layers * per_layer * value_bytes + per_layer * 34) if recompute else \
         arch.layers * per_layer * 34
-    logits = ds.micro_batch_size * tokens * arch.vocab * value_bytes
-    return PlanRow("update: activations", activations + logits,
-                   f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
-                   f"{'gradient checkpointing' if recompute else 'no recompute'}, "
-                   "flash attention, + logits")
 
 
-def vllm_phases(numbers: dict, gpu_gb: float) -> dict:
-    """The vLLM path on a GPU of `gpu_gb`: vLLM's pool (weights + KV cache), the KV tokens and
-    full-length sequences it holds at once, and the peaks of the rollout (the larger of the
-    push, when the gathered policy and vLLM's weights are resident, and generation, when the
-    whole pool is) and of the update (the pool gone when the engine sleeps)."""
+def _update_rows(cfg, arch: Architecture, tokens: int, value_bytes: int) -> list[PlanRow]:
+    """One update micro-batch's activations and logits (the model's and the loss's float32
+    copy). (The critic's update, after the policy's, keeps no vocabulary logits.)"""
+    ds, recompute = cfg.deepspeed, cfg.model.gradient_checkpointing
+    rows = ds.micro_batch_size * tokens
+    return [PlanRow("update: activations", _activations(arch, rows, recompute, value_bytes),
+                    f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
+                    f"{'gradient checkpointing' if recompute else 'no recompute'}, "
+                    "flash attention"),
+            PlanRow("update: logits", rows * arch.vocab * (value_bytes + 4),
+                    f"[{rows} x {arch.vocab}] logits + the loss's float32 copy")]
+
+
+def _reward_model_rows(cfg, arch: Architecture, gpus: int, nodes: int,
+                       value_bytes: int) -> list[PlanRow]:
+    """Training a reward model of the policy's architecture (trained from the policy): its
+    states under the run's ZeRO stage and a micro-batch of `rm.max_length` tokens."""
+    ds, rm = cfg.deepspeed, cfg.rm
+    states, _, source = model_states(arch.params, arch.largest_layer_params, ds, gpus, nodes)
+    rows = ds.micro_batch_size * rm.max_length
+    return [PlanRow("reward model states", states, f"{source} (training)"),
+            PlanRow("reward model: activations",
+                    _activations(arch, rows, cfg.model.gradient_checkpointing, value_bytes),
+                    f"micro-batch {ds.micro_batch_size} x rm.max_length {rm.max_length}")]
+
+
+def pool_bytes(numbers: dict, gpu_gb: float) -> float:
+    """vLLM's pool on a GPU sold as `gpu_gb` GB: its weights plus the KV cache."""
     v = numbers["vllm"]
-    pool = v["weights"] + v["kv_fixed"] if v["kv_fixed"] else v["fraction"] * gpu_gb * GB
-    kv = max(pool - v["weights"], 0.0)
-    sequences = int(kv // numbers["kv_per_sequence"])
-    rollout = numbers["weights"] + max(numbers["gathered"] + v["weights"], pool)
-    update = numbers["weights"] + numbers["update"] + (0.0 if v["sleeps"] else pool)
-    return {"pool": pool, "kv": kv, "sequences": sequences, "rollout": rollout,
-            "update": update, "peak": max(rollout, update)}
+    return v["weights"] + v["kv_fixed"] if v["kv_fixed"] else v["fraction"] * gpu_bytes(gpu_gb)
 
 
-def rollout_chunk(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> int:
-    """Sequences per generate call whose KV cache fits beside the weights (0: none fits)."""
-    free = gpu_gb * GB * headroom - numbers["weights"] - numbers["gathered"]
-    return max(0, min(int(free // numbers["kv_per_sequence"]), int(numbers["rollout_sequences"])))
+def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
+    """Each phase's terms on a GPU sold as `gpu_gb` GB (module docstring)."""
+    t, v = numbers["terms"], numbers["vllm"]
+    held = tuple((k, b) for k, b in t.items()
+                 if k in ("policy model states", "critic model states", "reference model")
+                 or k.endswith("(scoring)"))
+    scorer = next(b for k, b in t.items() if k.endswith("(scoring)"))
+    whole = t["whole policy"]
+    gathered = (("gathered policy", whole),) if numbers["zero3"] else ()
+    both_rms = (("both reward models", 2 * scorer),)
+    if v is None:
+        kv = numbers["kv_per_sequence"]
+        rollout = (*gathered, ("KV cache", t["rollout: KV cache"]))
+        label = (("policy", whole), ("KV cache", numbers["label_sequences"] * kv))
+        sampling = (("policy", whole), *both_rms, ("KV cache", numbers["eval_sequences"] * kv))
+        push, awake = None, ()
+    else:
+        pool = (("vLLM pool", pool_bytes(numbers, gpu_gb)),)
+        rollout, label, sampling = pool, pool, (*pool, *both_rms)
+        awake = () if v["sleeps"] else pool  # without sleep the pool stays in every phase
+        push = Phase("push", (*held, *gathered, ("vLLM weights", v["weights"]), *awake))
+    out = [Phase("start-up", (*held, *((("whole model, before partitioning", whole),)
+                                       if numbers["zero3"] else ())))]
+    out += [push] if push is not None else []
+    out += [Phase("rollout", (*held, *rollout)),
+            Phase("scoring", (*held, ("scoring: forward", t["scoring: forward"]), *awake)),
+            Phase("update", (*held, ("activations", t["update: activations"]),
+                             ("logits", t["update: logits"]), *awake)),
+            Phase("reward models", (("states", t["reward model states"]),
+                                    ("activations", t["reward model: activations"]), *awake)),
+            Phase("labelling", label),
+            Phase("evaluation: sampling", sampling),
+            Phase("evaluation: scoring", (*both_rms, ("scoring: forward",
+                                                      t["scoring: forward"]), *awake))]
+    return out
+
+
+def peak(numbers: dict, gpu_gb: float) -> float:
+    return max(p.peak for p in phases(numbers, gpu_gb))
+
+
+def vllm_sequences(numbers: dict, gpu_gb: float) -> tuple[float, int]:
+    """(KV-cache bytes, full-length sequences it holds at once) of vLLM's pool."""
+    kv = max(pool_bytes(numbers, gpu_gb) - numbers["vllm"]["weights"], 0.0)
+    return kv, int(kv // numbers["kv_per_sequence"])
 
 
 def verdict(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> str:
-    usable = gpu_gb * GB * headroom
+    usable = gpu_bytes(gpu_gb) * headroom
+    found = phases(numbers, gpu_gb)
+    worst = max(found, key=lambda p: p.peak)
+    where = f"peak {worst.peak / GB:.1f} GiB ({worst.name}) of {usable / GB:.1f} usable"
     if numbers["vllm"] is not None:
-        return _vllm_verdict(numbers, gpu_gb, usable)
-    if numbers["peak"] <= usable:
-        return "fits"
-    if numbers["weights"] + numbers["update"] > usable:
-        return (f"does NOT fit: weights + update activations need "
-                f"{(numbers['weights'] + numbers['update']) / GB:.1f} GiB; lower "
-                "deepspeed.micro_batch_size or add GPUs")
-    questions = rollout_chunk(numbers, gpu_gb, headroom) // numbers["group_size"]
-    if questions < 1:
-        return "does NOT fit: not even one question's G samples fit in the rollout's KV cache"
-    return (f"fits with the rollout in chunks: grpo.rollout_questions={questions} "
-            f"({questions * numbers['group_size']} sequences per generate call)")
-
-
-def _vllm_verdict(numbers: dict, gpu_gb: float, usable: float) -> str:
-    v = vllm_phases(numbers, gpu_gb)
-    where = (f"peak {v['peak'] / GB:.1f} GiB (rollout {v['rollout'] / GB:.1f}, update "
-             f"{v['update'] / GB:.1f}); vLLM pool {v['pool'] / GB:.1f} GiB")
-    if v["sequences"] < 1:
-        return (f"does NOT fit: vLLM's KV cache ({v['kv'] / GB:.1f} GiB) holds no "
-                f"{numbers['tokens']}-token sequence; raise rollout.memory_fraction ({where})")
-    if v["peak"] > usable:
-        return (f"does NOT fit: {where}; lower rollout.memory_fraction or "
-                "deepspeed.micro_batch_size, or add GPUs")
-    waves = -(-numbers["group_size"] // v["sequences"])
-    return (f"fits: {where}, its KV cache {v['kv'] / GB:.1f} GiB holds {v['sequences']} "
-            f"sequences of {numbers['tokens']} tokens at once (a question's "
-            f"{numbers['group_size']} in {waves} wave{'s' if waves > 1 else ''})")
+        kv, sequences = vllm_sequences(numbers, gpu_gb)
+        if sequences < 1:
+            return (f"does NOT fit: vLLM's KV cache ({kv / GB:.1f} GiB) holds no "
+                    f"{numbers['tokens']}-token sequence; raise rollout.memory_fraction")
+    over = [p.name for p in found if p.peak > usable]
+    if over:
+        return f"does NOT fit: {where}; over in {', '.join(over)}"
+    if numbers["vllm"] is None:
+        return f"fits: {where}"
+    waves = -(-numbers["group_size"] // sequences)
+    return (f"fits: {where}; vLLM's KV cache {kv / GB:.1f} GiB holds {sequences} sequences of "
+            f"{numbers['tokens']} tokens at once (a question's {numbers['group_size']} in "
+            f"{waves} wave{'s' if waves > 1 else ''})")
 
 
 def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus: int,
@@ -291,13 +356,14 @@ def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus
     lines = [f"memory plan: {cfg.model.policy_path or 'tiny model'} "
              f"({numbers['params'] / 1e9:.2f}B params), {nodes} node(s) x {gpus} GPU(s), "
              f"ZeRO-{ds.zero_stage}{' bf16' if ds.bf16 else ' fp32'}, "
-             f"{g.questions_per_step} questions x G={g.group_size}",
-             f"{'item':<24}{'GiB/GPU':>10}  how", "-" * 78]
-    for r in rows:
-        lines.append(f"{r.item:<24}{r.gpu_bytes / GB:>10.2f}  {r.note}")
-    lines.append("-" * 78)
-    if numbers["vllm"] is None:
-        lines.append(f"{'peak: weights + max(rollout, update)':<24}{numbers['peak'] / GB:>10.2f}")
+             f"{g.questions_per_step} questions x G={g.group_size}, rollout {cfg.rollout.backend}",
+             f"{'term':<28}{'GiB/GPU':>9}  how", "-" * 78]
+    lines += [f"{r.item:<28}{r.gpu_bytes / GB:>9.2f}  {r.note}" for r in rows]
     for size in gpu_sizes:
-        lines.append(f"{size:g} GB GPU (90% usable): {verdict(numbers, size)}")
+        lines += ["", f"{size:g} GB GPU ({gpu_bytes(size) / GB:.2f} GiB, 90% usable "
+                  f"{0.9 * gpu_bytes(size) / GB:.1f}):", f"{'phase':<22}{'peak GiB':>9}  of"]
+        for p in phases(numbers, size):
+            lines.append(f"{p.name:<22}{p.peak / GB:>9.2f}  "
+                         + " + ".join(f"{k} {b / GB:.2f}" for k, b in p.terms if b))
+        lines.append(f"-> {verdict(numbers, size)}")
     return "\n".join(lines)

@@ -339,6 +339,9 @@ class RewardModelConfig:
     epochs: float = 2.0
     max_length: int = 512
     """Tokens per input; longer inputs are cut at the end, dropping the tags past the cut."""
+    score_batch_size: int = 64
+    """Rows a reward model scores per forward (GRPO's reward, the reports): its activations are
+    `igrpo plan`'s scoring term (rows x max_length)."""
     eval_every: int = 100
     """Optimizer steps between validation passes (0 = only at the end)."""
     save_every: int = 50
@@ -488,9 +491,10 @@ class RolloutConfig:
     """A fixed KV-cache size for vLLM in GB (0 = what `memory_fraction` leaves). The CPU backend
     counts the whole training process against `memory_fraction`, so CPU runs set this."""
     sleep: bool = True
-    """GPU: put the engine to sleep (level 2: weights and KV cache freed) before each training
-    update, so training has the memory back; the next rollout wakes it and pushes the new
-    weights. Generation-only stages (labelling, evaluation) never sleep it."""
+    """GPU: put the engine to sleep (level 2: weights and KV cache freed) at the end of every
+    generation phase (after a rollout, labelling, evaluation's sampling; before a push), so that
+    scoring, reward-model training, a gathered ZeRO-3 policy and the update never share the GPU
+    with vLLM's KV pool; the next generation wakes it (docs/rollout.md, "Sleep and wake")."""
     cuda_graphs: bool = True
     """GPU: let vLLM capture CUDA graphs for decoding (`enforce_eager=False`); the CPU backend
     always runs eagerly."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from policy.generation.rollout import rest
 from process_supervision.label import Labeller, label_in_shards
 from process_supervision.sampling import sample_solutions
 from reward_model.examples import as_orm, synthetic_step_examples
@@ -62,8 +63,10 @@ def label(cfg, policy: str | Path, questions: list[MathRecord], out: Path, k: in
         model, tokenizer = load_policy(cfg, lab.completer)
     labeller = Labeller(model, tokenizer, fmt, lab.num_completions, lab.max_new_tokens,
                         lab.temperature, cfg.eval.grade_timeout_s, lab.prefixes_per_batch)
-    return label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                           progress=is_main(), seed=cfg.run.seed * 101 + k)
+    labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
+                               progress=is_main(), seed=cfg.run.seed * 101 + k)
+    rest(model)  # what runs next (reward-model training) has the GPU without vLLM's pool
+    return labelled
 
 
 def rm_backbone(cfg, warm_start: str | Path) -> str | Path:
@@ -114,6 +117,7 @@ def evaluate(cfg, model, tokenizer, records: list[MathRecord], outcomes_path: Pa
         batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s, progress=progress,
         outcomes_path=outcomes_path, seed=cfg.run.seed, step_oracle=oracle,
         step_separator=cfg.data.step_separator)
+    rest(model)  # what runs next (the reward models' reports) has the GPU without vLLM's pool
     if oracle is None:
         metrics["eval/trace_metrics"] = "no step oracle"
     return metrics

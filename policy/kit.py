@@ -30,7 +30,7 @@ from policy.math.losses import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
 from runtime.data import MathRecord, step_oracle
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            gathered_for_generation, global_sum, world)
+                            device_memory_gib, gathered_for_generation, global_sum, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import PromptFormat, encode_prompts
 from runtime.shards import seeded
@@ -135,28 +135,39 @@ class Sampler:
 
     def __init__(self, engine, trainer: Trainer, cfg, policy_path):
         self.engine, self.trainer = engine, trainer
-        self.vllm = None
+        self.vllm, self.start = None, ("checkpoint", str(policy_path))
         if cfg.rollout.backend == "vllm":
             from policy.generation.vllm import engine_for
 
             self.vllm = engine_for(cfg, policy_path)
 
+    def push_due(self) -> bool:
+        """Whether vLLM lacks the current weights: it holds neither this step's pushed ones nor,
+        before the first optimizer step, the starting checkpoint (no push is needed then)."""
+        held = self.vllm.version
+        return held != self.trainer.step and not (self.trainer.step == 0 and held == self.start)
+
     @contextmanager
     def generating(self):
         """The model to generate with, inside the block (every rank enters it together): the
         training module with its weights gathered for the whole generation (hf), or the vLLM
-        engine, handed the current weights inside the gather, which is released before the
-        engine generates (under ZeRO-3 the full policy is not held beside vLLM's copy)."""
-        with gathered_for_generation(self.engine) as module:
-            if self.vllm is None:
+        engine. A push, where due, runs with vLLM's KV pool freed (it sleeps first): under the
+        gather the full policy sits beside vLLM's weights only, and the gather is released
+        before the KV cache wakes to generate."""
+        if self.vllm is None:
+            with gathered_for_generation(self.engine) as module:
                 yield module
-                return
-            engine = self.vllm.sync(module, self.trainer.step)
-        yield engine
+            return
+        if self.push_due():
+            self.vllm.sleep()
+            with gathered_for_generation(self.engine) as module:
+                self.vllm.sync(module, self.trainer.step)
+        yield self.vllm
 
     def rest(self) -> None:
-        """Before a training update: a vLLM engine frees its GPU memory (`rollout.sleep`); the
-        next `generating()` wakes it with the updated weights."""
+        """The end of a generation phase, before scoring, an update or an export: a vLLM
+        engine frees its GPU memory (`rollout.sleep`); the next `generating()` wakes it (with the
+        updated weights)."""
         if self.vllm is not None:
             self.vllm.sleep()
 
@@ -185,7 +196,7 @@ def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: GRPOConfig,
                 parts.append(generate_groups(
                     model, tokenizer, prompts[i:i + chunk], g.group_size,
                     max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                    greedy=g.temperature == 0))
+                    greedy=g.temperature == 0, sampler_logprobs=True))
     # every tensor of the step on the training engine's device (vLLM returns CPU tensors)
     return concat_rollouts(parts, tokenizer.pad_token_id).to(sampler.engine.device)
 
@@ -288,6 +299,8 @@ def make_sample(sampler: Sampler, tokenizer, fmt, reward_fn: RewardFn, g: GRPOCo
         rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g,
                                key, first=rank * per_rank)
         rolled = time.perf_counter()
+        timing["rollout_memory"] = device_memory_gib()  # vLLM's pool awake
+        sampler.rest()  # scoring never needs vLLM: its pool is freed first
         scored = score_step(reward_fn, records, rollout, g)
         timing["rollout"] += rolled - started
         timing["scoring"] += time.perf_counter() - rolled

@@ -259,10 +259,12 @@ def _encode_whole(tokenizer, examples: list[StepExample], reading: Reading,
                          [1] * len(rows))
 
 
-def load_reward_model(path: str | Path, rm, model_cfg=None, batch_size: int = 64,
+def load_reward_model(path: str | Path, rm, model_cfg=None, batch_size: int | None = None,
                       family: str = ""):
     """The scorer of the reward model in `path`: its family from `family`, else `rm.family`,
-    else the checkpoint's architecture (`infer_family`); read as `rm` says (`Reading.of`)."""
+    else the checkpoint's architecture (`infer_family`); read as `rm` says (`Reading.of`),
+    `batch_size` rows a forward (default `rm.score_batch_size`)."""
+    batch_size = batch_size or getattr(rm, "score_batch_size", 64)
     from transformers import (AutoModel, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification)
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from policy.generation.rollout import generate_groups
+from policy.generation.rollout import generate_groups, rest
 from process_supervision.formats import StepExample
 from runtime.steps import split_steps
 from reward_model.encoding import orm_example
@@ -93,7 +93,10 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
     scorer's `<name>_step_accuracy` on the samples: a PRM's step scores against the oracle's
     steps, an ORM's score against the final answer's correctness (>= 0.5 is right), and its
     `<name>_per_question` (pick, in-group AUROC) pairs."""
-    def chunk_report(c: int) -> list[tuple]:
+    chunks = range(0, len(records), questions_per_batch)
+    costs = [len(records[s:s + questions_per_batch]) for s in chunks]
+
+    def chunk_samples(c: int) -> list[tuple]:
         chunk = records[c * questions_per_batch:(c + 1) * questions_per_batch]
         rollout = generate_groups(policy, policy_tokenizer, fmt.prompts(policy_tokenizer, chunk),
                                   n, max_new_tokens=max_new_tokens, temperature=temperature)
@@ -102,22 +105,28 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
             texts = rollout.texts[q * n:(q + 1) * n]
             extracted = [extract_final_answer(t) for t in texts]
             right = [a is not None and answers_match(a, rec.answer, timeout_s) for a in extracted]
-            scored = {name: solution_scores(scorer, kind, aggregate, rec.question, texts,
-                                            fmt.step_separator, per_step=True)
-                      for name, (scorer, kind) in scorers.items()}
             truth = None
             if oracle is not None:
                 truth = [[float(t) for t in oracle(rec.question, split_steps(text, fmt.step_separator))]
                          for text in texts]
+            out.append((rec, texts, right, extracted, truth))
+        return out
+
+    def chunk_scores(c: int) -> list[tuple]:
+        out = []
+        for rec, texts, right, extracted, truth in sampled[c]:
+            scored = {name: solution_scores(scorer, kind, aggregate, rec.question, texts,
+                                            fmt.step_separator, per_step=True)
+                      for name, (scorer, kind) in scorers.items()}
             out.append((right, extracted, {k: v[0] for k, v in scored.items()},
                         {k: v[1] for k, v in scored.items()}, truth))
         return out
 
-    chunks = range(0, len(records), questions_per_batch)
-    rows = [row for part in map_chunks(len(chunks), chunk_report, seed_key=("best-of-n", seed),
-                                       costs=[len(records[s:s + questions_per_batch])
-                                              for s in chunks])
-            for row in part]
+    # Every sample first, then the scoring, with the sampler's memory freed in between (a vLLM
+    # engine's KV pool is never held beside a reward model's forward).
+    sampled = map_chunks(len(chunks), chunk_samples, seed_key=("best-of-n", seed), costs=costs)
+    rest(policy)
+    rows = [row for part in map_chunks(len(chunks), chunk_scores, costs=costs) for row in part]
     correct, answers = [r[0] for r in rows], [r[1] for r in rows]
     report: dict[str, float] = {}
     for name, (_, kind) in scorers.items():

@@ -27,10 +27,15 @@ class _VLLMLike:
     def __init__(self, model):
         self.model = model
 
+    version = None
+
     def sync(self, module, version):
         return self
 
-    def generate_groups(self, tokenizer, prompts, group_size, **kwargs):
+    def sleep(self):
+        pass
+
+    def generate_groups(self, tokenizer, prompts, group_size, logprobs=False, **kwargs):
         rollout = generate_groups(self.model, tokenizer, prompts, group_size, **kwargs)
         return replace(rollout, sampler_logprobs=torch.zeros(rollout.completion_ids.shape))
 
@@ -38,6 +43,7 @@ class _VLLMLike:
 def _sampler(engine, vllm) -> Sampler:
     sampler = Sampler.__new__(Sampler)
     sampler.engine, sampler.trainer, sampler.vllm = engine, SimpleNamespace(step=0), vllm
+    sampler.start = None
     return sampler
 
 

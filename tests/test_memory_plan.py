@@ -1,10 +1,13 @@
-"""`igrpo plan`: the paper-scale memory table, checked against DeepSpeed's estimator and by hand."""
+"""`igrpo plan`: the paper-scale memory table, every phase of an iteration, checked against
+DeepSpeed's estimator and by hand; both GPU recipes fit their hardware at every phase."""
 
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
 import igrpo
 from configs import load_config
-from configs.memory import KNOWN, plan, verdict
+from configs.memory import KNOWN, gpu_bytes, peak, phases, plan, verdict
+
+GIB = 1024 ** 3
 
 
 def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
@@ -22,60 +25,73 @@ def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
     # 16 x 64 = 1,024 samples over 8 GPUs = 2 questions per GPU, generated one question
     # (grpo.rollout_questions=1) at a time: 64 sequences of 256 + 1,024 tokens, bf16 K and V.
     assert by_item["rollout: KV cache"] == 64 * 1280 * 30 * 2 * 32 * 128 * 2
-    assert by_item["rollout: gathered policy"] == 2 * arch.params
-    # Gradient checkpointing: each layer's bf16 input kept, one layer rebuilt at a time.
+    assert by_item["whole policy"] == 2 * arch.params
+    # Gradient checkpointing: each layer's bf16 input kept, one layer rebuilt at a time; the
+    # logits in bf16 and the loss's float32 copy of them.
     tokens = 1280 * 8 * 4096
-    assert by_item["update: activations"] == 30 * tokens * 2 + tokens * 34 \
-        + 8 * 1280 * 102_400 * 2
+    assert by_item["update: activations"] == 30 * tokens * 2 + tokens * 34
+    assert by_item["update: logits"] == 8 * 1280 * 102_400 * (2 + 4)
     # The reference is partitioned; the PRM scorer is loaded whole on every GPU.
     assert by_item["PRM (scoring)"] == 2 * arch.params
     assert by_item["reference model"] == 2 * arch.params / 8 + 2 * 102_400 * 4096
-    assert verdict(numbers, 141) == "fits"
+    assert verdict(numbers, 141).startswith("fits")
     weights = by_item["policy model states"] + by_item["reference model"] + by_item["PRM (scoring)"]
-    assert numbers["peak"] == weights + by_item["rollout: gathered policy"] \
-        + by_item["rollout: KV cache"]
+    rollout = {p.name: p for p in phases(numbers, 141)}["rollout"]
+    assert rollout.peak == weights + by_item["whole policy"] + by_item["rollout: KV cache"]
+    assert peak(numbers, 141) == rollout.peak
     assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "rollout.backend=hf",
                        "grpo.rollout_questions=1", "--gpus", "8", "--nodes", "1",
                        f"run.root={tmp_path}", "--gpu-gb", "80", "141"]) == 0
     out = capsys.readouterr().out
-    assert "80 GB GPU" in out and "141 GB GPU (90% usable): fits" in out
+    assert "80 GB GPU (79.65 GiB" in out and "-> fits" in out
     assert not list(tmp_path.iterdir())  # planning runs nothing and writes nothing
 
 
-def test_seven_b_recipe_fits_eight_80_gb_gpus_on_vllm(capsys):
-    """The recipe as shipped (vLLM, ZeRO-3, rollout.memory_fraction 0.4, asleep during the
-    update), by hand: on an 80 GB GPU (the plan counts GB as GiB, 90% usable), vLLM's pool is
-    0.4 x 80 = 32 GiB, its KV cache what its 12.87 GiB of bf16 weights leave; the rollout's peak
-    is the training side's weights plus the pool, the update's the same weights plus the
-    activations (the pool gone)."""
-    from configs.memory import vllm_phases
-
+def test_seven_b_recipe_fits_eight_80_gb_gpus_at_every_phase_on_vllm(capsys):
+    """The recipe as shipped (vLLM, ZeRO-3, rollout.memory_fraction 0.4, vLLM asleep outside its
+    generation), phase by phase by hand on an "80 GB" H100 (81,559 MiB = 79.65 GiB, 90% usable =
+    71.7 GiB): vLLM's pool is 0.4 of the card; the push holds the gathered policy beside vLLM's
+    weights but not its KV cache; the rollout the pool; scoring and the update the GRPO stage's
+    weights and their own working sets; start-up a whole model before ZeRO-3 partitions it."""
     cfg = load_config("configs/deepseekmath_7b.yaml")
     rows, numbers = plan(cfg, gpus=8, nodes=1, prompt_tokens=512)
-    by_item = {r.item: r.gpu_bytes for r in rows}
-    params, gib = KNOWN["deepseek-ai/deepseek-math-7b-instruct"].params, 1024 ** 3
-    assert "rollout: KV cache" not in by_item  # the decoding loop's term is not counted
-    assert by_item["rollout: vLLM weights"] == 2 * params
-    assert by_item["rollout: gathered policy"] == 2 * params
-    weights = by_item["policy model states"] + by_item["reference model"] + by_item["PRM (scoring)"]
-    v = vllm_phases(numbers, 80)
-    assert v["pool"] == 0.4 * 80 * gib
-    assert v["kv"] == 0.4 * 80 * gib - 2 * params
+    t = {r.item: r.gpu_bytes for r in rows}
+    params = KNOWN["deepseek-ai/deepseek-math-7b-instruct"].params
+    assert "rollout: KV cache" not in t  # the decoding loop's term is not counted
+    assert gpu_bytes(80) == 81_559 * 2**20
+    held = t["policy model states"] + t["reference model"] + t["PRM (scoring)"]
+    pool, whole = 0.4 * 81_559 * 2**20, 2 * params
+    # rm.score_batch_size 16 x 1,536 tokens x (4 x 4,096 + 3 x 11,008) bf16 values
+    assert t["scoring: forward"] == 16 * 1536 * (4 * 4096 + 3 * 11_008) * 2
+    assert t["update: logits"] == 8 * 1536 * 102_400 * 6
+    by_phase = {p.name: p.peak for p in phases(numbers, 80)}
+    assert by_phase == {
+        "start-up": held + whole, "push": held + whole + whole, "rollout": held + pool,
+        "scoring": held + t["scoring: forward"],
+        "update": held + t["update: activations"] + t["update: logits"],
+        "reward models": t["reward model states"] + t["reward model: activations"],
+        "labelling": pool, "evaluation: sampling": pool + 2 * t["PRM (scoring)"],
+        "evaluation: scoring": 2 * t["PRM (scoring)"] + t["scoring: forward"]}
+    assert max(by_phase.values()) == by_phase["rollout"] <= 0.9 * gpu_bytes(80)
+    assert round(by_phase["rollout"] / GIB, 1) == 63.2
+    # With the pool awake at the push (the order before) the push alone would need 88.9 GiB.
+    assert (by_phase["push"] + pool) / GIB > 79.65
     per_sequence = (512 + 1024) * 30 * 2 * 32 * 128 * 2  # tokens x layers x K,V x heads x dim
-    assert v["sequences"] == int(v["kv"] // per_sequence) == 27
-    assert v["rollout"] == weights + max(2 * params + 2 * params, 0.4 * 80 * gib)
-    assert v["update"] == weights + by_item["update: activations"]
-    assert v["peak"] <= 0.9 * 80 * gib < v["peak"] + 0.4 * 80 * gib  # sleeping is what fits it
+    assert int((pool - whole) // per_sequence) == 27
     assert verdict(numbers, 80).startswith("fits") and verdict(numbers, 141).startswith("fits")
     awake = plan(load_config("configs/deepseekmath_7b.yaml", ["rollout.sleep=false"]), 8, 1,
                  512)[1]
-    assert vllm_phases(awake, 80)["update"] == v["update"] + v["pool"]
+    # without sleep the pool sits beside the push and the update: both go over
+    assert verdict(awake, 80) == "does NOT fit: peak 88.9 GiB (push) of 71.7 usable; over in " \
+        "push, update"
     tight = plan(load_config("configs/deepseekmath_7b.yaml", ["rollout.memory_fraction=0.16"]),
                  8, 1, 512)[1]
-    assert verdict(tight, 80).startswith("does NOT fit: vLLM's KV cache")  # 12.8 < 12.87 GiB
+    assert verdict(tight, 80).startswith("does NOT fit: vLLM's KV cache")  # 12.7 < 12.87 GiB
     assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "--gpus", "8",
                        "--gpu-gb", "80"]) == 0
-    assert "80 GB GPU (90% usable): fits" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "-> fits: peak 63.2 GiB (rollout) of 71.7 usable" in out
+    assert all(name in out for name in by_phase)
 
 
 def test_two_nodes_halve_the_partitioned_states():
@@ -94,19 +110,22 @@ def test_one_gpu_plan_for_the_qwen_config(capsys):
     assert numbers["params"] == KNOWN["Qwen/Qwen2.5-Math-1.5B-Instruct"].params
     assert 1.5e9 < numbers["params"] < 1.6e9
     by_item = {r.item: r.gpu_bytes for r in rows}
-    assert by_item["rollout: vLLM weights"] == 2 * numbers["params"]
-    assert by_item["rollout: gathered policy"] == 0  # ZeRO-1: nothing partitioned
-    # vLLM's pool 0.3 x 80 GiB less its weights; a sequence: 512 + 1,024 tokens of 28 layers of
-    # K and V, 2 KV heads of 128 in bf16. A question's 64 samples fit at once.
-    from configs.memory import vllm_phases
+    assert by_item["whole policy"] == 2 * numbers["params"]
+    found = {p.name: p for p in phases(numbers, 80)}
+    # ZeRO-1: nothing partitioned, so nothing gathered for the push, nothing loaded whole twice
+    assert [k for k, _ in found["push"].terms][-1] == "vLLM weights"
+    assert "gathered policy" not in dict(found["push"].terms)
+    # vLLM's pool 0.3 x 79.65 GiB less its weights; a sequence: 512 + 1,024 tokens of 28 layers
+    # of K and V, 2 KV heads of 128 in bf16. A question's 64 samples fit at once.
+    from configs.memory import vllm_sequences
 
-    v = vllm_phases(numbers, 80)
-    assert v["sequences"] == int((0.3 * 80 * 1024 ** 3 - 2 * numbers["params"])
-                                 // (1536 * 28 * 2 * 2 * 128 * 2)) >= 64
+    assert vllm_sequences(numbers, 80)[1] == int((0.3 * gpu_bytes(80) - 2 * numbers["params"])
+                                                 // (1536 * 28 * 2 * 2 * 128 * 2)) >= 64
+    assert all(p.peak <= 0.9 * gpu_bytes(80) for p in found.values())
     assert verdict(numbers, 80).startswith("fits")
     assert igrpo.main(["plan", "--config", "configs/qwen25_math_1p5b.yaml", "--gpus", "1"]) == 0
     out = capsys.readouterr().out
-    assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "80 GB GPU (90% usable): fits" in out
+    assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "-> fits: peak 58.4 GiB (rollout)" in out
 
 
 def test_ppo_plan_counts_the_critic():
@@ -122,7 +141,7 @@ def test_ppo_plan_counts_the_critic():
     _, gpu, _ = estimate_zero3_model_states_mem_needs(critic, 102_400 * 4096, 8, 1,
                                                       cpu_offload=False, cpu_offload_params=False)
     assert by_ppo["critic model states"] == gpu
-    assert numbers["peak"] == plan(grpo, 8, 1)[1]["peak"] + gpu
+    assert peak(numbers, 80) == peak(plan(grpo, 8, 1)[1], 80) + gpu
     assert by_ppo.keys() - by_grpo.keys() == {"critic model states"}
     vc = {r.item for r in plan(load_config("configs/deepseekmath_7b.yaml", recipe="vc_ppo"),
                                8, 1)[0]}

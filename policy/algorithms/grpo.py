@@ -35,7 +35,7 @@ from policy.math.advantages import (ADVANTAGE_ESTIMATORS, PROCESS_CREDIT, GroupN
 from policy.math.losses import policy_loss
 from policy.rewards import RewardFn, Scores
 from runtime.data import MathRecord
-from runtime.engine import (current_lr, device_memory_gib, gather_rows, global_sum, is_main,
+from runtime.engine import (current_lr, gather_rows, global_sum, is_main,
                             memory_metrics, world)
 from runtime.prompts import prompt_format
 from runtime.training import Trainer, stage_done
@@ -73,8 +73,7 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
                               trainer.state.get("sample_seed", cfg.run.seed),
                               tokenizer.pad_token_id)
         updating = time.perf_counter()
-        memory = device_memory_gib()  # the rollout's: vLLM's pool is awake
-        sampler.rest()
+        memory = timing.pop("rollout_memory")
         batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
                                g, seed=cfg.run.seed * 1_000_003 + step)
         stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
@@ -91,6 +90,7 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
                                           batch, logger))
         if trainer.due(g.save_every):
             trainer.save()
+    sampler.rest()  # the export gathers a ZeRO-3 policy: vLLM's pool is freed first
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"

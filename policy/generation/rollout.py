@@ -146,17 +146,26 @@ def mask_after_eos(completion_ids: torch.Tensor, eos_id: int | Sequence[int]
 
 
 @torch.no_grad()
+def rest(model) -> None:
+    """The end of a generation phase: a vLLM engine frees its GPU memory (sleeps, where
+    `rollout.sleep` and a GPU allow) before anything else large runs; a module, nothing."""
+    if hasattr(model, "sleep"):
+        model.sleep()
+
+
 def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                    greedy: bool = False, share_prefill: bool = True) -> Rollout:
+                    greedy: bool = False, share_prefill: bool = True,
+                    sampler_logprobs: bool = False) -> Rollout:
     """Sample `group_size` completions for each prompt; rows are grouped prompt by prompt.
     `model` is a transformers model, or an engine with its own `generate_groups` (the vLLM
-    backend, policy/generation/vllm.py). `share_prefill=False` prefills every row itself (the
-    reference the shared prefill is tested against)."""
+    backend, policy/generation/vllm.py; with `sampler_logprobs` it also returns its own
+    log-probs of the sampled tokens, for the drift check). `share_prefill=False` prefills every
+    row itself (the reference the shared prefill is tested against)."""
     if hasattr(model, "generate_groups"):
         return model.generate_groups(tokenizer, prompts, group_size,
                                      max_new_tokens=max_new_tokens, temperature=temperature,
-                                     top_p=top_p, greedy=greedy)
+                                     top_p=top_p, greedy=greedy, logprobs=sampler_logprobs)
     from runtime.prompts import encode_prompts
 
     enc = tokenizer.pad({"input_ids": encode_prompts(tokenizer, prompts)}, padding=True,

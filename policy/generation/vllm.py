@@ -15,6 +15,15 @@ training model. The log-probs vLLM reports for its sampled tokens (`Rollout.samp
 serve only the drift check `rollout/logprob_diff` (mean |vLLM - training| over completion
 tokens).
 
+Memory is ordered so that vLLM's KV pool is never mapped beside another large user of the GPU
+(docs/rollout.md, "Sleep and wake"): the engine sleeps (`sleep`, vLLM's level 2) at the end of
+every generation phase, before a gather of the ZeRO-3 policy, scoring, reward-model training or
+an update; a push wakes only the weights, and a generation wakes the KV cache. An engine that
+slept while holding a checkpoint reloads it from disk when next asked to generate.
+
+Tested vLLM versions: `TESTED_VLLM` (pyproject's `vllm` extra); the engine checks the installed
+one when it is made.
+
 A process holds one engine (`engine_for`), which every stage reuses: vLLM keeps its parallel
 state in module globals, and an engine's shutdown tears it down, torch.distributed's process group
 included, under any other engine and under the training engine (on a GPU each engine would also
@@ -30,8 +39,10 @@ not bitwise identical to an uninterrupted run (the `hf` backend is).
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,6 +50,51 @@ import torch
 
 from policy.generation.rollout import Rollout, mask_after_eos
 from runtime.models import end_token_ids
+
+# The vLLM versions this project is tested on (pyproject.toml's `vllm` extra pins the same range;
+# docs/rollout.md has the lock set): the CPU build's 0.32 in `make test`. Below the floor the
+# in-memory push cannot be called (its `weights_iterator` arrived with vLLM's layerwise reload).
+TESTED_VLLM = ">=0.32,<0.33"
+
+
+def check_vllm(version: str, reload_weights=None) -> None:
+    """Refuse a vLLM below `TESTED_VLLM` or whose model runner's `reload_weights` takes no
+    `weights_iterator` (the push would fail at the first optimizer step), warn above it; the
+    message names the installed version and the tested range."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    release = Version(Version(version).base_version)
+    tested = SpecifierSet(TESTED_VLLM)
+    takes_iterator = reload_weights is None or \
+        "weights_iterator" in inspect.signature(reload_weights).parameters
+    floor = min(Version(s.version) for s in tested if s.operator == ">=")
+    if release < floor or not takes_iterator:
+        raise RuntimeError(
+            f"rollout.backend=vllm: vLLM {version} is installed; this project pushes weights "
+            f"with the model runner's reload_weights(weights_iterator=...), tested on vLLM "
+            f"{TESTED_VLLM}: pip install -e '.[vllm]' (docs/rollout.md)")
+    if release not in tested:
+        warnings.warn(f"rollout.backend=vllm: vLLM {version} is installed, outside the tested "
+                      f"range {TESTED_VLLM} (docs/rollout.md)", stacklevel=2)
+
+
+def sleep_mode_supported() -> bool:
+    """vLLM's sleep mode needs CUDA (its allocator maps and unmaps device memory)."""
+    return torch.cuda.is_available()
+
+
+def _installed_vllm() -> tuple[str, object]:
+    """The installed vLLM's version and its model runner's `reload_weights` (None where that
+    module does not import here)."""
+    import vllm
+
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        reload_weights = GPUModelRunner.reload_weights
+    except (ImportError, AttributeError):
+        reload_weights = None
+    return vllm.__version__, reload_weights
 
 
 class VLLMEngine:
@@ -50,7 +106,11 @@ class VLLMEngine:
         """`seed`: this rank's (each rank's engine samples its own stream); `sleep`: on a GPU,
         `sleep()` frees the engine's memory for a training update; `cuda_graphs`: on a GPU,
         decoding runs captured CUDA graphs (vLLM's `enforce_eager=False`)."""
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is set to "
+                          f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r}; the colocated "
+                          "engine needs it 0 (the push hands it this process's tensors): set to 0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # In-process on the CPU backend, vLLM would pin this process's OpenMP threads: the
         # training code shares them, so the threads stay as run.threads set them.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -59,6 +119,7 @@ class VLLMEngine:
         except ImportError as err:
             raise ImportError("rollout.backend=vllm needs vLLM: pip install -e '.[vllm]' "
                               "(README: Rollout on vLLM)") from err
+        check_vllm(*_installed_vllm())
         gpu = torch.cuda.is_available()
         # On the CPU backend the memory fraction is of the machine's RAM (despite its name).
         kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
@@ -69,11 +130,12 @@ class VLLMEngine:
         if kv_cache_gb:
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
         self.llm = LLM(**kwargs)
-        self.can_sleep = sleep and gpu
+        self.can_sleep = sleep and sleep_mode_supported()
         self.push_seconds = 0.0
         self.asleep = self.weights_awake = False
         self.made_for = None  # (architecture, settings), set by engine_for
         self.version = ("checkpoint", str(model_path))
+        self._source = None  # (path, config, trust_remote_code) of a loaded checkpoint
 
     def sync(self, model, version) -> "VLLMEngine":
         """Push `model`'s weights unless the engine already holds `version` of them."""
@@ -95,15 +157,35 @@ class VLLMEngine:
         config) into the engine."""
         self._reload(_checkpoint_tensors(model_path, config, trust_remote_code))
         self.version = ("checkpoint", str(model_path))
+        self._source = (model_path, config, trust_remote_code)
 
     def sleep(self) -> None:
-        """Before a training update (GPU, `rollout.sleep`): free the engine's weights and KV
-        cache (vLLM's level 2: nothing is kept, since the weights are pushed again before the
-        next generation). A no-op on the CPU or when asleep."""
+        """At the end of a generation phase (GPU, `rollout.sleep`): free the engine's weights and
+        KV cache (vLLM's level 2: nothing is kept; pushed weights are pushed again before the next
+        generation, a checkpoint is reloaded from disk). A no-op on the CPU or when asleep."""
         if self.can_sleep and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep, self.weights_awake = True, False
-            self.version = None  # the weights are gone: the next sync pushes them
+            if not self.holds_checkpoint():
+                self.version = None  # pushed weights are gone: the next sync pushes them
+
+    def holds_checkpoint(self, path: str | Path | None = None) -> bool:
+        """Whether the engine's weights are a saved checkpoint's (`path`'s, where given)."""
+        held = self.version
+        return isinstance(held, tuple) and (path is None or held == ("checkpoint", str(path)))
+
+    def wake(self) -> None:
+        """Before generating: the weights back (a slept checkpoint reloaded from disk), then the
+        KV cache."""
+        if not self.asleep:
+            return
+        if not self.weights_awake:
+            if self._source is None or not self.holds_checkpoint(self._source[0]):
+                raise RuntimeError("the vLLM engine slept (level 2: its weights are gone) and "
+                                   "was asked to generate before any weights were pushed")
+            self.load(*self._source)
+        self._wake(["kv_cache"])
+        self.asleep = False
 
     def _wake(self, tags: list[str]) -> None:
         torch.cuda.empty_cache()  # what PyTorch's allocator holds, back for vLLM's pool
@@ -115,10 +197,9 @@ class VLLMEngine:
             self._wake(["weights"])  # asleep, the weights' memory is unmapped
             self.weights_awake = True
 
-        def reload(worker):
-            worker.model_runner.reload_weights(weights_iterator=iter(weights))
-
-        self.llm.collective_rpc(reload)
+        # The worker's entry (it sets vLLM's current config around the model runner's reload);
+        # in-process (no multiprocessing), so the tensors are handed over, not serialised.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         try:
             self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys/values
         except AttributeError:
@@ -126,25 +207,22 @@ class VLLMEngine:
 
     def generate_groups(self, tokenizer, prompts: list[str], group_size: int, *,
                         max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                        greedy: bool = False) -> Rollout:
-        """`group_size` completions per prompt, grouped prompt by prompt, as a `Rollout`."""
+                        greedy: bool = False, logprobs: bool = False) -> Rollout:
+        """`group_size` completions per prompt, grouped prompt by prompt, as a `Rollout`; with
+        `logprobs`, vLLM's log-probs of the sampled tokens (`Rollout.sampler_logprobs`)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         from runtime.prompts import encode_prompts
 
-        if self.asleep:
-            if not self.weights_awake:
-                raise RuntimeError("the vLLM engine slept (level 2: its weights are gone) and "
-                                   "was asked to generate before any weights were pushed")
-            self._wake(["kv_cache"])
-            self.asleep = False
+        self.wake()
         ids = encode_prompts(tokenizer, prompts)
         ends = end_token_ids(tokenizer)
         params = SamplingParams(n=group_size, max_tokens=max_new_tokens,
                                 temperature=0.0 if greedy else temperature,
                                 top_p=1.0 if greedy else top_p, top_k=-1 if not greedy else 1,
-                                stop_token_ids=ends, logprobs=0, detokenize=False)
+                                stop_token_ids=ends, logprobs=0 if logprobs else None,
+                                detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params,
                                     use_tqdm=False)
         rows, logprobs = [], []
@@ -161,6 +239,8 @@ class VLLMEngine:
                 logprobs.append([entry[token].logprob if entry and token in entry else 0.0
                                  for token, entry in zip(tokens, entries + [None])])
         rollout = _as_rollout(ids, rows, tokenizer, group_size)
+        if not logprobs:
+            return rollout
         width = rollout.completion_ids.shape[1]
         sampled = torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs])
         return replace(rollout, sampler_logprobs=sampled * rollout.completion_mask)
@@ -265,6 +345,7 @@ def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
     if _ENGINE is None:
         _ENGINE = VLLMEngine(model_path, **settings)
         _ENGINE.made_for = (architecture, settings)
+        _ENGINE._source = (model_path, config, cfg.model.trust_remote_code)
         return _ENGINE
     differ = _differences(_ENGINE.made_for, (architecture, settings))
     if differ:

@@ -1,0 +1,112 @@
+"""A recording stand-in for the `vllm` package: `LLM` keeps the memory states vLLM's sleep mode
+moves (its weights and its KV pool, each mapped or not), samples with the hf decoding loop, loads
+pushed weights into its own copy of the model, and writes every call into `EVENTS` beside the
+pool's state. The test installs it as `sys.modules["vllm"]` and records the training side's
+gathers, scorings, updates and reward-model trainings into the same list, so that one list says
+what held the GPU at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from types import SimpleNamespace
+
+import torch
+
+EVENTS: list[tuple[str, bool, bool]] = []
+"""(event, KV pool mapped, weights mapped) in the order they happened."""
+
+
+class LLM:
+    current: "LLM | None" = None
+
+    def __init__(self, model: str, seed: int = 0, **kwargs):
+        from runtime.models import load_causal_lm
+
+        self.model = load_causal_lm(model).eval()
+        self.weights = self.kv = True
+        LLM.current = self
+        record("create")
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from policy.generation.rollout import decode
+
+        assert self.weights and self.kv, "generate with vLLM's memory asleep"
+        record("generate")
+        outputs = []
+        ends = list(params.stop_token_ids)
+        for prompt in prompts:
+            ids = torch.tensor([prompt["prompt_token_ids"]])
+            tokens, _ = decode(self.model, ids, torch.ones_like(ids), params.n, params.max_tokens,
+                               ends, ends[0], temperature=max(params.temperature, 1e-3),
+                               greedy=params.temperature == 0.0)
+            samples = []
+            for row in tokens.tolist():
+                cut = next((i + 1 for i, t in enumerate(row) if t in ends), None)
+                samples.append(SimpleNamespace(
+                    token_ids=row[:cut] if cut else row, logprobs=None, stop_reason=None,
+                    finish_reason="stop" if cut else "length"))
+            outputs.append(SimpleNamespace(outputs=samples))
+        return outputs
+
+    def sleep(self, level: int = 1):
+        assert level == 2
+        self.weights = self.kv = False
+        record("sleep")
+
+    def wake_up(self, tags=None):
+        for tag in tags or ["weights", "kv_cache"]:
+            setattr(self, "weights" if tag == "weights" else "kv", True)
+            record(f"wake:{tag}")
+
+    def collective_rpc(self, method, kwargs=None, **_):
+        assert method == "reload_weights" and self.weights, "reload into unmapped weights"
+        weights = dict(kwargs["weights_iterator"])
+        self.model.load_state_dict(weights, strict=False)
+        record("reload")
+
+    def reset_prefix_cache(self):
+        pass
+
+
+def record(event: str) -> None:
+    llm = LLM.current
+    EVENTS.append((event, bool(llm and llm.kv), bool(llm and llm.weights)))
+
+
+@contextlib.contextmanager
+def recorded(event: str, inner=None):
+    """Record `event` on entry (and `<event>-end` on exit) around `inner`'s context."""
+    record(event)
+    with (inner if inner is not None else contextlib.nullcontext()) as value:
+        yield value
+    record(f"{event}-end")
+
+
+def recording(event: str, fn):
+    """`fn`, recording `event` before each call."""
+    def wrapped(*args, **kwargs):
+        record(event)
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+def install(monkeypatch) -> None:
+    """Make `import vllm` give this stand-in (version 0.32.0), its sleep mode usable."""
+    package = types.ModuleType("vllm")
+    package.__version__ = "0.32.0"
+    package.LLM = LLM
+    package.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda **kw: dict(kw)
+    package.inputs = inputs
+    monkeypatch.setitem(sys.modules, "vllm", package)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    from policy.generation import vllm as engine_module
+
+    monkeypatch.setattr(engine_module, "sleep_mode_supported", lambda: True)
+    monkeypatch.setattr(engine_module, "_ENGINE", None)
+    EVENTS.clear()
+    LLM.current = None

@@ -1,0 +1,101 @@
+"""The order of vLLM's sleep and wake against the training side's memory users, driven through a
+GRPO stage and an `igrpo iterate` on a recording stand-in for vLLM (tests/helpers/recording_vllm.py,
+its sleep mode on as on a GPU): vLLM's KV pool is never mapped while the ZeRO-3 policy is
+gathered, while a reward model scores or trains, while the policy updates or while it is
+exported; a push wakes only vLLM's weights, and the KV cache wakes after the gather is released.
+(On a GPU each of those beside the pool was an out-of-memory risk the memory plan did not count:
+docs/rollout.md, "Sleep and wake".)"""
+
+import pytest
+
+import recording_vllm
+from recording_vllm import EVENTS, recorded, recording
+
+VLLM = ["rollout.backend=vllm", "run.wandb_mode=disabled", "grpo.inspect_every=0"]
+NEVER_BESIDE_THE_POOL = {"gather", "score", "update", "rm-train", "rm-score", "export"}
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """The stand-in installed and every memory user of the training side recorded."""
+    import iteration.loop
+    import iteration.stages
+    import policy.algorithms.grpo
+    import policy.kit
+    import reward_model.report
+    from runtime.training import Trainer
+
+    recording_vllm.install(monkeypatch)
+    gather = policy.kit.gathered_for_generation
+    monkeypatch.setattr(policy.kit, "gathered_for_generation",
+                        lambda engine: recorded("gather", gather(engine)))
+    monkeypatch.setattr(policy.kit, "score_step", recording("score", policy.kit.score_step))
+    monkeypatch.setattr(policy.algorithms.grpo, "update_step",
+                        recording("update", policy.algorithms.grpo.update_step))
+    monkeypatch.setattr(iteration.loop, "train_reward_model",
+                        recording("rm-train", iteration.loop.train_reward_model))
+    monkeypatch.setattr(iteration.stages, "labelled_report",
+                        recording("rm-score", iteration.stages.labelled_report))
+    monkeypatch.setattr(reward_model.report, "solution_scores",
+                        recording("rm-score", reward_model.report.solution_scores))
+    monkeypatch.setattr(Trainer, "finish", recording("export", Trainer.finish))
+    return EVENTS
+
+
+def _beside_the_pool(events) -> list[str]:
+    return [name for name, kv, _ in events if name in NEVER_BESIDE_THE_POOL and kv]
+
+
+def _names(events) -> list[str]:
+    return [name for name, _, _ in events]
+
+
+def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path):
+    """`igrpo grpo` alone (the engine made awake by the stage): before the first optimizer step
+    the engine holds the starting checkpoint, so nothing is gathered or pushed; after it, each
+    rollout is sleep (the pool freed), gather, weights woken, push, gather released, KV woken,
+    generate; vLLM sleeps again before the scoring, and stays asleep through the update."""
+    import igrpo
+
+    assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
+                       "grpo.steps=2", "grpo.questions_per_step=2", "grpo.group_size=4",
+                       "grpo.max_new_tokens=8", "eval.max_new_tokens=8", "eval.k=2",
+                       "data.eval_questions=2", "grpo.supervision=outcome", "grpo.reward=rule",
+                       "grpo.eval_every=0"]) == 0
+    assert _beside_the_pool(recorder) == []
+    names = _names(recorder)
+    first_update = names.index("update")
+    # step 1: the greedy evaluation of the start and the rollout, on the checkpoint it was made
+    # from; no gather, no push before the first update
+    assert names[:first_update] == ["create", "generate", "generate", "sleep", "score", "update"][
+        :first_update]
+    assert "reload" not in names[:first_update] and "gather" not in names[:first_update]
+    second = names[first_update + 1:names.index("update", first_update + 1) + 1]
+    assert second == ["gather", "wake:weights", "reload", "gather-end", "wake:kv_cache",
+                      "generate", "sleep", "score", "update"]
+    # the final sampled evaluation pushes the last step's weights; vLLM sleeps before the export
+    assert names[-2:] == ["sleep", "export"]
+
+
+def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(recorder, tmp_path):
+    """Algorithm 1 end to end (two iterations, the reward models refreshed once): labelling,
+    evaluation and the refresh check end with vLLM asleep, so reward-model training, the reward
+    models' reports and the next GRPO stage start without its pool; a slept engine reloads the
+    checkpoint it held from disk when it is next asked to generate."""
+    import igrpo
+    from small_config import ITERATE, SMALL
+
+    assert igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
+                       *SMALL, *ITERATE, *VLLM]) == 0
+    assert _beside_the_pool(recorder) == []
+    names = _names(recorder)
+    assert names.count("rm-train") == 4 and names.count("update") == 4
+    spans = [i for i, name in enumerate(names) if name == "gather"]
+    assert spans  # GRPO pushed its weights after optimizer steps
+    for start in spans:  # inside a gather: vLLM's weights woken and the push, nothing else
+        end = names.index("gather-end", start)
+        assert set(names[start + 1:end]) <= {"sleep", "wake:weights", "reload"}
+        assert "reload" in names[start + 1:end]
+    # checkpoints loaded outside a gather (labelling, evaluation; after a sleep, from disk)
+    inside = {j for start in spans for j in range(start, names.index("gather-end", start))}
+    assert any(name == "reload" and j not in inside for j, name in enumerate(names))
