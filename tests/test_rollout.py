@@ -384,3 +384,62 @@ def test_chunked_logprobs_equal_full_log_softmax():
     assert torch.allclose(chunked, full, atol=1e-5)
     bf16 = selective_log_softmax(logits.bfloat16(), labels, chunk_tokens=5)
     assert bf16.dtype == torch.float32
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_packed_update_under_gradient_checkpointing_equals_the_padded_one(architecture,
+                                                                         monkeypatch):
+    """With gradient checkpointing on (both GPU configs), the update still runs packed: the
+    shared prompt pass keeps its activations (its cache is what the rows read), the per-row pass
+    on real tokens is checkpointed and replayed in backward. Its log-probs, GRPO loss and
+    gradients equal the padded plain forward's without checkpointing (1e-5, float32), and the
+    checkpointed layers really replayed (the packed attention ran twice a layer)."""
+    import transformers
+
+    from policy.generation import logprobs as lp_module
+    from policy.math.losses import grpo_loss
+
+    name, extra = ARCHITECTURES[architecture]
+    config = getattr(transformers, name)(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).train()
+    prompt_lengths, group, width = [9, 3, 14], 4, 20
+    completion_lengths = torch.tensor([20, 7, 1, 13, 5, 20, 9, 2, 16, 3, 11, 20])
+    rows, start = len(completion_lengths), max(prompt_lengths)
+    ids = torch.zeros(rows, start + width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for q, n in enumerate(prompt_lengths):
+        prompt = torch.randint(2, 64, (n,))
+        for row in range(q * group, (q + 1) * group):
+            ids[row, start - n:start], mask[row, start - n:start] = prompt, 1
+    for row, n in enumerate(completion_lengths.tolist()):
+        ids[row, start:start + n], mask[row, start:start + n] = torch.randint(2, 64, (n,)), 1
+    completion_mask = mask[:, start:].float()
+    advantages = torch.randn(rows, 1).expand(rows, width)
+    calls = _count_calls(monkeypatch, lp_module, "_packed_attention")
+    out = {}
+    for checkpointed in (True, False):
+        if checkpointed:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()
+        assert lp_module._checkpointing(model) == checkpointed
+        model.zero_grad()
+        logprobs = completion_logprobs(model, ids, mask, start, pack=checkpointed,
+                                       share_prompts=checkpointed)
+        loss = grpo_loss(logprobs, logprobs.detach(), logprobs.detach() - 0.1, advantages,
+                         completion_mask, clip_eps_low=0.2, clip_eps_high=0.2, beta=0.04,
+                         num_sequences=float(rows), num_tokens=1.0, max_tokens=width).loss
+        loss.backward()
+        out[checkpointed] = (logprobs.detach() * completion_mask, loss.detach(),
+                             [p.grad.clone() for p in model.parameters()])
+    # forward, then the replay in backward: twice a layer, on the checkpointed run only
+    assert len(calls) == 2 * config.num_hidden_layers
+    for a, b in zip(out[True][:2], out[False][:2]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(out[True][2], out[False][2]):
+        assert (a - b).abs().max() <= 1e-5 * max(b.abs().max(), 1.0)
+    assert sum(float(g.abs().sum()) for g in out[True][2]) > 0
+    assert all(not getattr(m, "gradient_checkpointing", False) for m in model.modules())

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
+from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.utils.checkpoint
 
 
 def selective_log_softmax(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 4096,
@@ -45,6 +48,58 @@ def _checkpointing(model) -> bool:
         else "is_gradient_checkpointing"  # renamed in transformers 5
     return bool(getattr(module, name, False)) and module.training
 
+
+def _checkpointed_layers(module) -> list | None:
+    """The decoder layers transformers checkpoints (None before its GradientCheckpointingLayer,
+    where the packed path does not run under checkpointing)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return None
+    return [m for m in module.modules()
+            if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+@contextmanager
+def _kept_activations(layers: list):
+    """The shared prompt pass under gradient checkpointing runs with its layers' checkpointing
+    off: a checkpointed layer drops the cache the per-row pass reads. It is a question's prompt
+    once, a small share of a micro-batch's tokens, so keeping its activations costs little."""
+    for layer in layers:
+        layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.gradient_checkpointing = True
+
+
+@contextmanager
+def _replayed_in_packed_attention(layers: list, config):
+    """The packed per-row pass under gradient checkpointing, each layer checkpointed by us
+    (transformers' own checkpointing off): the replay in backward runs outside the forward's
+    `custom_attention` block, so each layer's replay enters it again itself (a layer replayed
+    with the model's own attention would compute something else)."""
+    from policy.generation.rollout import custom_attention
+
+    def replayable(layer):
+        forward = inspect.unwrap(type(layer).forward).__get__(layer)  # transformers' wrapper off
+
+        def run(*args, **kwargs):
+            with custom_attention(config, PACKED, _packed_attention):
+                return forward(*args, **kwargs)
+
+        return lambda *args, **kwargs: torch.utils.checkpoint.checkpoint(
+            run, *args, use_reentrant=False, **kwargs)
+
+    with _kept_activations(layers):
+        for layer in layers:
+            layer.forward = replayable(layer)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer.forward
 
 class _Block:
     """Rows of similar completion lengths whose attention runs as one padded `[rows, width]`
@@ -160,14 +215,21 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     architectures `_packable` names), that per-row pass carries no padding: the rows' real
     tokens run as one sequence, and only attention lays them out in rows. Same values and
     gradients as the plain forward (to float rounding), with the prompt's FLOPs paid once per
-    group instead of G times and none paid on padding. Off under gradient checkpointing (which
-    turns the cache off) and when no row repeats. `blocks`: the packed pass's attention in that
-    many blocks of rows of similar lengths (default: `_Packed`'s rule).
+    group instead of G times and none paid on padding. Under gradient checkpointing the packed
+    path keeps the prompt pass's activations (`_kept_activations`) and checkpoints the per-row
+    pass's layers (`_replayed_in_packed_attention`); where it cannot pack there, and when no row
+    repeats, the plain forward runs. `blocks`: the packed pass's attention
+    in that many blocks of rows of similar lengths (default: `_Packed`'s rule).
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     start = completion_start
     first, run = prompt_runs(input_ids[:, :start])
-    if not share_prompts or start < 2 or len(first) == len(run) or _checkpointing(model):
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
+    layers = _checkpointed_layers(module) if _checkpointing(model) and torch.is_grad_enabled() \
+        else []
+    packable = pack and layers is not None and _packable(module.config, attention_mask[:, start:])
+    if not share_prompts or start < 2 or len(first) == len(run) or (layers != []
+                                                                   and not packable):
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids,
                        logits_to_keep=input_ids.shape[1] - start + 1).logits
@@ -175,18 +237,18 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
                                      entropy_out)
     from transformers import DynamicCache
 
-    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
     cache = DynamicCache(config=module.config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
-        model(input_ids=input_ids[first, :start - 1],
-              attention_mask=attention_mask[first, :start - 1],
-              position_ids=position_ids[first, :start - 1], past_key_values=cache,
-              use_cache=True, logits_to_keep=1)
-        if pack and _packable(module.config, attention_mask[:, start:]):
+        with _kept_activations(layers):
+            model(input_ids=input_ids[first, :start - 1],
+                  attention_mask=attention_mask[first, :start - 1],
+                  position_ids=position_ids[first, :start - 1], past_key_values=cache,
+                  use_cache=True, logits_to_keep=1)
+        if packable:
             return _packed_logprobs(model, module, cache, input_ids, attention_mask,
                                     position_ids, start, first, run, chunk_tokens,
-                                    entropy_out, blocks)
+                                    entropy_out, blocks, layers)
         cache.batch_select_indices(run)
         logits = model(input_ids=input_ids[:, start - 1:], attention_mask=attention_mask,
                        position_ids=position_ids[:, start - 1:], past_key_values=cache,
@@ -197,7 +259,7 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
 
 def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_ids, start: int,
                      first: torch.Tensor, run: torch.Tensor, chunk_tokens: int, entropy_out,
-                     blocks: int | None = None):
+                     blocks: int | None = None, checkpointed: list | None = None):
     """The per-row pass of `completion_logprobs` on real tokens only: row i's inputs are its last
     prompt token and its completion but the last token, one packed sequence for all rows."""
     from policy.generation.rollout import custom_attention
@@ -205,7 +267,9 @@ def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_i
     lengths = attention_mask[:, start:].sum(-1)
     packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths, blocks)
     column = start - 1 + packed.column
-    with custom_attention(module.config, PACKED, _packed_attention):
+    replayed = _replayed_in_packed_attention(checkpointed, module.config) if checkpointed \
+        else nullcontext()
+    with custom_attention(module.config, PACKED, _packed_attention), replayed:
         logits = model(input_ids=input_ids[packed.row, column][None],
                        position_ids=position_ids[packed.row, column][None],
                        use_cache=False, packed=packed).logits[0]
