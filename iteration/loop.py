@@ -35,7 +35,7 @@ from process_supervision.label import label_statistics
 from reward_model.examples import as_orm, worked_examples, worked_orm_examples
 from reward_model.train import train_reward_model
 from runtime.data import Splits
-from runtime.engine import broadcast_from_main, is_main
+from runtime.engine import broadcast_from_main, is_main, memory_phase
 from runtime.models import load_tokenizer
 from runtime.tracking import MetricsLogger, read_metrics
 
@@ -67,8 +67,9 @@ class IterationRun:
     def label(self, k: int, policy: str) -> dict:
         """Sample `policy` on this iteration's RM questions; label for the ORM and the PRM."""
         cfg = self.cfg
-        labelled = stages.label(cfg, policy, self._rm_questions(k),
-                                self.run / "labels" / f"iteration-{k}", k)
+        with memory_phase("labelling"):
+            labelled = stages.label(cfg, policy, self._rm_questions(k),
+                                    self.run / "labels" / f"iteration-{k}", k)
         prm_examples = [x.example(soft=cfg.label.soft) for x in labelled]
         save_iteration(self.run / "replay" / "prm", k, prm_examples)
         save_iteration(self.run / "replay" / "orm", k,
@@ -97,8 +98,9 @@ class IterationRun:
             cfg = OmegaConf.merge(cfg, {"rm": {"epochs": it.refresh_epochs}})
         logger = self.make_logger(f"rm-{kind}/iteration-{k}")
         try:
-            path = train_reward_model(cfg, out, init, [ex for _, ex in rows], logger,
-                                      self.config_yaml)
+            with memory_phase("reward models"):
+                path = train_reward_model(cfg, out, init, [ex for _, ex in rows], logger,
+                                          self.config_yaml)
         finally:
             logger.close()
         return {"path": self._rel(path), "composition": composition(rows, k)}
@@ -132,9 +134,11 @@ class IterationRun:
         """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N:
         the questions spread over the ranks, the same entry on every rank."""
         cfg = self.cfg
-        model, tokenizer = stages.load_policy(cfg, policy)
-        metrics = stages.evaluate(cfg, model, tokenizer, self.splits.eval, progress=is_main(),
-                                  outcomes_path=self.run / "eval" / f"iteration-{k}.json")
+        with memory_phase("evaluation: sampling"):
+            model, tokenizer = stages.load_policy(cfg, policy)
+            metrics = stages.evaluate(cfg, model, tokenizer, self.splits.eval,
+                                      progress=is_main(),
+                                      outcomes_path=self.run / "eval" / f"iteration-{k}.json")
         entry = {"iteration": k, "policy": self._rel(policy),
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
                  **stages.reward_model_report(cfg, self._scorers(rm_iteration), model,

@@ -30,7 +30,8 @@ from policy.math.losses import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
 from runtime.data import MathRecord, step_oracle
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            device_memory_gib, gathered_for_generation, global_sum, world)
+                            device_memory_gib, gathered_for_generation, global_sum,
+                            memory_phase, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.prompts import PromptFormat, encode_prompts
 from runtime.shards import seeded
@@ -160,7 +161,7 @@ class Sampler:
             return
         if self.push_due():
             self.vllm.sleep()
-            with gathered_for_generation(self.engine) as module:
+            with memory_phase("push"), gathered_for_generation(self.engine) as module:
                 self.vllm.sync(module, self.trainer.step)
         yield self.vllm
 
@@ -190,7 +191,7 @@ def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: GRPOConfig,
     processes either."""
     chunk = g.rollout_questions or len(prompts)
     parts = []
-    with sampler.generating() as model:
+    with sampler.generating() as model, memory_phase("rollout"):
         for i in range(0, len(prompts), chunk):
             with seeded(*key, first + i):
                 parts.append(generate_groups(
@@ -301,7 +302,8 @@ def make_sample(sampler: Sampler, tokenizer, fmt, reward_fn: RewardFn, g: GRPOCo
         rolled = time.perf_counter()
         timing["rollout_memory"] = device_memory_gib()  # vLLM's pool awake
         sampler.rest()  # scoring never needs vLLM: its pool is freed first
-        scored = score_step(reward_fn, records, rollout, g)
+        with memory_phase("scoring"):
+            scored = score_step(reward_fn, records, rollout, g)
         timing["rollout"] += rolled - started
         timing["scoring"] += time.perf_counter() - rolled
         return Sampled(records, rollout, *scored)

@@ -20,6 +20,7 @@ from reward_model.evaluate import best_of_n, first_error_metrics, prm_score, ste
 from reward_model.tag_scores import STEP_AGGREGATORS
 from reward_model.score import TagScorer, spread_score
 from runtime.data import MathRecord
+from runtime.engine import memory_phase
 from runtime.grading import answers_match, extract_final_answer
 from runtime.prompts import PromptFormat
 from runtime.shards import map_chunks
@@ -55,7 +56,8 @@ def benchmark_report(scorer, bench: BenchmarkRows) -> dict[str, float]:
 def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str, float]:
     """Step metrics and first-error metrics of `scorer` on labelled examples (the scoring spread
     over the ranks: every rank calls it)."""
-    predicted = spread_score(scorer, examples)
+    with memory_phase("evaluation: scoring"):
+        predicted = spread_score(scorer, examples)
     labels = [list(ex.labels) for ex in examples]
     return {**step_metrics(predicted, labels), **first_error_metrics(predicted, labels)}
 
@@ -124,9 +126,19 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
 
     # Every sample first, then the scoring, with the sampler's memory freed in between (a vLLM
     # engine's KV pool is never held beside a reward model's forward).
-    sampled = map_chunks(len(chunks), chunk_samples, seed_key=("best-of-n", seed), costs=costs)
+    with memory_phase("evaluation: sampling"):
+        sampled = map_chunks(len(chunks), chunk_samples, seed_key=("best-of-n", seed),
+                             costs=costs)
     rest(policy)
-    rows = [row for part in map_chunks(len(chunks), chunk_scores, costs=costs) for row in part]
+    with memory_phase("evaluation: scoring"):
+        rows = [row for part in map_chunks(len(chunks), chunk_scores, costs=costs)
+                for row in part]
+    return _best_of_n_metrics(rows, scorers, seed, oracle is not None)
+
+
+def _best_of_n_metrics(rows: list[tuple], scorers: dict, seed: int, with_oracle: bool) -> dict:
+    """`best_of_n_report`'s metrics from its rows (right, extracted answers, solution scores,
+    step scores, the oracle's step truth), a question each."""
     correct, answers = [r[0] for r in rows], [r[1] for r in rows]
     report: dict[str, float] = {}
     for name, (_, kind) in scorers.items():
@@ -135,7 +147,7 @@ def best_of_n_report(policy, policy_tokenizer, records: list[MathRecord], fmt: P
         report[f"{name}_group_auroc"] = result["group_auroc"]
         report.update({k: v for k, v in result.items()
                        if k not in ("rm_pick", "group_auroc", "per_question")})
-        if oracle is not None:
+        if with_oracle:
             report[f"{name}_per_question"] = result["per_question"]
             predicted = [p for r in rows for p in r[3][name]]
             labels = [t for r in rows for t in r[4]] if kind == "prm" else \

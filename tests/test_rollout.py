@@ -425,7 +425,6 @@ def test_packed_update_under_gradient_checkpointing_equals_the_padded_one(archit
             model.gradient_checkpointing_enable({"use_reentrant": False})
         else:
             model.gradient_checkpointing_disable()
-        assert lp_module._checkpointing(model) == checkpointed
         model.zero_grad()
         logprobs = completion_logprobs(model, ids, mask, start, pack=checkpointed,
                                        share_prompts=checkpointed)

@@ -1,10 +1,9 @@
 """GRPO (DeepSeekMath §4.1): the policy loop with outcome or process advantages, on DeepSpeed.
 
-Launch: `igrpo grpo --config configs/tiny.yaml [key=value ...]` (one process), or
-`torchrun --nproc_per_node N -m policy grpo ...`. Each step: take a batch of questions,
-pi_old <- pi, roll out G samples per question, score them with the injected reward callable,
-compute group-relative advantages, then `grpo.mu` updates with the reference model frozen.
-Re-running the same command resumes from the last saved step.
+Launch: `igrpo grpo --config configs/tiny.yaml [key=value ...]` (one process), or `torchrun
+--nproc_per_node N -m policy grpo ...`; the same command resumes. Each step: take a batch of
+questions, pi_old <- pi, roll out G samples per question, score them with the injected reward
+callable, compute group-relative advantages, then `grpo.mu` updates, the reference frozen.
 
 Departures from the paper, each a config switch: the loss variants (`grpo.loss`), process credit
 forms (`grpo.process_credit`) and recipes (configs/recipes/: DAPO's dynamic sampling, overlong
@@ -35,7 +34,7 @@ from policy.math.advantages import (ADVANTAGE_ESTIMATORS, PROCESS_CREDIT, GroupN
 from policy.math.losses import policy_loss
 from policy.rewards import RewardFn, Scores
 from runtime.data import MathRecord
-from runtime.engine import (current_lr, gather_rows, global_sum, is_main,
+from runtime.engine import (current_lr, gather_rows, global_sum, is_main, memory_phase,
                             memory_metrics, world)
 from runtime.prompts import prompt_format
 from runtime.training import Trainer, stage_done
@@ -57,14 +56,15 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
-    rank, world_size = world()
-    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
-    fmt = prompt_format(cfg.data)
-    trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60,
-                      fresh_state={"sample_seed": sampling_seed()})
-    sampler = Sampler(engine, trainer, cfg, policy_path)
+    with memory_phase("start-up"):
+        tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
+        fmt = prompt_format(cfg.data)
+        trainer = Trainer(out, engine, logger, g.steps, desc=out_name,
+                          max_seconds=g.max_minutes * 60,
+                          fresh_state={"sample_seed": sampling_seed()})
+        sampler = Sampler(engine, trainer, cfg, policy_path)
     evaluate = make_evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
-    per_rank = g.questions_per_step // world_size
+    rank, per_rank = world()[0], g.questions_per_step // world()[1]
     while trainer.running():
         step = trainer.step
         timing = {"rollout": 0.0, "scoring": 0.0}
@@ -73,17 +73,17 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
                               trainer.state.get("sample_seed", cfg.run.seed),
                               tokenizer.pad_token_id)
         updating = time.perf_counter()
-        memory = timing.pop("rollout_memory")
         batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
                                g, seed=cfg.run.seed * 1_000_003 + step)
-        stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
-                            f"{out_name} step {step + 1}",
-                            is_reference=step == 0 and starts_at(reference_path, policy_path))
+        with memory_phase("update"):
+            stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
+                                f"{out_name} step {step + 1}",
+                                is_reference=step == 0 and starts_at(reference_path, policy_path))
         timing["update"] = time.perf_counter() - updating
         trainer.advance()
         metrics = log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
                            timing)
-        metrics.update({**sampled.stats, **sampler.stats(), **memory_metrics(memory),
+        metrics.update({**sampled.stats, **sampler.stats(), **memory_metrics(timing["rollout_memory"]),
                         "train/lr": current_lr(engine)})
         metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
         trainer.log(metrics, inspect_step(out / "inspect", trainer.step, g, tokenizer, sampled,
