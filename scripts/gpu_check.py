@@ -1,7 +1,19 @@
-"""GPU checks. Two of them:
+"""GPU checks. Three of them:
 
+    python scripts/gpu_check.py real                          # --cpu: at a small size, on CPU
     python scripts/gpu_check.py iterate --config deepseekmath_7b.yaml --backend vllm --nproc 8
     python scripts/gpu_check.py speed --backend hf            # --small: a CPU smoke run
+
+`real`: one GRPO iteration of configs/qwen25_math_1p5b.yaml (Algorithm 1: labelling, both reward
+models, evaluation, GRPO, evaluation) on one GPU, its policy a randomly initialised model of the
+real Qwen2.5-Math-1.5B architecture (configs/models/qwen25_math_1p5b/config.json, 1.54B
+parameters; nothing is downloaded) over the shipped GPT-2 tokenizer, with the `hf` backend (so it
+runs where only PyTorch is installed). The recipe's GRPO shapes are kept (4 questions x G = 64,
+1,024 new tokens, micro-batch 8, ZeRO-1, bf16, gradient checkpointing); its counts are cut (2 GRPO
+steps, a few labelled and evaluated questions, shorter labelling and evaluation samples). It prints
+each memory phase's measured peak (`runtime.engine.memory_phase`) beside `igrpo plan`'s prediction
+for this GPU, the rollout's and the update's tokens/s and the update's MFU. `--cpu`: the same
+architecture shrunk to 2 layers of 64, the counts tiny, on the CPU (the check of the check).
 
 `iterate`: the config's GPU path on `--nproc` processes (one per GPU, under torchrun), its model
 swapped for a tiny random stand-in of the same family (runtime.tiny_model.build_stand_in) and its
@@ -40,6 +52,78 @@ SMALL_RUN = ["grpo.steps=4", "grpo.save_every=1", "grpo.questions_per_step={n}",
              "label.questions=3", "label.samples_per_question=2", "label.num_completions=2",
              "label.max_new_tokens=16", "rm.batch_size={n}", "rm.bon_questions=2",
              "rm.bon_samples=2", "iterate.iterations=1", "run.wandb_mode=disabled"]
+
+
+REAL_RUN = ["grpo.steps=2", "grpo.save_every=2", "data.eval_questions=8", "eval.k=4",
+            "eval.max_new_tokens=256", "label.questions=2", "label.samples_per_question=2",
+            "label.num_completions=2", "label.max_new_tokens=256", "rm.batch_size=4",
+            "rm.bon_questions=2", "rm.bon_samples=8", "iterate.iterations=1",
+            "run.wandb_mode=disabled", "rollout.backend=hf", "grpo.inspect_every=0"]
+REAL_CPU = ["model.dtype=float32", "deepspeed.bf16=false", "deepspeed.fused_adam=false",
+            "grpo.group_size=4", "grpo.max_new_tokens=16", "deepspeed.micro_batch_size=4",
+            "eval.max_new_tokens=16", "label.max_new_tokens=16", "data.eval_questions=2",
+            "eval.k=2", "data.max_prompt_tokens=176", "rm.max_length=192", "rm.bon_samples=2",
+            "run.threads=1"]
+
+
+def real_model(out: Path, small: bool) -> Path:
+    """A randomly initialised model of the shipped Qwen2.5-Math-1.5B configuration (bf16 on a
+    GPU; `small`: 2 layers of 64, float32) and the shipped GPT-2 tokenizer with a chat template."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from runtime.tiny_model import STAND_IN_CHAT, tiny_tokenizer
+
+    shrink = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=128, max_window_layers=2) if small else {}
+    shipped = json.loads((ROOT / "configs/models/qwen25_math_1p5b/config.json").read_text())
+    config = AutoConfig.for_model(**{**shipped, **shrink})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32 if small else torch.bfloat16)
+    tokenizer = tiny_tokenizer("gpt2")
+    tokenizer.chat_template = STAND_IN_CHAT
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def real_check(args) -> dict:
+    """One GRPO iteration of the 1.5B recipe on a random model of its real architecture: each
+    phase's measured peak beside the plan's, tokens/s, MFU."""
+    import torch
+
+    import igrpo
+    from configs import load_config
+    from configs.memory import GB, phases, plan
+    from runtime.engine import PHASE_PEAKS
+    from runtime.tracking import read_metrics
+
+    work = Path(tempfile.mkdtemp(prefix="igrpo-gpu-real-"))
+    cuda = torch.cuda.is_available() and not args.cpu
+    model = real_model(work / "model", small=not cuda)
+    overrides = [*REAL_RUN, *([] if cuda else REAL_CPU), f"run.root={work}",
+                 f"model.policy_path={model}"]
+    started = time.perf_counter()
+    code = igrpo.main(["iterate", "--config", "configs/qwen25_math_1p5b.yaml", *overrides])
+    wall = time.perf_counter() - started
+    cfg = load_config("configs/qwen25_math_1p5b.yaml", overrides)
+    rows, numbers = plan(cfg, 1, 1, cfg.data.max_prompt_tokens)
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / GB if cuda else 80.0
+    predicted = {p.name: round(p.peak / GB, 2) for p in phases(numbers, gpu_gib)}
+    steps = [r for r in read_metrics(work / cfg.run.name / "grpo" / "iteration-1" /
+                                      "metrics.jsonl") if "train/loss" in r]
+    update = statistics.median(r["train/tokens_per_s"] for r in steps) if steps else 0.0
+    flops = 6 * numbers["params"] * update
+    return {"device": torch.cuda.get_device_name() if cuda else "cpu", "exit_code": code,
+            "params": numbers["params"], "wall_s": round(wall, 1),
+            "phases_gib": {name: {"plan": gib, "measured": round(PHASE_PEAKS[name], 2)
+                                  if name in PHASE_PEAKS else None}
+                           for name, gib in predicted.items()},
+            "rollout_tokens_per_s": [round(r["rollout/tokens_per_s"], 1) for r in steps],
+            "update_tokens_per_s": [round(r["train/tokens_per_s"], 1) for r in steps],
+            "mfu_update": flops / (args.peak_tflops * 1e12) if cuda else None,
+            "grpo_steps": len(steps)}
 
 
 def iterate_check(args) -> dict:
@@ -114,11 +198,13 @@ def _measured(run: Path, metrics: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("check", choices=("iterate", "speed"), nargs="?", default="speed")
+    parser.add_argument("check", choices=("real", "iterate", "speed"), nargs="?",
+                        default="speed")
     parser.add_argument("--config", default="qwen25_math_1p5b.yaml",
                         help="iterate: a GPU config of configs/")
     parser.add_argument("--nproc", type=int, default=1, help="iterate: processes (GPUs)")
-    parser.add_argument("--cpu", action="store_true", help="iterate: gloo processes on the CPU")
+    parser.add_argument("--cpu", action="store_true",
+                        help="real: a small size on the CPU; iterate: gloo processes on the CPU")
     parser.add_argument("--timeout", type=float, default=600.0, help="iterate: seconds")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--questions", type=int, default=8)
@@ -130,8 +216,14 @@ def main() -> None:
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf",
                         help="rollout.backend: transformers generate or a colocated vLLM engine")
     args = parser.parse_args()
-    print(json.dumps(iterate_check(args) if args.check == "iterate" else speed_check(args),
-                     indent=2))
+    check = {"real": real_check, "iterate": iterate_check, "speed": speed_check}[args.check]
+    found = check(args)
+    if args.check == "real":
+        print(f"{'phase':<22}{'plan GiB':>9}{'measured':>10}")
+        for name, gib in found["phases_gib"].items():
+            measured = "n/a" if gib["measured"] is None else f"{gib['measured']:.2f}"
+            print(f"{name:<22}{gib['plan']:>9.2f}{measured:>10}")
+    print(json.dumps(found, indent=2))
 
 
 def speed_check(args) -> dict:

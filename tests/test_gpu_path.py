@@ -130,3 +130,40 @@ def test_collectives_allocate_on_the_process_groups_device(monkeypatch):
     with pytest.raises(Reduced):
         engine_module.global_sum(1.0)
     assert seen == [META]
+
+
+def test_the_shipped_real_configuration_is_the_plans_qwen_architecture():
+    """configs/models/qwen25_math_1p5b/config.json (what `gpu_check.py real` builds its random
+    1.5B from) is the architecture the plan knows for Qwen2.5-Math-1.5B: 1,543,656,960
+    parameters, and the plan reads it from the folder as from any local model."""
+    import json
+    from pathlib import Path
+
+    from configs.memory import KNOWN, _from_config_dict
+
+    shipped = Path("configs/models/qwen25_math_1p5b/config.json")
+    found = _from_config_dict(json.loads(shipped.read_text()))
+    assert found == KNOWN["Qwen/Qwen2.5-Math-1.5B-Instruct"]
+    assert found.params == 1_543_656_960
+
+
+def test_the_real_architecture_check_runs_an_iteration_and_plans_every_phase(capsys):
+    """`scripts/gpu_check.py real --cpu`: a random model of the shipped Qwen2.5-Math-1.5B
+    configuration (shrunk to 2 layers of 64, the real 151,936-token vocabulary) runs one GRPO
+    iteration of the 1.5B recipe (hf backend) to the end, and the report pairs every phase of
+    the plan with a measurement (none on the CPU: PyTorch's CUDA counters are what it reads)."""
+    import importlib.util
+    from pathlib import Path
+
+
+    spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    found = gpu_check.real_check(SimpleNamespace(cpu=True, peak_tflops=989.0))
+    assert found["exit_code"] == 0 and found["grpo_steps"] == 2
+    assert found["params"] > 151_936 * 64  # the real vocabulary's embedding at least
+    assert list(found["phases_gib"]) == ["start-up", "rollout", "scoring", "update",
+                                         "reward models", "labelling", "evaluation: sampling",
+                                         "evaluation: scoring"]
+    assert all(v["plan"] > 0 and v["measured"] is None for v in found["phases_gib"].values())
+    assert all(t > 0 for t in found["rollout_tokens_per_s"] + found["update_tokens_per_s"])
