@@ -110,3 +110,33 @@ def test_batched_equals_per_prefix_with_greedy(tmp_path):
                                                                   for s in solutions)
     assert [x.hard for x in batched] == [x.hard for x in single]
     assert [x.soft for x in batched] == [x.soft for x in single]
+
+
+def test_streamed_step_ends_equal_the_prefix_search_on_any_tokens():
+    """The one-pass streaming decode (checked by two prefix decodes a step) finds the token
+    ending each step exactly where the binary search over prefix decodes finds it: on GPT-2's
+    byte-level BPE, for sampled-looking token sequences that split multi-byte characters (é, 中,
+    an emoji) across tokens and end with EOS, and for random tokens with many line breaks."""
+    import random
+
+    from runtime import steps
+    from runtime.tiny_model import tiny_tokenizer
+
+    tok = tiny_tokenizer("gpt2")
+
+    def searched(ids, text):
+        saved, steps.streamed_lengths = steps.streamed_lengths, lambda *a: None
+        try:
+            return steps.step_end_token_indices(tok, ids, text)
+        finally:
+            steps.streamed_lengths = saved
+
+    rng = random.Random(0)
+    cases = [tok("\n".join(f"{i} + é 中文 🙂 = {rng.randint(1, 99)}" for i in range(12)),
+                 add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+    cases += [[rng.choice([198, rng.randrange(50257)]) for _ in range(60)] for _ in range(50)]
+    for ids in cases:
+        text = tok.decode(ids, skip_special_tokens=True)
+        found = step_end_token_indices(tok, ids, text)
+        assert found == searched(ids, text)
+    assert steps.streamed_lengths(tok, cases[0]) is not None  # the streamed path ran
