@@ -136,13 +136,9 @@ def test_the_shipped_real_configuration_is_the_plans_qwen_architecture():
     """configs/models/qwen25_math_1p5b/config.json (what `gpu_check.py real` builds its random
     1.5B from) is the architecture the plan knows for Qwen2.5-Math-1.5B: 1,543,656,960
     parameters, and the plan reads it from the folder as from any local model."""
-    import json
-    from pathlib import Path
+    from configs.memory import KNOWN, architecture
 
-    from configs.memory import KNOWN, _from_config_dict
-
-    shipped = Path("configs/models/qwen25_math_1p5b/config.json")
-    found = _from_config_dict(json.loads(shipped.read_text()))
+    found = architecture(SimpleNamespace(policy_path="configs/models/qwen25_math_1p5b"))
     assert found == KNOWN["Qwen/Qwen2.5-Math-1.5B-Instruct"]
     assert found.params == 1_543_656_960
 
