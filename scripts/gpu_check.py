@@ -58,7 +58,8 @@ REAL_RUN = ["grpo.steps=2", "grpo.save_every=2", "data.eval_questions=8", "eval.
             "eval.max_new_tokens=256", "label.questions=2", "label.samples_per_question=2",
             "label.num_completions=2", "label.max_new_tokens=256", "rm.batch_size=4",
             "rm.bon_questions=2", "rm.bon_samples=8", "iterate.iterations=1",
-            "run.wandb_mode=disabled", "rollout.backend=hf", "grpo.inspect_every=0"]
+            "run.wandb_mode=disabled", "rollout.backend=hf", "grpo.inspect_every=0",
+            "eval.batch_size=64", "label.prefixes_per_batch=8"]  # the hf backend's sizes
 REAL_CPU = ["model.dtype=float32", "deepspeed.bf16=false", "deepspeed.fused_adam=false",
             "grpo.group_size=4", "grpo.max_new_tokens=16", "deepspeed.micro_batch_size=4",
             "eval.max_new_tokens=16", "label.max_new_tokens=16", "data.eval_questions=2",

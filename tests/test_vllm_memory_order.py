@@ -99,3 +99,40 @@ def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(record
     # checkpoints loaded outside a gather (labelling, evaluation; after a sleep, from disk)
     inside = {j for start in spans for j in range(start, names.index("gather-end", start))}
     assert any(name == "reload" and j not in inside for j, name in enumerate(names))
+
+
+def test_the_engine_refuses_an_untested_vllm_naming_the_version_and_the_range():
+    """Made on vLLM 0.14 (whose model runner's reload_weights takes no weights_iterator), the
+    engine would fail at the first push: it refuses when made, naming the installed version and
+    the tested range; a runner without the argument is refused whatever the version says; above
+    the range it warns."""
+    from policy.generation.vllm import TESTED_VLLM, check_vllm
+
+    def old_reload(self):  # vLLM before its layerwise reload: from disk only
+        pass
+
+    def new_reload(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        pass
+
+    check_vllm("0.32.0", new_reload)
+    check_vllm("0.32.0+cpu", new_reload)  # the CPU build's local version
+    for version, reload in (("0.14.1", None), ("0.32.0", old_reload)):
+        with pytest.raises(RuntimeError, match=rf"vLLM {version} is installed.*{TESTED_VLLM}"):
+            check_vllm(version, reload)
+    with pytest.warns(UserWarning, match="vLLM 0.33.1 is installed, outside the tested range"):
+        check_vllm("0.33.1", new_reload)
+
+
+def test_a_hub_id_is_read_from_its_snapshot_in_the_local_cache(monkeypatch, tmp_path):
+    """A slept engine made from a hub id reloads it from the local Hugging Face cache (where vLLM
+    downloaded it), never from the network; a folder is read as it is."""
+    import huggingface_hub
+
+    from policy.generation.vllm import local_folder
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, **kw: (asked.append((repo, kw)), str(tmp_path))[1])
+    assert local_folder("Qwen/Qwen2.5-Math-1.5B-Instruct") == tmp_path
+    assert asked == [("Qwen/Qwen2.5-Math-1.5B-Instruct", {"local_files_only": True})]
+    assert local_folder(tmp_path) == tmp_path and len(asked) == 1

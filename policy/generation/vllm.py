@@ -271,7 +271,7 @@ def _checkpoint_tensors(model_path: str | Path, config, trust_remote_code: bool 
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    files = sorted(Path(model_path).glob("*.safetensors"))
+    files = sorted(local_folder(model_path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_path}: no *.safetensors weights to load into the vLLM "
                                 "engine (save the checkpoint with safe_serialization)")
@@ -293,6 +293,16 @@ def _checkpoint_tensors(model_path: str | Path, config, trust_remote_code: bool 
     for name, source in tied:
         with safe_open(str(where[source]), framework="pt") as handle:
             yield name, handle.get_tensor(source)
+
+
+def local_folder(model_path: str | Path) -> Path:
+    """A checkpoint's folder: `model_path` itself, or for a hub id the snapshot in the local
+    Hugging Face cache (where vLLM downloaded it when the engine was made; nothing is fetched)."""
+    if Path(model_path).is_dir():
+        return Path(model_path)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(model_path), local_files_only=True))
 
 
 def launch_settings() -> dict:
