@@ -11,9 +11,14 @@ GIB = 1024 ** 3
 
 
 def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
-    """The 7B recipe sampled by our decoding loop (`rollout.backend=hf`) instead of vLLM."""
-    cfg = load_config("configs/deepseekmath_7b.yaml", ["rollout.backend=hf",
-                                                       "grpo.rollout_questions=1"])
+    """The 7B recipe sampled by our decoding loop (`rollout.backend=hf`) instead of vLLM, with
+    evaluation and labelling calls of the decoding loop's sizes (the recipe's vLLM-sized calls,
+    1,024 samples and 512 continuations, would need 600 GiB of KV cache here: refused)."""
+    hf = ["rollout.backend=hf", "grpo.rollout_questions=1", "eval.batch_size=64",
+          "label.prefixes_per_batch=8"]
+    assert "over in labelling, evaluation: sampling" in verdict(
+        plan(load_config("configs/deepseekmath_7b.yaml", hf[:2]), 8, 1, 256)[1], 141)
+    cfg = load_config("configs/deepseekmath_7b.yaml", hf)
     rows, numbers = plan(cfg, gpus=8, nodes=1, prompt_tokens=256)
     arch = KNOWN["deepseek-ai/deepseek-math-7b-instruct"]
     # DeepSeek LLM 7B: 30 layers of 4096 wide, 102,400-token vocabulary, untied head: 6.91B.
@@ -39,8 +44,8 @@ def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
     rollout = {p.name: p for p in phases(numbers, 141)}["rollout"]
     assert rollout.peak == weights + by_item["whole policy"] + by_item["rollout: KV cache"]
     assert peak(numbers, 141) == rollout.peak
-    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "rollout.backend=hf",
-                       "grpo.rollout_questions=1", "--gpus", "8", "--nodes", "1",
+    assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", *hf,
+                       "--gpus", "8", "--nodes", "1",
                        f"run.root={tmp_path}", "--gpu-gb", "80", "141"]) == 0
     out = capsys.readouterr().out
     assert "80 GB GPU (79.65 GiB" in out and "-> fits" in out
