@@ -54,7 +54,8 @@ def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path)
     """`igrpo grpo` alone (the engine made awake by the stage): before the first optimizer step
     the engine holds the starting checkpoint, so nothing is gathered or pushed; after it, each
     rollout is sleep (the pool freed), gather, weights woken, push, gather released, KV woken,
-    generate; vLLM sleeps again before the scoring, and stays asleep through the update."""
+    generate; vLLM sleeps again before the scoring, and stays asleep through the update. Only
+    the rollouts ask vLLM for log-probs."""
     import igrpo
 
     assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
@@ -75,6 +76,8 @@ def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path)
                       "generate", "sleep", "score", "update"]
     # the final sampled evaluation pushes the last step's weights; vLLM sleeps before the export
     assert names[-2:] == ["sleep", "export"]
+    # vLLM computes log-probs for the rollouts only (the drift check), not for evaluation
+    assert recording_vllm.LOGPROBS[:3] == [None, 0, 0] and recording_vllm.LOGPROBS[-1] is None
 
 
 def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(recorder, tmp_path):

@@ -225,7 +225,7 @@ class VLLMEngine:
                                 detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params,
                                     use_tqdm=False)
-        rows, logprobs = [], []
+        rows, reported = [], []
         for out in outputs:
             for sample in out.outputs:
                 tokens = list(sample.token_ids)
@@ -236,13 +236,13 @@ class VLLMEngine:
                     stopped = sample.stop_reason
                     tokens.append(stopped if isinstance(stopped, int) else ends[0])
                 rows.append(tokens)
-                logprobs.append([entry[token].logprob if entry and token in entry else 0.0
+                reported.append([entry[token].logprob if entry and token in entry else 0.0
                                  for token, entry in zip(tokens, entries + [None])])
         rollout = _as_rollout(ids, rows, tokenizer, group_size)
         if not logprobs:
             return rollout
         width = rollout.completion_ids.shape[1]
-        sampled = torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs])
+        sampled = torch.tensor([row + [0.0] * (width - len(row)) for row in reported])
         return replace(rollout, sampler_logprobs=sampled * rollout.completion_mask)
 
 

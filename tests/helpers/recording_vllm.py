@@ -17,6 +17,8 @@ import torch
 
 EVENTS: list[tuple[str, bool, bool]] = []
 """(event, KV pool mapped, weights mapped) in the order they happened."""
+LOGPROBS: list = []
+"""Each generate call's `SamplingParams.logprobs` (None: vLLM computes none)."""
 
 
 class LLM:
@@ -35,6 +37,7 @@ class LLM:
 
         assert self.weights and self.kv, "generate with vLLM's memory asleep"
         record("generate")
+        LOGPROBS.append(params.logprobs)
         outputs = []
         ends = list(params.stop_token_ids)
         for prompt in prompts:
@@ -109,4 +112,5 @@ def install(monkeypatch) -> None:
     monkeypatch.setattr(engine_module, "sleep_mode_supported", lambda: True)
     monkeypatch.setattr(engine_module, "_ENGINE", None)
     EVENTS.clear()
+    LOGPROBS.clear()
     LLM.current = None
