@@ -139,3 +139,17 @@ def test_a_hub_id_is_read_from_its_snapshot_in_the_local_cache(monkeypatch, tmp_
     assert local_folder("Qwen/Qwen2.5-Math-1.5B-Instruct") == tmp_path
     assert asked == [("Qwen/Qwen2.5-Math-1.5B-Instruct", {"local_files_only": True})]
     assert local_folder(tmp_path) == tmp_path and len(asked) == 1
+
+
+def test_an_environment_asking_for_vllm_multiprocessing_is_overridden(monkeypatch, warm_start):
+    """With VLLM_ENABLE_V1_MULTIPROCESSING=1 vLLM would put its engine core in a subprocess and
+    the in-memory push would pickle the policy's tensors: the engine sets it to 0, saying so."""
+    import os
+
+    from policy.generation.vllm import VLLMEngine
+
+    recording_vllm.install(monkeypatch)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.warns(UserWarning, match="VLLM_ENABLE_V1_MULTIPROCESSING is set to '1'"):
+        VLLMEngine(warm_start, dtype="float32", max_model_len=256, seed=0)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
