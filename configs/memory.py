@@ -147,7 +147,17 @@ def gpu_bytes(gpu_gb: float) -> float:
 
 
 def model_states(params: int, largest: int, ds, gpus: int, nodes: int) -> tuple[int, int, str]:
-    """(GPU bytes, CPU bytes, source) of a trained model's states under its ZeRO stage."""
+    """(GPU bytes, CPU bytes, source) of a trained model's states under its ZeRO stage; bf16
+    under ZeRO-2/3 adds the float32 gradient accumulation's 2 more bytes a partitioned param."""
+    gpu, cpu, source = _estimated_states(params, largest, ds, gpus, nodes)
+    if ds.bf16 and ds.zero_stage >= 2 and not ds.offload_optimizer:
+        gpu += 2 * params / (gpus * nodes)
+        source += " + float32 gradient accumulation"
+    return gpu, cpu, source
+
+
+def _estimated_states(params: int, largest: int, ds, gpus: int, nodes: int
+                      ) -> tuple[int, int, str]:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 

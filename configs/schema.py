@@ -144,7 +144,10 @@ class DeepSpeedConfig:
     bf16: bool = False
     """Train in bf16 (bf16 weights, fp32 master weights and Adam state); required with
     model.dtype=bfloat16. On CPUs with bf16 matrix units (AMX) it pays from ~20M parameters
-    (bench/README.md); the tiny configs use fp32."""
+    (bench/README.md); the tiny configs use fp32. Under ZeRO-2 and ZeRO-3 a step's micro-batch
+    gradients accumulate in float32 (DeepSpeed's `data_types.grad_accum_dtype`); ZeRO-0 and
+    ZeRO-1 accumulate them in bf16 (DeepSpeed refuses float32 without ZeRO and moves ZeRO-1 to
+    another optimizer)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass on one device."""
     grad_clip: float = 1.0

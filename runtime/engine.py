@@ -133,6 +133,9 @@ def deepspeed_config(ds, *, lr: float | list[float], micro_batch_size: int,
         "gradient_clipping": ds.grad_clip,
         "zero_optimization": zero,
         "bf16": {"enabled": ds.bf16},
+        # bf16 under ZeRO-2/3: a step's 16-32 micro-batch gradients summed in float32, not bf16
+        **({"data_types": {"grad_accum_dtype": "fp32"}} if ds.bf16 and ds.zero_stage >= 2
+           else {}),
         "optimizer": {"type": "AdamW", "params": {
             "lr": base_lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
             "torch_adam": True, **({"fused": True} if ds.fused_adam else {})}},

@@ -9,7 +9,7 @@ models, evaluation, GRPO, evaluation) on one GPU, its policy a randomly initiali
 real Qwen2.5-Math-1.5B architecture (configs/models/qwen25_math_1p5b/config.json, 1.54B
 parameters; nothing is downloaded) over the shipped GPT-2 tokenizer, with the `hf` backend (so it
 runs where only PyTorch is installed). The recipe's GRPO shapes are kept (4 questions x G = 64,
-1,024 new tokens, micro-batch 8, ZeRO-1, bf16, gradient checkpointing); its counts are cut (2 GRPO
+1,024 new tokens, micro-batch 8, ZeRO-2, bf16, gradient checkpointing); its counts are cut (2 GRPO
 steps, a few labelled and evaluated questions, shorter labelling and evaluation samples). It prints
 each memory phase's measured peak (`runtime.engine.memory_phase`) beside `igrpo plan`'s prediction
 for this GPU, the rollout's and the update's tokens/s and the update's MFU. `--cpu`: the same
