@@ -23,40 +23,34 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from configs import ConfigError, load_config, to_dict, to_yaml
 from configs.loader import diff_configs, schema_defaults
 
 
 
-# What each command does and the config sections it reads (its `--help` lists them).
+# The config sections every command may read.
 ALL_SECTIONS = ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "label", "rm", "iterate",
                 "rollout", "ppo")
-COMMAND_HELP = {
-    "build-tiny": ("build the tiny random model and its tokenizer into <run>/base",
-                   ("run", "model")),
-    "sft": ("supervised fine-tuning on worked solutions -> <run>/sft/best",
-            ("run", "data", "model", "deepspeed", "sft")),
-    "grpo": ("GRPO alone from the warm start, rewarded by grpo.reward -> <run>/grpo/final",
-             ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "rollout", "ppo")),
-    "eval": ("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of eval.checkpoint "
-             "(default: the run's newest policy)", ("run", "data", "model", "sft", "eval", "rollout")),
-    "label": ("Math-Shepherd step labels of the policy's samples -> <run>/labels",
-              ("run", "data", "model", "sft", "label", "rm", "rollout")),
-    "train-rm": ("train an outcome or process reward model (rm.kind) -> <run>/rm-<kind>/final",
-                 ("run", "data", "model", "deepspeed", "sft", "label", "rm")),
-    "eval-rm": ("step metrics and best-of-N of the run's newest reward models",
-                ("run", "data", "model", "sft", "eval", "rm", "rollout")),
-    "iterate": ("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS),
-    "demo": ("the main job: = iterate (make demo runs it on configs/tiny.yaml)", ALL_SECTIONS),
-    "plan": ("memory per GPU of one GRPO iteration of the config; nothing is run",
-             ("data", "model", "deepspeed", "grpo", "eval", "label", "rm", "rollout")),
-    "config": ("`igrpo config show`: print the resolved config", ALL_SECTIONS),
-}
-# Keys inside a section a command reads that it still ignores (another key decides for it).
-IGNORED = {"iterate": ("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path")}
-IGNORED["demo"] = IGNORED["iterate"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One `igrpo` command (the table `COMMANDS`, at the end of this file)."""
+    help: str
+    sections: tuple[str, ...]
+    """The config sections it reads (its `--help` lists them)."""
+    run: Callable | None = None
+    """run(session) -> its result; None: the command runs before any session (plan, config)."""
+    resumes: Callable | None = None
+    """cfg -> the run folder whose recorded config must match for the command to resume it."""
+    ignored: tuple[str, ...] = ()
+    """Keys inside its sections that it still ignores (another key decides for it)."""
+    reads_tags: bool = False
+    """It writes or reads step-tagged reward-model inputs: the step tag is checked first."""
 
 
 def strip_local_rank(argv: list[str]) -> list[str]:
@@ -74,7 +68,7 @@ def strip_local_rank(argv: list[str]) -> list[str]:
 
 
 def _command_parser(name: str) -> argparse.ArgumentParser:
-    text, sections = COMMAND_HELP[name]
+    text, sections = COMMANDS[name].help, COMMANDS[name].sections
     sub = argparse.ArgumentParser(
         prog=f"igrpo {name}", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"{text}.\n\nConfig sections read: {', '.join(sections)} "
@@ -105,7 +99,7 @@ def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespac
     top = argparse.ArgumentParser(
         prog="igrpo", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0].split(": ", 1)[1].replace(", GRPO", ",\nGRPO"),
-        epilog="commands:\n" + "\n".join(f"  {n:<10} {COMMAND_HELP[n][0]}" for n in stages)
+        epilog="commands:\n" + "\n".join(f"  {n:<10} {COMMANDS[n].help}" for n in stages)
         + "\n\n`igrpo COMMAND --help` lists a command's options and the config sections it reads.")
     top.add_argument("command", choices=stages, metavar="COMMAND")
     if not argv or argv[0] not in stages:
@@ -117,9 +111,9 @@ def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespac
 
 def unread_overrides(stage: str, overrides: list[str]) -> list[str]:
     """Keys set on the command line that `stage` does not read."""
-    sections = COMMAND_HELP[stage][1]
+    sections = COMMANDS[stage].sections
     keys = [o.split("=", 1)[0] for o in overrides]
-    return [k for k in keys if k.split(".")[0] not in sections or k in IGNORED.get(stage, ())]
+    return [k for k in keys if k.split(".")[0] not in sections or k in COMMANDS[stage].ignored]
 
 
 def run_plan(cfg, args: argparse.Namespace) -> None:
@@ -130,11 +124,6 @@ def run_plan(cfg, args: argparse.Namespace) -> None:
     rows, numbers = plan(cfg, args.gpus, args.nodes, prompt_tokens)
     print(render(cfg, rows, numbers, args.gpu_gb, args.gpus, args.nodes))
 
-
-# Stages that resume from their folder, and the folder whose config must match to resume.
-RESUMABLE = {"sft": lambda cfg: "sft", "grpo": lambda cfg: "grpo", "label": lambda cfg: "labels",
-             "train-rm": lambda cfg: f"rm-{cfg.rm.kind}", "iterate": lambda cfg: "iterate",
-             "demo": lambda cfg: "iterate"}
 
 # Keys that change how a run executes, not what it computes: a run may resume with them changed.
 # (run.root: the run folder was moved; its manifest's paths are relative.)
@@ -161,7 +150,8 @@ class Session:
         self.config_yaml = to_yaml(cfg)
         problem = None
         if is_main():
-            folder = RESUMABLE.get(stage, lambda c: None)(cfg)
+            resumes = COMMANDS[stage].resumes
+            folder = resumes(cfg) if resumes is not None else None
             problem = self._check_resume(folder) if folder else None
             if problem is None:
                 self.run.write_config(self.config_yaml)
@@ -411,13 +401,38 @@ def run_iterate(session: Session) -> list[dict]:
     return iterations
 
 
-COMMANDS = {"build-tiny": base_policy, "sft": run_sft, "grpo": run_grpo, "eval": run_eval,
-            "label": run_label, "train-rm": run_train_rm, "eval-rm": run_eval_rm,
-            "iterate": run_iterate, "demo": run_iterate, "plan": run_plan, "config": None}
-
-
-# Stages that write or read step-tagged reward-model inputs: their tag is checked first.
-TAG_STAGES = ("label", "train-rm", "iterate", "demo")
+ITERATE = Command("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS,
+                  run_iterate, lambda cfg: "iterate",
+                  ignored=("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path"),
+                  reads_tags=True)
+COMMANDS = {
+    "build-tiny": Command("build the tiny random model and its tokenizer into <run>/base",
+                          ("run", "model"), base_policy),
+    "sft": Command("supervised fine-tuning on worked solutions -> <run>/sft/best",
+                   ("run", "data", "model", "deepspeed", "sft"), run_sft, lambda cfg: "sft"),
+    "grpo": Command("GRPO alone from the warm start, rewarded by grpo.reward -> <run>/grpo/final",
+                    ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "rollout", "ppo"),
+                    run_grpo, lambda cfg: "grpo"),
+    "eval": Command("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of "
+                    "eval.checkpoint (default: the run's newest policy)",
+                    ("run", "data", "model", "sft", "eval", "rollout"), run_eval),
+    "label": Command("Math-Shepherd step labels of the policy's samples -> <run>/labels",
+                     ("run", "data", "model", "sft", "label", "rm", "rollout"), run_label,
+                     lambda cfg: "labels", reads_tags=True),
+    "train-rm": Command("train an outcome or process reward model (rm.kind) -> "
+                        "<run>/rm-<kind>/final",
+                        ("run", "data", "model", "deepspeed", "sft", "label", "rm"),
+                        run_train_rm, lambda cfg: f"rm-{cfg.rm.kind}", reads_tags=True),
+    "eval-rm": Command("step metrics and best-of-N of the run's newest reward models",
+                       ("run", "data", "model", "sft", "eval", "rm", "rollout"), run_eval_rm),
+    "iterate": ITERATE,
+    "demo": replace(ITERATE, help="the main job: = iterate (make demo runs it on "
+                                  "configs/tiny.yaml)"),
+    "plan": Command("memory per GPU of every phase of one GRPO iteration of the config; nothing "
+                    "is run", ("data", "model", "deepspeed", "grpo", "eval", "label", "rm",
+                                "rollout")),
+    "config": Command("`igrpo config show`: print the resolved config", ALL_SECTIONS),
+}
 
 
 def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
@@ -445,9 +460,9 @@ def _run(argv: list[str] | None, stages: tuple[str, ...] | None) -> int:
             run_plan(cfg, args)
             return 0
         session = Session(cfg, args.stage)
-        if args.stage in TAG_STAGES:
+        if COMMANDS[args.stage].reads_tags:
             check_step_tag(session)
-        result = COMMANDS[args.stage](session)
+        result = COMMANDS[args.stage].run(session)
     except (ConfigError, UnsafePathError) as err:
         print(f"igrpo: {err}", file=sys.stderr)
         return 2

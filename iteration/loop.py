@@ -19,10 +19,9 @@ start of iteration k+1, so the last iteration does not train reward models nothi
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Callable
-
-from omegaconf import OmegaConf
 
 from iteration import stages
 from iteration.manifest import Manifest
@@ -93,14 +92,12 @@ class IterationRun:
             rows = refresh_set(self.run / "replay" / kind, k, it.replay_fraction,
                                self.cfg.run.seed, worked)
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
-        cfg = self.cfg
-        if k > 0 and it.refresh_epochs:
-            cfg = OmegaConf.merge(cfg, {"rm": {"epochs": it.refresh_epochs}})
+        epochs = it.refresh_epochs if k > 0 and it.refresh_epochs else None
         logger = self.make_logger(f"rm-{kind}/iteration-{k}")
         try:
             with memory_phase("reward models"):
-                path = train_reward_model(cfg, out, init, [ex for _, ex in rows], logger,
-                                          self.config_yaml)
+                path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows], logger,
+                                          self.config_yaml, epochs=epochs)
         finally:
             logger.close()
         return {"path": self._rel(path), "composition": composition(rows, k)}
@@ -171,40 +168,56 @@ class IterationRun:
                                      self.splits.eval)
 
     # -- the loop ----------------------------------------------------------------------------
-    def plan(self) -> list[str]:
-        """Every unit of the run, in the order `run_all` runs them."""
-        units = ["sft", "label/0", *(f"rm-{kind}/0" for kind in KINDS), "eval/0"]
-        for k in range(1, self.cfg.iterate.iterations + 1):
-            if k > 1 and self.cfg.iterate.refresh:
-                units += [f"label/{k - 1}", *(f"rm-{kind}/{k - 1}" for kind in KINDS),
-                          f"refresh-check/{k - 1}"]
-            units += [f"grpo/{k}", f"eval/{k}"]
-        return units
-
-    def run_all(self) -> list[dict]:
-        plan, iterations = self.plan(), []
-
-        def unit(name: str, work: Callable[[], dict]) -> dict:
-            return self.manifest.run(name, work, plan)
-
-        policy = self._abs(unit("sft", self.warm_start)["policy"])
-        unit("label/0", lambda: self.label(0, policy))
-        for kind in KINDS:
-            unit(f"rm-{kind}/0", lambda kind=kind: self.reward_model(kind, 0))
-        iterations.append(unit("eval/0", lambda: self.evaluate(0, policy, 0)))
-        self._write(iterations)
+    def units(self) -> list[tuple[str, Callable[[], dict]]]:
+        """(name, work) of every unit of the run, in the order `run_all` runs them. A unit reads
+        the policy it starts from out of the manifest when it runs (`_policy_after`)."""
         refresh = self.cfg.iterate.refresh
+        units = [("sft", self.warm_start),
+                 ("label/0", lambda: self.label(0, self._policy_after(0))),
+                 *((f"rm-{kind}/0", partial(self.reward_model, kind, 0)) for kind in KINDS),
+                 ("eval/0", lambda: self.evaluate(0, self._policy_after(0), 0))]
         for k in range(1, self.cfg.iterate.iterations + 1):
             if k > 1 and refresh:
-                unit(f"label/{k - 1}", lambda: self.label(k - 1, policy))
-                for kind in KINDS:
-                    unit(f"rm-{kind}/{k - 1}", lambda kind=kind: self.reward_model(kind, k - 1))
-                unit(f"refresh-check/{k - 1}", lambda: self.refresh_check(k - 1, policy))
+                units += [(f"label/{k - 1}", partial(self._label_after, k - 1)),
+                          *((f"rm-{kind}/{k - 1}", partial(self.reward_model, kind, k - 1))
+                            for kind in KINDS),
+                          (f"refresh-check/{k - 1}", partial(self._refresh_check_after, k - 1))]
             rms = k - 1 if refresh else 0  # single-stage GRPO keeps the first reward models
-            policy = self._abs(unit(f"grpo/{k}", lambda: self.grpo(k, policy, rms))["policy"])
-            iterations.append(unit(f"eval/{k}", lambda: self.evaluate(k, policy, rms)))
-            self._write(iterations)
+            units += [(f"grpo/{k}", partial(self._grpo_after, k, rms)),
+                      (f"eval/{k}", partial(self._evaluate_after, k, rms))]
+        return units
+
+    def plan(self) -> list[str]:
+        """Every unit of the run, in the order `run_all` runs them."""
+        return [name for name, _ in self.units()]
+
+    def run_all(self) -> list[dict]:
+        """Run (or, finished, read back) every unit in order; the summary and the accuracy plot
+        are rewritten after each evaluation."""
+        units, iterations = self.units(), []
+        plan = [name for name, _ in units]
+        for name, work in units:
+            outputs = self.manifest.run(name, work, plan)
+            if name.startswith("eval/"):
+                iterations.append(outputs)
+                self._write(iterations)
         return iterations
+
+    def _policy_after(self, k: int) -> str:
+        """The policy at the end of iteration k: the warm start's (k = 0) or GRPO's."""
+        return self._abs(self.manifest.outputs("sft" if k == 0 else f"grpo/{k}")["policy"])
+
+    def _label_after(self, k: int) -> dict:
+        return self.label(k, self._policy_after(k))
+
+    def _refresh_check_after(self, k: int) -> dict:
+        return self.refresh_check(k, self._policy_after(k))
+
+    def _grpo_after(self, k: int, rms: int) -> dict:
+        return self.grpo(k, self._policy_after(k - 1), rms)
+
+    def _evaluate_after(self, k: int, rms: int) -> dict:
+        return self.evaluate(k, self._policy_after(k), rms)
 
     # -- helpers -----------------------------------------------------------------------------
     def base_rm_init(self) -> str:

@@ -73,8 +73,9 @@ def split_validation(examples: list[StepExample], fraction: float, seed: int, ca
 
 
 def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExample], logger,
-                       config_yaml: str) -> Path:
-    """Train on `examples` (validation split off by `rm.val_fraction`); returns `<out>/final`."""
+                       config_yaml: str, epochs: float | None = None) -> Path:
+    """Train on `examples` (validation split off by `rm.val_fraction`) for `epochs` (default
+    `rm.epochs`; a refresh passes `iterate.refresh_epochs`); returns `<out>/final`."""
     rm = cfg.rm
     final_dir = out / "final"
     if stage_done(out):
@@ -84,9 +85,9 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
     plan = plan_batch(rm.batch_size, cfg.deepspeed.micro_batch_size, world_size,
                       f"rm.batch_size={rm.batch_size}")
     tokenizer, engine, read = _reward_model_engine(cfg, out, init, plan)
-    trainer = Trainer(out, engine, logger,
-                      math.ceil(rm.epochs * max(1, len(train) // plan.global_sequences)),
-                      desc=out.name)
+    epochs = rm.epochs if epochs is None else epochs
+    trainer = Trainer(out, engine, logger, math.ceil(
+        epochs * max(1, len(train) // plan.global_sequences)), desc=out.name)
     state = trainer.state
     if "calibration" in state:  # the weights fitted before the interruption
         set_calibration(engine.module, state["calibration"])

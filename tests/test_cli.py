@@ -28,7 +28,7 @@ def test_every_command_has_its_own_help(capsys):
         text = _help(capsys, name, "--help")
         assert text.startswith(f"usage: igrpo {name} ")
         sections = re.search(r"Config sections read: ([a-z, ]+) \(", text).group(1).split(", ")
-        assert sections == list(igrpo.COMMAND_HELP[name][1])
+        assert sections == list(igrpo.COMMANDS[name].sections)
         texts[name] = text
     assert len(set(texts.values())) == len(texts)
     assert "--gpus" in texts["plan"] and not any("--gpus" in t for n, t in texts.items()
@@ -107,8 +107,8 @@ def test_every_key_a_shipped_yaml_sets_is_read(config):
     code = "\n".join(p.read_text() for p in SOURCES if p.name != "schema.py")
     for key in keys:
         # Some command reads its section and does not ignore it ...
-        assert any(key.split(".")[0] in sections and key not in igrpo.IGNORED.get(name, ())
-                   for name, (_, sections) in igrpo.COMMAND_HELP.items() if name != "config"), key
+        assert any(key.split(".")[0] in command.sections and key not in command.ignored
+                   for name, command in igrpo.COMMANDS.items() if name != "config"), key
         # ... and some code outside the schema reads the field.
         assert re.search(rf"\.{key.split('.')[-1]}\b", code), key
 

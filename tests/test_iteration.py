@@ -333,8 +333,8 @@ def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers
     (tmp_path / "rm-prm" / "iteration-0" / "final").mkdir(parents=True)
     seen = []
 
-    def fake_train(cfg_, out, init_, examples, logger, config_yaml):
-        seen.append((cfg_.rm.epochs, str(init_), len(examples)))
+    def fake_train(cfg_, out, init_, examples, logger, config_yaml, epochs=None):
+        seen.append((cfg_.rm.epochs if epochs is None else epochs, str(init_), len(examples)))
         return out / "final"
 
     monkeypatch.setattr(loop_module, "train_reward_model", fake_train)
