@@ -21,6 +21,7 @@ import torch
 from policy.rewards import Scores
 from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
+from runtime.engine import is_main
 from runtime.rundir import atomic_write_text
 from runtime.steps import step_end_token_indices
 
@@ -144,3 +145,23 @@ def chosen_samples(num_samples: int, group_size: int, groups: int, per_group: in
     num_groups = num_samples // group_size
     return [q * group_size + s for q in range(min(groups, num_groups))
             for s in range(min(per_group, group_size))]
+
+
+def inspect_step(folder: Path, step: int, g, tokenizer, sampled, batch, logger) -> dict | None:
+    """Every `grpo.inspect_every` steps (main rank): write a GRPO step's advantage table and token
+    heatmap (`sampled`: the step's `policy.kit.Sampled`, `batch` its `StepBatch`); return the
+    wandb media to log (None otherwise)."""
+    if not (g.inspect_every and step % g.inspect_every == 0 and is_main()):
+        return None
+    records, rollout, scores = sampled.records, sampled.rollout, sampled.scores
+    advantages, normalised = batch.advantages, batch.normalised
+    per_sample = [r for r in records for _ in range(g.group_size)]
+    samples = chosen_samples(len(per_sample), g.group_size, g.inspect_groups, g.inspect_samples)
+    rows = advantage_rows(step, per_sample, rollout, scores, sampled.rewards, advantages,
+                          normalised, tokenizer, samples, g.supervision)
+    page = render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
+                       g.supervision)
+    write_inspection(folder, step, rows, page)
+    return None if logger.wandb_run is None else wandb_media(
+        rows, page, scores, normalised, advantages, rollout.completion_mask,
+        g.supervision == "process")

@@ -53,15 +53,6 @@ def refill_questions(records: list[MathRecord], step: int, round_: int, per_step
     return [records[i] for i in order]
 
 
-def mini_batch_order(rows: int, group_size: int, count: int) -> torch.Tensor:
-    """This rank's rows in mini-batch order: mini-batch m holds the m-th G/k samples of every
-    question, question by question, so a mini-batch is the same set of samples whether one
-    rank or several hold the step."""
-    questions, size = rows // group_size, group_size // count
-    return torch.tensor([q * group_size + m * size + j for m in range(count)
-                         for q in range(questions) for j in range(size)], dtype=torch.long)
-
-
 def sampling_seed() -> int:
     """A stage's sampling seed, drawn from the random state the stage starts in (the outer loop
     seeds each unit from its name) and kept in the stage's saved state: the rollouts of step s

@@ -99,7 +99,7 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
         stats = update_step(trainer, reference, rollout, batch, g, plan, "test", False)
         metrics = log_step(rollout, scores, rewards, batch, stats, g,
                            {"rollout": 1.0, "scoring": 1.0, "update": 1.0})
-    assert stats["grad_norm"] > 0 and metrics["train/kl"] >= 0
+    assert stats.grad_norm > 0 and metrics["train/kl"] >= 0
     assert metrics["reward/mean"] == pytest.approx(float(cpu_scores.rewards.mean()))
 
 

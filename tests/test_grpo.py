@@ -149,7 +149,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     live = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
                           rollout, g)
     stats = update_step(trainer, None, rollout, live, g, plan, "real step")
-    assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
+    assert stats.skipped == 0.0 and stats.grad_norm > 0
 
     def snapshot():
         weights = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
@@ -163,7 +163,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     empty = advantage_step(Scores(rewards=flat), flat, torch.zeros(2, dtype=torch.bool), rollout, g)
     assert isinstance(empty, StepBatch) and empty.num_sequences == 0
     stats = update_step(trainer, None, rollout, empty, g, plan, "empty step")
-    assert stats["skipped"] == 1.0
+    assert stats.skipped == 1.0
     after = snapshot()
     assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
     assert all(torch.equal(before[1][i][k], after[1][i][k]) for i in before[1] for k in before[1][i])
@@ -205,7 +205,7 @@ def test_a_mini_batch_holds_the_same_samples_on_one_rank_or_two():
     """Two questions of G = 4 in 2 mini-batches: on one rank [0, 1, 4, 5 | 2, 3, 6, 7] (each
     question's first half, then its second); on two ranks (a question each) mini-batch m is
     rank 0's m-th half plus rank 1's: the same samples."""
-    from policy.kit import mini_batch_order
+    from policy.batch import mini_batch_order
 
     assert mini_batch_order(8, 4, 2).tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
     one = mini_batch_order(8, 4, 2).view(2, -1)
@@ -257,7 +257,7 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
 
     monkeypatch.setitem(POLICY_LOSSES, "gspo", dataclasses.replace(spec, fn=recording))
     stats = update_step(trainer, None, rollout, batch, cfg.grpo, plan, "mini-batches")
-    assert stats["skipped"] == 0.0
+    assert stats.skipped == 0.0
     first, second = 5 + 4 + 2 + 0, 3 + 5 + 4 + 1  # kept tokens of rows 0, 1, 4, (5) / 2, 3, 6, 7
     assert seen == [([0, 1], 3.0, first), ([4, 5], 3.0, first),
                     ([2, 3], 4.0, second), ([6, 7], 4.0, second)]

@@ -14,7 +14,7 @@ filtering and punishment, GPG's correction, C3PO's token budget). A step whose l
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,20 +22,21 @@ import torch
 
 from configs.schema import Config, GRPOConfig
 from policy import inspection
+from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batches
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.kit import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
-                        make_evaluator, make_sample, mini_batch_order, policy_engines,
-                        reference_logprobs, refill_questions, sampler_drift, sampling_seed,
-                        starts_at, step_questions)
+                        make_evaluator, make_sample, policy_engines, reference_logprobs,
+                        refill_questions, sampler_drift, sampling_seed, starts_at,
+                        step_questions)
 from policy.math.advantages import (ADVANTAGE_ESTIMATORS, PROCESS_CREDIT, GroupNorm,
                                     informative_groups, token_budget_mask,
                                     zero_group_correction)
 from policy.math.losses import policy_loss
 from policy.rewards import RewardFn, Scores
 from runtime.data import MathRecord
-from runtime.engine import (current_lr, gather_rows, global_sum, is_main, memory_phase,
-                            memory_metrics, world)
+from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics, memory_phase,
+                            world)
 from runtime.prompts import prompt_format
 from runtime.training import Trainer, stage_done
 
@@ -86,8 +87,8 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
         metrics.update({**sampled.stats, **sampler.stats(), **memory_metrics(timing["rollout_memory"]),
                         "train/lr": current_lr(engine)})
         metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
-        trainer.log(metrics, inspect_step(out / "inspect", trainer.step, g, tokenizer, sampled,
-                                          batch, logger))
+        trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, g, tokenizer,
+                                                     sampled, batch, logger))
         if trainer.due(g.save_every):
             trainer.save()
     sampler.rest()  # the export gathers a ZeRO-3 policy: vLLM's pool is freed first
@@ -171,20 +172,6 @@ def refill_step(first: Sampled, sample_more: Callable[[int], Sampled], g: GRPOCo
     return batch
 
 
-@dataclass
-class StepBatch:
-    """What the loss of one step uses: token advantages, the normalised rewards they came from,
-    the kept rows, the loss mask and the global normalisers (summed over ranks)."""
-    advantages: torch.Tensor
-    normalised: torch.Tensor
-    keep: torch.Tensor
-    broken: torch.Tensor
-    loss_mask: torch.Tensor
-    num_sequences: float
-    num_tokens: float
-    stats: dict = field(default_factory=dict)
-
-
 def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
                    rollout: Rollout, g: GRPOConfig, seed: int = 0) -> StepBatch:
     """Group-relative advantages and the loss mask: groups dropped by dynamic sampling or with
@@ -226,175 +213,153 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
                      global_sum(float(keep.sum())), num_tokens, stats)
 
 
+@dataclass
+class UpdateStats:
+    """What `update_step` measured, over every rank: the loss (a mean over the step's optimizer
+    steps), token means of the KL term and of the clipped shares, the drift from the sampler's
+    log-probs, the last gradient norm, the first pass's [N, T] per-token entropy, and whether
+    the optimizer step was skipped (1.0: the loss had no signal)."""
+    entropy: torch.Tensor
+    loss: float = 0.0
+    kl: float = 0.0
+    clip: float = 0.0
+    clip_high: float = 0.0
+    logprob_diff: float = 0.0
+    grad_norm: float = 0.0
+    skipped: float = 0.0
+
+
+@dataclass
+class MicroBatchLoss:
+    """One update's loss on a micro-batch of rows (what `trainer.backward` calls), adding its
+    shares of the step's statistics to `stats`: every micro-batch of an update reads the same
+    rollout, batch, pi_old and reference log-probs (None: the policy's own, detached)."""
+    engine: object
+    rollout: Rollout
+    batch: StepBatch
+    g: GRPOConfig
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    has_reference: bool
+    all_tokens: float
+    passes: int
+    stats: UpdateStats
+
+    def __call__(self, rows: slice, num_sequences: float, num_tokens: float,
+                 measure: bool) -> torch.Tensor:
+        """The loss of `rows` in an optimizer step over `num_sequences` sequences and
+        `num_tokens` tokens (every rank's); `measure`: this pass records the entropy and the
+        sampler's drift (the first pass, unless pi_old's own forward did)."""
+        g, rollout, batch, stats = self.g, self.rollout, self.batch, self.stats
+        logprobs = completion_logprobs(
+            self.engine, rollout.input_ids[rows], rollout.attention_mask[rows],
+            rollout.prompt_ids.shape[1], entropy_out=stats.entropy[rows] if measure else None)
+        old = logprobs.detach() if self.old_logprobs is None else self.old_logprobs[rows]
+        if measure:
+            stats.logprob_diff += sampler_drift(logprobs.detach(), rollout, self.all_tokens, rows)
+        ref = self.ref_logprobs[rows] if self.ref_logprobs is not None else \
+            old if self.has_reference else None
+        result = policy_loss(g.loss, g.supervision).fn(
+            logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
+            clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=g.beta,
+            num_sequences=max(num_sequences, 1.0), num_tokens=max(num_tokens, 1.0),
+            max_tokens=g.max_new_tokens)
+        # Shares of the optimizer step: summed over micro-batches and ranks they give its loss
+        # and the token means of KL and clip fraction.
+        share = float(batch.loss_mask[rows].sum()) / max(num_tokens, 1.0) / self.passes
+        stats.loss += result.loss.item() / self.passes
+        stats.kl += result.kl.item() * share
+        stats.clip += result.clip_fraction.item() * share
+        stats.clip_high += result.clip_high.item() * share
+        return result.loss * world()[1]
+
+
 def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g: GRPOConfig,
-                plan, where: str, is_reference: bool = False) -> dict:
+                plan, where: str, is_reference: bool = False) -> UpdateStats:
     """`grpo.mu` passes over the batch, each `grpo.mini_batches` optimizer steps (each
     normalised by its own counts), against log-probs of the reference and (mu > 1 or
-    mini-batches) of pi_old. Returns the global loss, KL and clip fraction (means over the
-    optimizer steps), the last gradient norm and the first pass's per-token entropy.
-    `is_reference`: the policy still is the reference (a stage's first step)."""
-    engine, world_size = trainer.engine, world()[1]
+    mini-batches) of pi_old. `is_reference`: the policy still is the reference (a stage's
+    first step)."""
+    engine = trainer.engine
     kl_term = reference is not None and g.beta > 0
     rollout, batch, order = in_mini_batch_order(rollout, batch, g)
-    entropy = torch.zeros_like(batch.loss_mask)
+    stats = UpdateStats(entropy=torch.zeros_like(batch.loss_mask))
     if not has_signal(batch, kl_term):
         # Nothing to learn: AdamW's momentum would still move the weights on a zero gradient.
-        return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0, "logprob_diff": 0.0,
-                "grad_norm": 0.0, "entropy": entropy, "skipped": 1.0}
-    loss_fn = policy_loss(g.loss, g.supervision).fn
+        stats.skipped = 1.0
+        return stats
     ref_logprobs = reference_logprobs(reference, rollout, plan.micro_batch_size, is_reference)
     # pi_old's entropy and sampler drift: in pi_old's own forward when mini-batches move it
     before, all_tokens = g.mini_batches > 1, global_sum(float(rollout.completion_mask.sum()))
-    old_logprobs = forward_logprobs(engine.module, rollout, plan.micro_batch_size, entropy
+    old_logprobs = forward_logprobs(engine.module, rollout, plan.micro_batch_size, stats.entropy
                                     if before else None) if g.mu > 1 or before else None
-    stats = {"loss": 0.0, "kl": 0.0, "clip": 0.0, "clip_high": 0.0,
-             "logprob_diff": sampler_drift(old_logprobs, rollout, all_tokens) if before else 0.0}
+    if before:
+        stats.logprob_diff = sampler_drift(old_logprobs, rollout, all_tokens)
     chunks = mini_batches(batch, plan.rank_sequences, g.mini_batches, kl_term)
-    passes, grad_norm = g.mu * len(chunks), 0.0
+    loss = MicroBatchLoss(engine, rollout, batch, g, old_logprobs, ref_logprobs,
+                          reference is not None, all_tokens, g.mu * len(chunks), stats)
     engine.train()
     for update in range(g.mu):
         for offset, num_sequences, num_tokens in chunks:
-            def loss_of(rows: slice, mb: int):
-                rows = slice(offset + rows.start, offset + rows.stop)
-                measure = update == 0 and not before
-                logprobs = completion_logprobs(
-                    engine, rollout.input_ids[rows], rollout.attention_mask[rows],
-                    rollout.prompt_ids.shape[1], entropy_out=entropy[rows] if measure else None)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-                if measure:
-                    stats["logprob_diff"] += sampler_drift(logprobs.detach(), rollout,
-                                                           all_tokens, rows)
-                ref = ref_logprobs[rows] if ref_logprobs is not None else \
-                    old if reference is not None else None
-                result = loss_fn(logprobs, old, ref, batch.advantages[rows],
-                                 batch.loss_mask[rows], clip_eps_low=g.clip_eps,
-                                 clip_eps_high=g.clip_eps_high, beta=g.beta,
-                                 num_sequences=max(num_sequences, 1.0),
-                                 num_tokens=max(num_tokens, 1.0), max_tokens=g.max_new_tokens)
-                # Shares of the optimizer step: summed over micro-batches and ranks they give
-                # its loss and the token means of KL and clip fraction.
-                share = float(batch.loss_mask[rows].sum()) / max(num_tokens, 1.0) / passes
-                stats["loss"] += result.loss.item() / passes
-                stats["kl"] += result.kl.item() * share
-                stats["clip"] += result.clip_fraction.item() * share
-                stats["clip_high"] += result.clip_high.item() * share
-                return result.loss * world_size
+            def loss_of(rows: slice, mb: int, offset=offset, sequences=num_sequences,
+                        tokens=num_tokens, measure=update == 0 and not before):
+                return loss(slice(offset + rows.start, offset + rows.stop), sequences, tokens,
+                            measure)
 
-            grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
-                                         f"{where}, update {update + 1}", grad_norm)
+            stats.grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
+                                               f"{where}, update {update + 1}", stats.grad_norm)
     if order is not None:  # back in the rollout's order, for the step's metrics
-        entropy = torch.zeros_like(entropy).index_copy(0, order, entropy)
-    return {**{key: global_sum(value) for key, value in stats.items()},
-            "grad_norm": grad_norm, "entropy": entropy, "skipped": 0.0}
-
-
-def in_mini_batch_order(rollout: Rollout, batch: StepBatch, g: GRPOConfig
-                        ) -> tuple[Rollout, StepBatch, torch.Tensor | None]:
-    """With `grpo.mini_batches` > 1: the rollout and the batch with each mini-batch's rows side
-    by side (`mini_batch_order`), and that order (None: as they are)."""
-    if g.mini_batches == 1:
-        return rollout, batch, None
-    order = mini_batch_order(len(batch.keep), g.group_size, g.mini_batches).to(batch.keep.device)
-    return rollout.rows(order), replace(batch, advantages=batch.advantages[order],
-                                        keep=batch.keep[order],
-                                        loss_mask=batch.loss_mask[order]), order
-
-
-def mini_batches(batch: StepBatch, rows: int, count: int,
-                 kl_term: bool) -> list[tuple[int, float, float]]:
-    """(first row, global sequences, global tokens) of each of `count` mini-batches of `rows`
-    rows of this rank's batch (in `mini_batch_order`) that can have a gradient (at 1: the
-    step's own normalisers); a mini-batch without signal takes no optimizer step (all ranks
-    agree: the sums are global)."""
-    if count == 1:
-        return [(0, batch.num_sequences, batch.num_tokens)]
-    chunks = []
-    for offset in range(0, rows * count, rows):
-        part = slice(offset, offset + rows)
-        sequences = global_sum(float(batch.keep[part].sum()))
-        tokens = global_sum(float(batch.loss_mask[part].sum()))
-        signal = kl_term or global_sum(float((batch.advantages[part]
-                                              * batch.loss_mask[part]).abs().sum())) > 0
-        if sequences and tokens and signal:
-            chunks.append((offset, sequences, tokens))
-    return chunks
-
-
-def has_signal(batch: StepBatch, kl_term: bool) -> bool:
-    """Whether the step's loss can have a gradient: some token is kept and either an advantage
-    is non-zero or the KL term applies (all ranks agree: the sums are global)."""
-    if batch.num_sequences == 0 or global_sum(float(batch.loss_mask.sum())) == 0:
-        return False
-    return kl_term or global_sum(float((batch.advantages * batch.loss_mask).abs().sum())) > 0
+        stats.entropy = torch.zeros_like(stats.entropy).index_copy(0, order, stats.entropy)
+    for name in ("loss", "kl", "clip", "clip_high", "logprob_diff"):
+        setattr(stats, name, global_sum(getattr(stats, name)))
+    return stats
 
 
 def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: StepBatch,
-             stats: dict, g: GRPOConfig, timing: dict) -> dict:
+             stats: UpdateStats, g: GRPOConfig, timing: dict) -> dict:
     """The step's metrics (docs/metrics.md) over every rank's samples (all ranks call it);
     `timing`: this rank's seconds of rollout, scoring and update (the ranks run side by side)."""
     mask = rollout.completion_mask.float()
     by_group = batch.normalised.reshape(-1, g.group_size * batch.normalised.shape[1])
-    check = torch.tensor([inspection.group_sum_check(batch.normalised, g.group_size)],
-                         device=mask.device)
-    correct = [] if scores.correct is None else [scores.correct.float()]
-    (rewards, lengths, truncated, entropy, tokens, seen, keep, silent, broken, check,
-     *correct) = gather_rows(
-        rewards.float(), rollout.lengths.float(), rollout.truncated.float(),
-        (stats["entropy"] * mask).sum(-1), mask.sum(-1), rollout.attention_mask.sum(-1).float(),
-        batch.keep.float(), (by_group == 0).all(-1).float(), batch.broken.float(), check,
-        *correct)
-    grouped = rewards.view(-1, g.group_size)
-    step_time = timing["rollout"] + timing["scoring"] + timing["update"]
+    rows = {"rewards": rewards.float(), "lengths": rollout.lengths.float(),
+            "truncated": rollout.truncated.float(), "entropy": (stats.entropy * mask).sum(-1),
+            "tokens": mask.sum(-1), "seen": rollout.attention_mask.sum(-1).float(),
+            "keep": batch.keep.float(), "silent": (by_group == 0).all(-1).float(),
+            "broken": batch.broken.float(), "check": torch.tensor(
+                [inspection.group_sum_check(batch.normalised, g.group_size)], device=mask.device),
+            **({} if scores.correct is None else {"correct": scores.correct.float()})}
+    r = dict(zip(rows, gather_rows(*rows.values())))  # every rank's rows
+    lengths, step_time = r["lengths"], timing["rollout"] + timing["scoring"] + timing["update"]
     metrics = {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "reward/group_std": float(grouped.std(-1, unbiased=False).mean()),
-        "reward/zero_std_groups": float((grouped.max(-1).values == grouped.min(-1).values)
-                                        .float().mean()),
+        **reward_metrics(r["rewards"], g.group_size),
         # Groups whose advantages are all 0 (equal rewards, or a spread under the floor).
-        "reward/no_signal_groups": float(silent.mean()),
-        "reward/nonfinite_groups": float(broken.sum()),
-        "rollout/length_mean": float(lengths.mean()),
-        "rollout/length_max": float(lengths.max()),
-        "rollout/truncation_rate": float(truncated.mean()),
+        "reward/no_signal_groups": float(r["silent"].mean()),
+        "reward/nonfinite_groups": float(r["broken"].sum()),
+        "rollout/length_mean": float(lengths.mean()), "rollout/length_max": float(lengths.max()),
+        "rollout/truncation_rate": float(r["truncated"].mean()),
         "rollout/tokens_per_s": float(lengths.sum()) / max(timing["rollout"], 1e-9),
-        "train/loss": stats["loss"],
-        "train/kl": stats["kl"],
-        "train/clip_fraction": stats["clip"],
-        "train/clip_high": stats["clip_high"],
-        "train/entropy": float(entropy.sum() / tokens.sum().clamp(min=1)),
-        "train/grad_norm": stats["grad_norm"],
-        "train/kept_groups": float(keep.mean()),
-        "train/skipped_step": stats["skipped"],
-        "train/advantage_group_sum": float(check.max()),
-        "train/tokens_per_s": float(seen.sum()) * g.mu / max(timing["update"], 1e-9),
+        "train/loss": stats.loss, "train/kl": stats.kl, "train/clip_fraction": stats.clip,
+        "train/clip_high": stats.clip_high,
+        "train/entropy": float(r["entropy"].sum() / r["tokens"].sum().clamp(min=1)),
+        "train/grad_norm": stats.grad_norm, "train/kept_groups": float(r["keep"].mean()),
+        "train/skipped_step": stats.skipped,
+        "train/advantage_group_sum": float(r["check"].max()),
+        "train/tokens_per_s": float(r["seen"].sum()) * g.mu / max(timing["update"], 1e-9),
         "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
         "time/update": timing["update"], "time/step": step_time,
-        **({"rollout/logprob_diff": stats["logprob_diff"]}
+        **({"rollout/logprob_diff": stats.logprob_diff}
            if rollout.sampler_logprobs is not None else {}),
-        **batch.stats,
-    }
-    if correct:
-        metrics["reward/accuracy"] = float(correct[0].mean())
+        **batch.stats}
+    if "correct" in r:
+        metrics["reward/accuracy"] = float(r["correct"].mean())
     return metrics
 
 
-def inspect_step(folder: Path, step: int, g: GRPOConfig, tokenizer, sampled: Sampled,
-                 batch: StepBatch, logger) -> dict | None:
-    """Every `grpo.inspect_every` steps (main rank): write the step's advantage table and token
-    heatmap; return the wandb media to log (None otherwise)."""
-    if not (g.inspect_every and step % g.inspect_every == 0 and is_main()):
-        return None
-    records, rollout, scores = sampled.records, sampled.rollout, sampled.scores
-    advantages, normalised = batch.advantages, batch.normalised
-    per_sample = [r for r in records for _ in range(g.group_size)]
-    samples = inspection.chosen_samples(len(per_sample), g.group_size, g.inspect_groups,
-                                        g.inspect_samples)
-    rows = inspection.advantage_rows(step, per_sample, rollout, scores, sampled.rewards,
-                                     advantages, normalised, tokenizer, samples, g.supervision)
-    page = inspection.render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
-                                  g.supervision)
-    inspection.write_inspection(folder, step, rows, page)
-    return None if logger.wandb_run is None else inspection.wandb_media(
-        rows, page, scores, normalised, advantages, rollout.completion_mask,
-        g.supervision == "process")
+def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict:
+    """The reward's mean and spreads over a step's [N] rewards (groups of `group_size`)."""
+    grouped = rewards.view(-1, group_size)
+    return {"reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "reward/group_std": float(grouped.std(-1, unbiased=False).mean()),
+            "reward/zero_std_groups": float((grouped.max(-1).values == grouped.min(-1).values)
+                                            .float().mean())}

@@ -71,7 +71,7 @@ def step_metrics() -> dict:
     questions' rows as GRPO deals them (a contiguous share)."""
     from types import SimpleNamespace
 
-    from policy.algorithms.grpo import StepBatch, log_step
+    from policy.algorithms.grpo import StepBatch, UpdateStats, log_step
     from policy.critic import Targets, value_metrics
     from policy.rewards import Scores
     from policy.generation.rollout import Rollout
@@ -96,7 +96,9 @@ def step_metrics() -> dict:
     stats = {"loss": 0.5, "kl": 0.1, "clip": 0.2, "clip_high": 0.1, "grad_norm": 1.0,
              "skipped": 0.0, "entropy": mask[rows] * torch.arange(n)[rows, None], "nll": 0.3,
              "value_loss": 0.4, "critic_grad_norm": 2.0}
-    metrics = log_step(rollout, scores, rewards[rows], batch, stats,
+    update = UpdateStats(**{k: v for k, v in stats.items()
+                            if k in {f.name for f in dataclasses.fields(UpdateStats)}})
+    metrics = log_step(rollout, scores, rewards[rows], batch, update,
                        SimpleNamespace(group_size=2, mu=1),
                        {"rollout": 2.0, "scoring": 0.5, "update": 1.0})
     # PPO's: token returns, values and log-probs that differ from row to row and token to token

@@ -1,0 +1,77 @@
+"""A policy step's batch: what its loss uses (advantages, kept rows, the loss mask and the global
+normalisers), how a step's rows are cut into mini-batches, and whether the loss has any signal.
+The GRPO family's update (policy/algorithms/grpo.py) reads them; the sums are over every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from configs.schema import GRPOConfig
+from policy.generation.rollout import Rollout
+from runtime.engine import global_sum
+
+
+@dataclass
+class StepBatch:
+    """What the loss of one step uses: token advantages, the normalised rewards they came from,
+    the kept rows, the loss mask and the global normalisers (summed over ranks)."""
+    advantages: torch.Tensor
+    normalised: torch.Tensor
+    keep: torch.Tensor
+    broken: torch.Tensor
+    loss_mask: torch.Tensor
+    num_sequences: float
+    num_tokens: float
+    stats: dict = field(default_factory=dict)
+
+
+def mini_batch_order(rows: int, group_size: int, count: int) -> torch.Tensor:
+    """This rank's rows in mini-batch order: mini-batch m holds the m-th G/k samples of every
+    question, question by question, so a mini-batch is the same set of samples whether one
+    rank or several hold the step."""
+    questions, size = rows // group_size, group_size // count
+    return torch.tensor([q * group_size + m * size + j for m in range(count)
+                         for q in range(questions) for j in range(size)], dtype=torch.long)
+
+
+def in_mini_batch_order(rollout: Rollout, batch: StepBatch, g: GRPOConfig
+                        ) -> tuple[Rollout, StepBatch, torch.Tensor | None]:
+    """With `grpo.mini_batches` > 1: the rollout and the batch with each mini-batch's rows side
+    by side (`mini_batch_order`), and that order (None: as they are)."""
+    if g.mini_batches == 1:
+        return rollout, batch, None
+    order = mini_batch_order(len(batch.keep), g.group_size, g.mini_batches).to(batch.keep.device)
+    return rollout.rows(order), replace(batch, advantages=batch.advantages[order],
+                                        keep=batch.keep[order],
+                                        loss_mask=batch.loss_mask[order]), order
+
+
+def mini_batches(batch: StepBatch, rows: int, count: int,
+                 kl_term: bool) -> list[tuple[int, float, float]]:
+    """(first row, global sequences, global tokens) of each of `count` mini-batches of `rows`
+    rows of this rank's batch (in `mini_batch_order`) that can have a gradient (at 1: the
+    step's own normalisers); a mini-batch without signal takes no optimizer step (all ranks
+    agree: the sums are global)."""
+    if count == 1:
+        return [(0, batch.num_sequences, batch.num_tokens)]
+    chunks = []
+    for offset in range(0, rows * count, rows):
+        part = slice(offset, offset + rows)
+        sequences = global_sum(float(batch.keep[part].sum()))
+        tokens = global_sum(float(batch.loss_mask[part].sum()))
+        signal = kl_term or global_sum(float((batch.advantages[part]
+                                              * batch.loss_mask[part]).abs().sum())) > 0
+        if sequences and tokens and signal:
+            chunks.append((offset, sequences, tokens))
+    return chunks
+
+
+def has_signal(batch: StepBatch, kl_term: bool) -> bool:
+    """Whether the step's loss can have a gradient: some token is kept and either an advantage
+    is non-zero or the KL term applies (all ranks agree: the sums are global)."""
+    if batch.num_sequences == 0 or global_sum(float(batch.loss_mask.sum())) == 0:
+        return False
+    return kl_term or global_sum(float((batch.advantages * batch.loss_mask).abs().sum())) > 0
