@@ -1,6 +1,6 @@
 """Does a refresh make the reward models better on the policy they must judge next? Levers measured.
 
-    python scripts/refresh_levers.py --run runs/tiny [--levers paper,from-base,...]
+    python experiments/refresh_levers.py --run runs/tiny [--levers paper,from-base,...]
 
 Takes a finished `igrpo iterate` run (the demo's: `make demo`, or `run.seed=1 run.name=tiny-seed1`)
 and redoes its first refresh (the reward models of iteration 1, trained on the GRPO-1 policy's

@@ -1,9 +1,9 @@
 """Reward hacking made visible: the proxy reward (the reward model's score) beside the gold one (the
 exact final-answer check) at every GRPO step of a long horizon, per arm.
 
-    python scripts/reward_hacking.py                  # every arm, seeds 0 and 1, 4 iterations
-    python scripts/reward_hacking.py --seeds 0 --arms frozen,refreshed
-    python scripts/reward_hacking.py --report-only    # rebuild the section from finished runs
+    python experiments/reward_hacking.py                  # every arm, seeds 0 and 1, 4 iterations
+    python experiments/reward_hacking.py --seeds 0 --arms frozen,refreshed
+    python experiments/reward_hacking.py --report-only    # rebuild the section from finished runs
 
 Arms (overrides of configs/tiny.yaml, `iterate.iterations=4`: twice the demo's GRPO steps):
   frozen        the first reward models judge every iteration (the likelihood-feature PRM)
@@ -37,7 +37,7 @@ ARMS = {
                       "rm.likelihood_feature=false"],
 }
 HORIZON = ["iterate.iterations=4"]
-BEGIN, END = "<!-- proxy-gold: written by scripts/reward_hacking.py -->", "<!-- /proxy-gold -->"
+BEGIN, END = "<!-- proxy-gold: written by experiments/reward_hacking.py -->", "<!-- /proxy-gold -->"
 WINDOW = 20
 
 
@@ -132,7 +132,7 @@ def main() -> int:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         parser.error(f"--arms: unknown {', '.join(unknown)}; known: {', '.join(ARMS)}")
-    command = " ".join(["python scripts/reward_hacking.py", *sys.argv[1:]])
+    command = " ".join(["python experiments/reward_hacking.py", *sys.argv[1:]])
     start = time.perf_counter()
     if not args.report_only:
         replicate.run_study(args.root, seeds, arms, [*HORIZON, *args.overrides], args.jobs,

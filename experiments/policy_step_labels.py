@@ -1,6 +1,6 @@
 """Sample a policy on synthetic training questions and label every step with its true correctness.
 
-    python scripts/policy_step_labels.py --policy runs/learning/seed0/sft/best --questions 640 \
+    python experiments/policy_step_labels.py --policy runs/learning/seed0/sft/best --questions 640 \
         --out policy_samples.jsonl
     igrpo train-rm --config configs/tiny.yaml rm.kind=prm rm.data_path=policy_samples.jsonl ...
 

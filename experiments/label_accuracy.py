@@ -1,6 +1,6 @@
 """How right are Math-Shepherd labels? Agreement with the true step correctness on the synthetic task.
 
-    python scripts/label_accuracy.py --completer runs/tiny/sft/best [--solutions 200] [--n 8]
+    python experiments/label_accuracy.py --completer runs/tiny/sft/best [--solutions 200] [--n 8]
 
 Labels solutions whose first wrong step is known by construction (half correct, half with one
 slip) with the completer, then prints: the agreement of the hard estimate with the truth over all

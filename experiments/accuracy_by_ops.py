@@ -1,6 +1,6 @@
 """Greedy held-out accuracy per number of operations on the synthetic task.
 
-    python scripts/accuracy_by_ops.py CHECKPOINT [--samples N] [--ops K] [--limit Q] [overrides...]
+    python experiments/accuracy_by_ops.py CHECKPOINT [--samples N] [--ops K] [--limit Q] [overrides...]
 
 The held-out questions are those of `configs/tiny.yaml` with the overrides (e.g. `data.max_ops=5
 data.sft_max_ops=4 eval.max_new_tokens=144 data.eval_questions=400`). For each operation count it

@@ -1,6 +1,6 @@
 """Learning curve of a tiny PRM on generated synthetic solutions, on one fixed held-out set.
 
-    python scripts/prm_curve.py --init runs/learning/seed0/sft/best --steps 320 [--pairs]
+    python experiments/prm_curve.py --init runs/learning/seed0/sft/best --steps 320 [--pairs]
         [--extra-layers-from 0 1 --new-layer-lr 1e-3] [--seed 7]
 
 Trains with a plain torch loop (the same loss functions as `igrpo train-rm`, without DeepSpeed) so

@@ -1,7 +1,7 @@
 """Where does a PRM go wrong? Per-category step accuracy on synthetic solutions, and how well a
 backbone reads the tagged Math-Shepherd layout compared with its own.
 
-    python scripts/prm_diagnosis.py --prm runs/tiny/rm-prm/final [--policy runs/tiny/sft/best]
+    python experiments/prm_diagnosis.py --prm runs/tiny/rm-prm/final [--policy runs/tiny/sft/best]
 
 With `--prm`: labels held-out solutions (half correct, half with one slip whose kind and position
 are known) and prints the PRM's step accuracy per category: steps of clean solutions, steps before

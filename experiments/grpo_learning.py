@@ -1,6 +1,6 @@
 """Does GRPO learn? SFT warm start, then GRPO with the rule-based reward, per seed, with controls.
 
-    python scripts/grpo_learning.py --seeds 0 1 [--grpo-steps 120] [--controls]
+    python experiments/grpo_learning.py --seeds 0 1 [--grpo-steps 120] [--controls]
 
 For each seed: build the tiny model, run the SFT warm start (configs/tiny.yaml, 400 steps of 64),
 measure held-out greedy accuracy, run GRPO (outcome supervision, rule-based reward, 8 questions x

@@ -1,6 +1,6 @@
 """Why a PRM read the paper's way (P(+) at the tag) does not rank a question's samples: controls.
 
-    python scripts/prm_ranking.py --out runs/prm-ranking [--controls baseline grouped ...]
+    python experiments/prm_ranking.py --out runs/prm-ranking [--controls baseline grouped ...]
 
 Samples the shipped warm start 16 times on 640 training questions and 64 held-out ones (the RL
 pool, from indexes 20,000 and 40,000; temperature 1), labels every step with its true correctness
