@@ -1,9 +1,9 @@
 """The stage kit every policy algorithm builds its loop from (policy/algorithms/): the step's
 questions, the engines (policy, frozen reference), the sampler (the training module, or a
 colocated vLLM engine), the seeded rollout, the scoring step, the sampled batch and the
-held-out evaluator; the tensors and loss of supervised fine-tuning on worked solutions (SFT,
-offline RFT). An algorithm file imports this kit, the math (policy/math/) and the generation
-engines (policy/generation/), never another algorithm.
+held-out evaluator (supervised fine-tuning's tensors and step: policy/supervised.py; a step's
+batch and mini-batches: policy/batch.py). An algorithm file imports these, the math
+(policy/math/) and the generation engines (policy/generation/), never another algorithm.
 
     tokenizer, plan, engine, reference = policy_engines(cfg, policy_path)
     sampler = Sampler(engine, trainer, cfg, policy_path)
@@ -24,16 +24,14 @@ import torch
 from configs.batching import plan_grpo_batch
 from configs.schema import GRPOConfig
 from policy.evaluate import evaluate_policy
-from policy.generation.logprobs import completion_logprobs, selective_log_softmax
+from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout, concat_rollouts, generate_groups
 from policy.math.losses import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
 from runtime.data import MathRecord, step_oracle
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            device_memory_gib, gathered_for_generation, global_sum,
-                            memory_phase, world)
+                            device_memory_gib, gathered_for_generation, memory_phase, world)
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import PromptFormat, encode_prompts
 from runtime.shards import seeded
 from runtime.training import Trainer, epoch_slice
 
@@ -329,51 +327,3 @@ def due_evaluation(trainer: Trainer, g: GRPOConfig, evaluate, evaluate_ends: boo
     if trainer.step == g.steps and evaluate_ends:
         metrics.update(evaluate(sampled=True))
     return metrics
-
-
-def sft_tensors(tokenizer, records: list[MathRecord], fmt: PromptFormat):
-    """Right-padded [prompt | solution | EOS] rows with labels only on solution tokens; the
-    prompt tokenised as the rollout tokenises it (BOS where the model expects one).
-
-    Returns input_ids, attention_mask, labels: [B, L] each (labels -100 on prompt and padding).
-    """
-    rows, label_rows = [], []
-    prompts = encode_prompts(tokenizer, fmt.prompts(tokenizer, records))
-    for rec, prompt in zip(records, prompts):
-        answer = tokenizer(fmt.join(rec.solution_steps),
-                           add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(prompt + answer)
-        label_rows.append([-100] * len(prompt) + answer)
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    labels = torch.tensor([r + [-100] * (width - len(r)) for r in label_rows])
-    return input_ids, mask, labels
-
-
-def token_nll_sum(model, input_ids, attention_mask, labels) -> tuple[torch.Tensor, int]:
-    """Summed next-token NLL over labelled positions, and their count."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    targets = labels[:, 1:]
-    valid = targets != -100
-    logp = selective_log_softmax(logits, targets.clamp(min=0))
-    return -(logp * valid).sum(), int(valid.sum())
-
-
-def supervised_step(trainer: Trainer, tensors, plan, where: str) -> tuple[float, float]:
-    """One optimizer step of the next-token loss on this rank's share of a batch of worked
-    solutions (`sft_tensors`), the mean over the step's tokens of every rank; returns the loss
-    and the gradient norm."""
-    engine, world_size = trainer.engine, world()[1]
-    tokens = global_sum(int((tensors[2][:, 1:] != -100).sum()))
-    losses = []
-
-    def loss_of(rows_: slice, mb: int):
-        batch = (t[rows_].to(engine.device) for t in tensors)
-        loss = token_nll_sum(engine, *batch)[0] / tokens * world_size
-        losses.append(loss.item())
-        return loss
-
-    grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of, where)
-    return global_sum(sum(losses)) / world_size, grad_norm

@@ -20,7 +20,7 @@ from policy.generation.rollout import generate_groups
 from policy.math.advantages import ADVANTAGE_ESTIMATORS, GroupNorm
 from policy.math.losses import POLICY_LOSSES, dpo_loss
 from policy.math.value import gae, kl_penalty_rewards, last_token_rewards
-from policy.kit import token_nll_sum
+from policy.supervised import token_nll_sum
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.tiny_model import build_tiny
 from small_config import SMALL

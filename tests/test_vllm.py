@@ -43,7 +43,7 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     greedy completions of 32 held-out prompts equal transformers' token for token, where the
     engine's earlier completions (the old weights) differ. A later stage over the saved
     checkpoint gets the same engine back, holding that checkpoint's weights."""
-    from policy.kit import sft_tensors, token_nll_sum
+    from policy.supervised import sft_tensors, token_nll_sum
     from policy.generation.vllm import engine_for
 
     cfg, engine = setting

@@ -25,7 +25,8 @@ from tqdm import tqdm
 from configs.batching import plan_batch
 from configs.schema import Config
 from policy.generation.rollout import generate_groups
-from policy.kit import sft_tensors, step_questions, supervised_step
+from policy.kit import step_questions
+from policy.supervised import sft_tensors, supervised_step
 from policy.rewards import RewardFn
 from runtime.data import MathRecord
 from runtime.engine import broadcast_from_main, build_engine, current_lr, is_main, world

@@ -19,7 +19,7 @@ from pathlib import Path
 from configs.batching import plan_batch
 from policy.evaluate import evaluate_policy
 from configs.schema import Config
-from policy.kit import sft_tensors, supervised_step
+from policy.supervised import sft_tensors, supervised_step
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gathered_for_generation, world
