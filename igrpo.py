@@ -12,9 +12,9 @@
     igrpo config show --config configs/tiny.yaml [key=value ...]      # the resolved config
 
 Every command takes `--config FILE`, `--recipe NAME` (configs/recipes/) and `key=value` overrides
-of the schema in configs/schema.py;
-a typo or a wrong type fails before any work starts. Each stage also runs as `python -m policy
-<stage> ...`, and under `torchrun`/`deepspeed` launchers for many processes.
+of the schema in configs/schema.py; a typo or a wrong type fails before any work starts. One
+launcher for many processes: `torchrun ... -m igrpo COMMAND ...` (or the `deepspeed` launcher
+with igrpo.py).
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     return sub
 
 
-def _parse(argv: list[str] | None, stages: tuple[str, ...]) -> argparse.Namespace:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     """`igrpo COMMAND [--config F] [key=value ...]`; `igrpo COMMAND --help` is the command's own."""
+    stages = tuple(COMMANDS)
     argv = strip_local_rank(sys.argv[1:] if argv is None else list(argv))
     top = argparse.ArgumentParser(
         prog="igrpo", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -435,17 +436,17 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None, stages: tuple[str, ...] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The CLI: the exit code. A rank of a several-process gloo job that succeeded exits here
     (`finish_process`): in a script that runs several commands under `torchrun` on CPU, only
     the last returns. The project's scripts run their commands in one process."""
     from runtime.engine import finish_process
 
-    return finish_process(_run(argv, stages))
+    return finish_process(_run(argv))
 
 
-def _run(argv: list[str] | None, stages: tuple[str, ...] | None) -> int:
-    args = _parse(argv, stages or tuple(COMMANDS))
+def _run(argv: list[str] | None) -> int:
+    args = _parse(argv)
     from runtime.rundir import UnsafePathError
 
     try:

@@ -1,7 +1,7 @@
 """Iterative GRPO, DeepSeekMath's Algorithm 1: the project's main job.
 
 Launch: `igrpo iterate --config configs/tiny.yaml` (one process), or
-`torchrun --nproc_per_node N -m iteration --config ...`. Re-running the same command on an
+`torchrun --nproc_per_node N -m igrpo iterate --config ...`. Re-running the same command on an
 existing run folder continues from the last finished unit (see `runs/<name>/manifest.json`).
 
     warm start (SFT)                          -> policy_0

@@ -1,7 +1,7 @@
 """Reward-model training (ORM and PRM alike): a causal LM learns P(+) at tag tokens.
 
 Launch alone: `igrpo train-rm --config configs/tiny.yaml rm.kind=prm rm.data_path=labels.jsonl`
-(one process), or `torchrun --nproc_per_node N -m reward_model train-rm ...`. Trains through a
+(one process), or `torchrun --nproc_per_node N -m igrpo train-rm ...`. Trains through a
 DeepSpeed engine (lr 2e-5 by default, the paper's), with the loss only at labelled tag positions,
 validates on a held-out split, exports with `save_pretrained`, and resumes from its last
 validation when re-run. `init` may be a previous reward model: a refresh continues training it.

@@ -1,7 +1,7 @@
 """GRPO (DeepSeekMath §4.1): the policy loop with outcome or process advantages, on DeepSpeed.
 
 Launch: `igrpo grpo --config configs/tiny.yaml [key=value ...]` (one process), or `torchrun
---nproc_per_node N -m policy grpo ...`; the same command resumes. Each step: take a batch of
+--nproc_per_node N -m igrpo grpo ...`; the same command resumes. Each step: take a batch of
 questions, pi_old <- pi, roll out G samples per question, score them with the injected reward
 callable, compute group-relative advantages, then `grpo.mu` updates, the reference frozen.
 

@@ -1,7 +1,7 @@
 """SFT warm start: supervised training on a fixed, limited set of worked solutions.
 
 Launch: `igrpo sft --config configs/tiny.yaml [key=value ...]` (one process), or under
-`torchrun --nproc_per_node N -m policy sft ...`. Trains through the same DeepSpeed engine as GRPO,
+`torchrun --nproc_per_node N -m igrpo sft ...`. Trains through the same DeepSpeed engine as GRPO,
 evaluates greedy accuracy on validation questions (`data.val_questions`, disjoint from the
 held-out set the loop reports) every `sft.eval_every` steps, keeps the best export (`sft/best`;
 with `sft.export_final` also the last, `sft/final`), and stops
