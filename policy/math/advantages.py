@@ -96,12 +96,11 @@ def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     num_tokens:     T, the completion length of the returned tensor.
     All step rewards of a group (all its samples' steps together) are normalised by their mean
     and std; token t of a sample then gets sum_j norm_j over its steps j with end_j >= t.
-    Tokens after a sample's last step end get 0. Returns [Q*G, T].
+    Tokens after a sample's last step end get 0. Returns [Q*G, T]. (The `sum` credit form that
+    GRPO runs, `sum_credit`, by keyword.)
     """
-    normalised = normalised_step_rewards(step_rewards, step_mask, group_size,
-                                         scale_by_std=scale_by_std, unbiased=unbiased, eps=eps,
-                                         min_std=min_std)
-    return step_sums_to_tokens(normalised, step_mask, step_end_index, num_tokens)
+    norm = GroupNorm(group_size, scale_by_std, unbiased, eps, min_std)
+    return sum_credit(step_rewards, step_mask, step_end_index, None, num_tokens, norm)[0]
 
 
 def step_sums_to_tokens(normalised: torch.Tensor, step_mask: torch.Tensor,
