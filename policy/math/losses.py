@@ -102,51 +102,47 @@ def _seq_mean(per_token, mask):
     return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-# The clipped-surrogate objectives differ only in how the per-token terms of the step are
-# summed and normalised: [N, T] terms, [N, T] mask and the step's global counts -> a scalar.
+# The clipped-surrogate objectives: each the per-token min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+# - beta KL of `_ppo_terms`, summed and normalised its own way over the step's global counts.
 
-def sequence_mean(per_token, mask, num_sequences, num_tokens, max_tokens):
-    """GRPO (DeepSeekMath eq. 3): 1/G sum_i 1/|o_i| sum_t."""
-    return _seq_mean(per_token, mask).sum() / num_sequences
-
-
-def sequence_sum(per_token, mask, num_sequences, num_tokens, max_tokens):
-    """DeepSeek-R1 as the seed writes it: 1/G sum_i sum_t (no 1/|o_i|)."""
-    return (per_token * mask).sum() / num_sequences
-
-
-def constant_length(per_token, mask, num_sequences, num_tokens, max_tokens):
-    """Dr. GRPO (Liu et al. 2025, §3.2): a constant normaliser, G * max_tokens."""
-    return (per_token * mask).sum() / (num_sequences * max_tokens)
+@_masked_inputs
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """GRPO (DeepSeekMath eq. 3): -1/G sum_i 1/|o_i| sum_t (the clipped surrogate - beta KL)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output(_seq_mean(per_token, mask).sum() / num_sequences, active, kl, mask)
 
 
-def token_mean(per_token, mask, num_sequences, num_tokens, max_tokens):
-    """DAPO (Yu et al. 2025, eq. 8): token level, 1/sum_i |o_i| sum_i sum_t. C3PO (Ring-lite,
-    eq. 4) is the same sum over its token budget, `num_tokens` being the budget Phi and `mask`
-    the budget's tokens (policy.math.advantages.token_budget_mask)."""
-    return (per_token * mask).sum() / num_tokens
+@_masked_inputs
+def r1_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+            clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """DeepSeek-R1 as the seed writes it: -1/G sum_i sum_t (no 1/|o_i|)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output((per_token * mask).sum() / num_sequences, active, kl, mask)
 
 
-def clipped_loss(normalise: Callable[..., torch.Tensor]) -> Callable[..., LossOutput]:
-    """The loss -normalise(min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) - beta KL)."""
-
-    @_masked_inputs
-    def loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
-             clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
-        per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
-                                           clip_eps_low, clip_eps_high, beta)
-        return _output(normalise(per_token, mask, num_sequences, num_tokens, max_tokens),
-                       active, kl, mask)
-
-    loss.__doc__ = f"The clipped surrogate, normalised as: {normalise.__doc__}"
-    return loss
+@_masked_inputs
+def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+                 clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """Dr. GRPO (Liu et al. 2025, §3.2): a constant normaliser, G * max_tokens (and advantages
+    not divided by the std: POLICY_LOSSES)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output((per_token * mask).sum() / (num_sequences * max_tokens), active, kl, mask)
 
 
-grpo_loss = clipped_loss(sequence_mean)
-r1_loss = clipped_loss(sequence_sum)
-dr_grpo_loss = clipped_loss(constant_length)  # with advantages not divided by the std
-dapo_loss = clipped_loss(token_mean)  # with clip-higher: grpo.clip_eps_high > grpo.clip_eps
-c3po_loss = dapo_loss  # over the token budget (grpo.token_budget_share)
+@_masked_inputs
+def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
+              clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
+    """DAPO (Yu et al. 2025, eq. 8): token level, -1/sum_i |o_i| sum_i sum_t, with clip-higher
+    (`grpo.clip_eps_high` > `grpo.clip_eps`). C3PO (Ring-lite, eq. 4) is the same sum over its
+    token budget: `num_tokens` is the budget Phi and `mask` the budget's tokens
+    (policy.math.advantages.token_budget_mask, `grpo.token_budget_share`)."""
+    per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
+                                       clip_eps_low, clip_eps_high, beta)
+    return _output((per_token * mask).sum() / num_tokens, active, kl, mask)
 
 
 @_masked_inputs
@@ -217,8 +213,7 @@ def gspo_token_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, c
         * torch.exp(logprobs - logprobs.detach())
     surrogate, active = _clipped_surrogate(token_ratio, advantages, clip_eps_low, clip_eps_high)
     per_token, kl = _with_kl(surrogate, logprobs, ref_logprobs, beta)
-    return _output(sequence_mean(per_token, mask, num_sequences, num_tokens, max_tokens),
-                   active, kl, mask)
+    return _output(_seq_mean(per_token, mask).sum() / num_sequences, active, kl, mask)
 
 
 @dataclass(frozen=True)
@@ -235,7 +230,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "dapo": PolicyLoss(dapo_loss),
     "gpg": PolicyLoss(gpg_loss, std_normalised_advantages=False),
     "cispo": PolicyLoss(cispo_loss),
-    "c3po": PolicyLoss(c3po_loss),
+    "c3po": PolicyLoss(dapo_loss),  # over the token budget (grpo.token_budget_share)
     "gspo": PolicyLoss(gspo_loss),
     "gspo_token": PolicyLoss(gspo_token_loss),
 }
