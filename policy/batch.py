@@ -14,18 +14,26 @@ from policy.generation.rollout import Rollout
 from runtime.engine import global_sum
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepBatch:
-    """What the loss of one step uses: token advantages, the normalised rewards they came from,
-    the kept rows, the loss mask and the global normalisers (summed over ranks)."""
+    """What the loss of one step uses (this rank's N rows of T completion tokens)."""
     advantages: torch.Tensor
+    """[N, T] token advantages."""
     normalised: torch.Tensor
+    """What they came from: [N, 1] normalised rewards (outcome), [N, S] step rewards (process;
+    [N, S + 1] anchored)."""
     keep: torch.Tensor
+    """[N] bool: rows in the loss."""
     broken: torch.Tensor
+    """[Q] bool: groups with a non-finite reward."""
     loss_mask: torch.Tensor
+    """[N, T] float: tokens in the loss."""
     num_sequences: float
+    """Kept rows over every rank (the sequence normaliser)."""
     num_tokens: float
+    """Loss tokens over every rank (the token normaliser; C3PO: its budget)."""
     stats: dict = field(default_factory=dict)
+    """The batch's own metrics (GPG's alpha, C3PO's budget tokens)."""
 
 
 def mini_batch_order(rows: int, group_size: int, count: int) -> torch.Tensor:
