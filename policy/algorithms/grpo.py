@@ -67,26 +67,19 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
     evaluate = make_evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
     rank, per_rank = world()[0], g.questions_per_step // world()[1]
     while trainer.running():
-        step = trainer.step
-        timing = {"rollout": 0.0, "scoring": 0.0}
-        sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
-        sampled = sample_step(sample, rl_records, step, g, cfg.run.seed,
+        step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
+        sampled = sample_step(make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank,
+                                          timing), rl_records, step, g, cfg.run.seed,
                               trainer.state.get("sample_seed", cfg.run.seed),
                               tokenizer.pad_token_id)
-        updating = time.perf_counter()
-        batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
-                               g, seed=cfg.run.seed * 1_000_003 + step)
-        with memory_phase("update"):
-            stats = update_step(trainer, reference, sampled.rollout, batch, g, plan,
-                                f"{out_name} step {step + 1}",
-                                is_reference=step == 0 and starts_at(reference_path, policy_path))
-        timing["update"] = time.perf_counter() - updating
+        batch, stats = learn_step(trainer, reference, sampled, g, plan, cfg.run.seed, timing,
+                                  f"{out_name} step {step + 1}",
+                                  step == 0 and starts_at(reference_path, policy_path))
         trainer.advance()
-        metrics = log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
-                           timing)
-        metrics.update({**sampled.stats, **sampler.stats(), **memory_metrics(timing["rollout_memory"]),
-                        "train/lr": current_lr(engine)})
-        metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
+        metrics = {**log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
+                              timing), **sampled.stats, **sampler.stats(),
+                   **memory_metrics(timing["rollout_memory"]), "train/lr": current_lr(engine),
+                   **due_evaluation(trainer, g, evaluate, evaluate_ends)}
         trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, g, tokenizer,
                                                      sampled, batch, logger))
         if trainer.due(g.save_every):
@@ -95,6 +88,20 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def learn_step(trainer: Trainer, reference, sampled: Sampled, g: GRPOConfig, plan, seed: int,
+               timing: dict, where: str, is_reference: bool) -> tuple[StepBatch, UpdateStats]:
+    """A sampled step's advantages, then its update (`is_reference`: the policy still is the
+    reference); the seconds both took into `timing["update"]`."""
+    updating = time.perf_counter()
+    batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout, g,
+                           seed=seed * 1_000_003 + trainer.step)
+    with memory_phase("update"):
+        stats = update_step(trainer, reference, sampled.rollout, batch, g, plan, where,
+                            is_reference=is_reference)
+    timing["update"] = time.perf_counter() - updating
+    return batch, stats
 
 
 def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
