@@ -90,7 +90,7 @@ def heldout_lm(path, cfg, questions: int = 100) -> dict:
 def _lm_numbers(model, tokenizer, records, cfg) -> dict:
     import torch
 
-    from policy.kit import sft_tensors
+    from policy.supervised import sft_tensors
     from runtime.prompts import prompt_format
 
     fmt = prompt_format(cfg.data)
