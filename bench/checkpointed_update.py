@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -46,13 +44,11 @@ def batch(rows: int, prompt: int, longest: int, vocab: int):
 
 
 def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    """`levers.median_time` after one warm-up call."""
+    from levers import median_time  # bench/levers.py, beside this script
+
+    fn()
+    return median_time(fn, repeats)
 
 
 def main() -> None:

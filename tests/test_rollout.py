@@ -282,6 +282,23 @@ def test_prompt_shared_decoding_equals_every_row_reading_its_own_prompt(architec
     assert model.config._attn_implementation != rollout.PROMPT_SHARED  # restored
 
 
+def _update_rows() -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids, mask, prompt width) of 3 questions x 4 samples: left-padded prompts of different
+    lengths, completions of different lengths (one of a single token), 20 columns wide."""
+    prompt_lengths, group, width = [9, 3, 14], 4, 20
+    completion_lengths = torch.tensor([20, 7, 1, 13, 5, 20, 9, 2, 16, 3, 11, 20])
+    rows, start = len(completion_lengths), max(prompt_lengths)
+    ids = torch.zeros(rows, start + width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for q, n in enumerate(prompt_lengths):
+        prompt = torch.randint(2, 64, (n,))
+        for row in range(q * group, (q + 1) * group):
+            ids[row, start - n:start], mask[row, start - n:start] = prompt, 1
+    for row, n in enumerate(completion_lengths.tolist()):
+        ids[row, start:start + n], mask[row, start:start + n] = torch.randint(2, 64, (n,)), 1
+    return ids, mask, start
+
+
 @pytest.mark.parametrize("blocks", [1, 4])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
@@ -304,17 +321,8 @@ def test_packed_update_equals_the_padded_one(architecture, dtype, blocks, monkey
         intermediate_size=128, max_position_embeddings=128, **extra)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
-    prompt_lengths, group, width = [9, 3, 14], 4, 20
-    completion_lengths = torch.tensor([20, 7, 1, 13, 5, 20, 9, 2, 16, 3, 11, 20])
-    rows, start = len(completion_lengths), max(prompt_lengths)
-    ids = torch.zeros(rows, start + width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for q, n in enumerate(prompt_lengths):
-        prompt = torch.randint(2, 64, (n,))
-        for row in range(q * group, (q + 1) * group):
-            ids[row, start - n:start], mask[row, start - n:start] = prompt, 1
-    for row, n in enumerate(completion_lengths.tolist()):
-        ids[row, start:start + n], mask[row, start:start + n] = torch.randint(2, 64, (n,)), 1
+    ids, mask, start = _update_rows()
+    rows, width = ids.shape[0], ids.shape[1] - start
     completion_mask = mask[:, start:].float()
     advantages = torch.randn(rows, 1).expand(rows, width)
     calls = _count_calls(monkeypatch, lp_module, "_packed_attention")
@@ -405,17 +413,8 @@ def test_packed_update_under_gradient_checkpointing_equals_the_padded_one(archit
         intermediate_size=128, max_position_embeddings=128, **extra)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).train()
-    prompt_lengths, group, width = [9, 3, 14], 4, 20
-    completion_lengths = torch.tensor([20, 7, 1, 13, 5, 20, 9, 2, 16, 3, 11, 20])
-    rows, start = len(completion_lengths), max(prompt_lengths)
-    ids = torch.zeros(rows, start + width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for q, n in enumerate(prompt_lengths):
-        prompt = torch.randint(2, 64, (n,))
-        for row in range(q * group, (q + 1) * group):
-            ids[row, start - n:start], mask[row, start - n:start] = prompt, 1
-    for row, n in enumerate(completion_lengths.tolist()):
-        ids[row, start:start + n], mask[row, start:start + n] = torch.randint(2, 64, (n,)), 1
+    ids, mask, start = _update_rows()
+    rows, width = ids.shape[0], ids.shape[1] - start
     completion_mask = mask[:, start:].float()
     advantages = torch.randn(rows, 1).expand(rows, width)
     calls = _count_calls(monkeypatch, lp_module, "_packed_attention")
