@@ -115,7 +115,7 @@ def test_grpo_step_under_gradient_checkpointing_on_two_processes_equals_one(tmp_
     """Gradient checkpointing on (both GPU configs): the packed update, its layers checkpointed
     by us and replayed in the packed attention, under ZeRO-3 (parameters gathered again in the
     replay) on 2 processes equals one process's step, which equals the step without
-    checkpointing (the padded-free path replayed gives the same gradients)."""
+    checkpointing (the packed path, replayed, gives the same gradients)."""
     ck = ("model.gradient_checkpointing=true",)
     one = _grpo_step(1, tmp_path / "p1", base, 3, *ck)
     _same_step(one, _grpo_step(2, tmp_path / "p2", base, 3, *ck))
