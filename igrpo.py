@@ -2,7 +2,7 @@
 
     igrpo demo       --config configs/tiny.yaml        # the main job: Algorithm 1 (= iterate)
     igrpo sft        --config configs/tiny.yaml model.policy_path= sft.enabled=true
-    igrpo grpo       --config configs/tiny.yaml grpo.group_size=16   # GRPO -> <run>/grpo/final
+    igrpo grpo       --config configs/tiny.yaml policy.group_size=16   # GRPO -> <run>/grpo/final
     igrpo grpo       --config configs/tiny.yaml --recipe dapo        # a named algorithm
     igrpo eval       --config configs/tiny.yaml [eval.checkpoint=PATH]
     igrpo label      --config configs/tiny.yaml label.num_completions=8   # Math-Shepherd labels
@@ -23,18 +23,18 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
 from configs import ConfigError, load_config, to_dict, to_yaml
-from configs.loader import diff_configs, schema_defaults
+from configs.loader import RENAMED, diff_configs, renamed_tree, schema_defaults
+from configs.schema import Config
 
 
 
 # The config sections every command may read.
-ALL_SECTIONS = ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "label", "rm", "iterate",
-                "rollout", "ppo")
+ALL_SECTIONS = tuple(f.name for f in fields(Config))
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
                           "file (grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, gspo, online_rft, "
                           "offline_rft, dpo, online_dpo, ppo, vc_ppo, vapo, t_ppo); key=value "
                           "overrides still win")
-    sub.add_argument("overrides", nargs="*", help="key=value overrides, e.g. grpo.group_size=16")
+    sub.add_argument("overrides", nargs="*", help="key=value overrides, e.g. policy.group_size=16")
     if name == "plan":
         sub.add_argument("--gpus", type=int, default=8, help="GPUs per node")
         sub.add_argument("--nodes", type=int, default=1)
@@ -113,7 +113,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def unread_overrides(stage: str, overrides: list[str]) -> list[str]:
     """Keys set on the command line that `stage` does not read."""
     sections = COMMANDS[stage].sections
-    keys = [o.split("=", 1)[0] for o in overrides]
+    keys = [RENAMED.get(k, k) for k in (o.split("=", 1)[0].lstrip("+") for o in overrides)]
     return [k for k in keys if k.split(".")[0] not in sections or k in COMMANDS[stage].ignored]
 
 
@@ -123,7 +123,7 @@ def run_plan(cfg, args: argparse.Namespace) -> None:
 
     prompt_tokens = args.prompt_tokens or cfg.data.max_prompt_tokens
     rows, numbers = plan(cfg, args.gpus, args.nodes, prompt_tokens)
-    print(render(cfg, rows, numbers, args.gpu_gb, args.gpus, args.nodes))
+    print(render(rows, numbers, args.gpu_gb))
 
 
 # Keys that change how a run executes, not what it computes: a run may resume with them changed.
@@ -165,6 +165,7 @@ class Session:
         or None, once its config is recorded."""
         previous = self.run.read_config(f"{stage}/config.yaml")
         if previous is not None:
+            previous = renamed_tree(previous, f"{stage}/config.yaml")  # an older run's keys
             changed = [k for k in diff_configs(previous, to_dict(self.cfg),
                                                defaults=schema_defaults())
                        if k not in RESUME_FREE]
@@ -237,6 +238,7 @@ def warm_start(session: Session, required: bool = True) -> Path:
 
 
 def run_sft(session: Session) -> Path:
+    from iteration.resolve import policy_stage
     from policy.algorithms.sft import train_sft
     from runtime.data import run_splits
 
@@ -246,32 +248,33 @@ def run_sft(session: Session) -> Path:
     splits = run_splits(session.cfg)
     logger = session.logger("sft")
     try:
-        return train_sft(session.cfg, session.run.path, base_policy(session), splits.sft,
-                         splits.val, logger, session.config_yaml)
+        return train_sft(policy_stage(session.cfg), session.cfg.sft, session.run.path,
+                         base_policy(session), splits.sft, splits.val, logger,
+                         session.config_yaml)
     finally:
         logger.close()
 
 
 def run_grpo(session: Session) -> Path:
     from iteration import stages
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from runtime.data import run_splits
     from runtime.models import load_tokenizer
 
     cfg = session.cfg
-    if cfg.grpo.reward == "rm" and not cfg.rm.path:
-        raise ConfigError("grpo.reward=rm: name the reward model with rm.path (any family); "
+    if cfg.policy.reward == "rm" and not cfg.rm.path:
+        raise ConfigError("policy.reward=rm: name the reward model with rm.path (any family); "
                           "`igrpo iterate` rewards with the reward models it trains")
-    if cfg.grpo.supervision == "process" and cfg.grpo.reward == "rule":
-        raise ConfigError("grpo.supervision=process needs step rewards: set grpo.reward="
+    if cfg.policy.supervision == "process" and cfg.policy.reward == "rule":
+        raise ConfigError("policy.supervision=process needs step rewards: set policy.reward="
                           "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
     splits = run_splits(cfg)
     start = warm_start(session)
-    reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.grpo.reward)
+    reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.policy.reward)
     logger = session.logger("grpo")
     try:
         return train_policy(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
-                          session.config_yaml)
+                            session.config_yaml)
     finally:
         logger.close()
 
@@ -404,15 +407,16 @@ def run_iterate(session: Session) -> list[dict]:
 
 ITERATE = Command("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS,
                   run_iterate, lambda cfg: "iterate",
-                  ignored=("grpo.reward", "eval.checkpoint", "rm.kind", "rm.data_path"),
+                  ignored=("policy.reward", "eval.checkpoint", "rm.kind", "rm.data_path"),
                   reads_tags=True)
 COMMANDS = {
     "build-tiny": Command("build the tiny random model and its tokenizer into <run>/base",
                           ("run", "model"), base_policy),
     "sft": Command("supervised fine-tuning on worked solutions -> <run>/sft/best",
                    ("run", "data", "model", "deepspeed", "sft"), run_sft, lambda cfg: "sft"),
-    "grpo": Command("GRPO alone from the warm start, rewarded by grpo.reward -> <run>/grpo/final",
-                    ("run", "data", "model", "deepspeed", "sft", "grpo", "eval", "rollout", "ppo"),
+    "grpo": Command("GRPO alone from the warm start, rewarded by policy.reward -> <run>/grpo/final",
+                    ("run", "data", "model", "deepspeed", "sft", "policy", "grpo", "ppo", "rft",
+                     "controls", "inspect", "eval", "rollout"),
                     run_grpo, lambda cfg: "grpo"),
     "eval": Command("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of "
                     "eval.checkpoint (default: the run's newest policy)",
@@ -430,8 +434,8 @@ COMMANDS = {
     "demo": replace(ITERATE, help="the main job: = iterate (make demo runs it on "
                                   "configs/tiny.yaml)"),
     "plan": Command("memory per GPU of every phase of one GRPO iteration of the config; nothing "
-                    "is run", ("data", "model", "deepspeed", "grpo", "eval", "label", "rm",
-                                "rollout")),
+                    "is run", ("data", "model", "deepspeed", "policy", "grpo", "eval", "label",
+                                "rm", "rollout")),
     "config": Command("`igrpo config show`: print the resolved config", ALL_SECTIONS),
 }
 

@@ -62,14 +62,14 @@ template = _load("configs/tiny.yaml").data.prompt_template
 result = {}
 if side == "ours":
     from configs import load_config
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from policy.rewards import RuleReward
     from runtime.tracking import MetricsLogger, read_metrics
     cfg = load_config("configs/tiny.yaml", [
-        f"run.root={out}", f"grpo.steps={steps}", f"grpo.questions_per_step={Q}",
-        f"grpo.group_size={G}", f"grpo.lr={LR}", f"grpo.beta={BETA}", "grpo.loss=grpo",
-        "grpo.supervision=outcome", f"grpo.max_new_tokens={max_tokens}", "grpo.eval_every=0",
-        "grpo.inspect_every=0", "grpo.save_every=100000",
+        f"run.root={out}", f"policy.steps={steps}", f"policy.questions_per_step={Q}",
+        f"policy.group_size={G}", f"policy.lr={LR}", f"policy.beta={BETA}", "policy.loss=grpo",
+        "policy.supervision=outcome", f"policy.max_new_tokens={max_tokens}", "policy.eval_every=0",
+        "inspect.every=0", "policy.save_every=100000",
         f"deepspeed.micro_batch_size={Q * G // WORLD}", "run.wandb_mode=disabled",
         f"run.threads={torch.get_num_threads()}"]
         + (["model.dtype=bfloat16", "deepspeed.bf16=true"] if bf16 else []))

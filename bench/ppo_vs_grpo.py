@@ -34,15 +34,15 @@ torch.set_num_threads(2)
 recipe, policy, steps, out = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 from pathlib import Path
 from configs import load_config
-from policy.algorithms import train_policy
+from iteration.resolve import train_policy
 from policy.rewards import RuleReward
 from runtime.data import load_splits
 from runtime.tracking import MetricsLogger, read_metrics
 cfg = load_config("configs/tiny.yaml", [
-    f"run.root={out}", f"grpo.steps={steps}", "grpo.questions_per_step=8", "grpo.group_size=8",
-    "grpo.supervision=outcome", "grpo.eval_every=0", "grpo.inspect_every=0",
-    "grpo.save_every=100000", "deepspeed.micro_batch_size=64", "run.wandb_mode=disabled",
-    "run.threads=2", "grpo.beta=0.04"], recipe=recipe)
+    f"run.root={out}", f"policy.steps={steps}", "policy.questions_per_step=8", "policy.group_size=8",
+    "policy.supervision=outcome", "policy.eval_every=0", "inspect.every=0",
+    "policy.save_every=100000", "deepspeed.micro_batch_size=64", "run.wandb_mode=disabled",
+    "run.threads=2", "policy.beta=0.04"], recipe=recipe)
 splits = load_splits(cfg.data, 0)
 logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="")
 train_policy(cfg, Path(out), policy, RuleReward(), splits.rl, splits.eval, logger, "",

@@ -23,16 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def point(base: Path, group: int, length: int, questions: int, steps: int) -> dict:
     from configs import load_config
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from policy.rewards import RuleReward
     from runtime.data import synthetic_records
     from runtime.tracking import MetricsLogger, read_metrics
 
     out = Path(tempfile.mkdtemp())
     cfg = load_config("configs/tiny.yaml", [
-        f"run.root={out}", f"grpo.steps={steps}", f"grpo.questions_per_step={questions}",
-        f"grpo.group_size={group}", f"grpo.max_new_tokens={length}", "grpo.eval_every=0",
-        "grpo.inspect_every=0", "grpo.save_every=100000", "grpo.supervision=outcome",
+        f"run.root={out}", f"policy.steps={steps}", f"policy.questions_per_step={questions}",
+        f"policy.group_size={group}", f"policy.max_new_tokens={length}", "policy.eval_every=0",
+        "inspect.every=0", "policy.save_every=100000", "policy.supervision=outcome",
         "deepspeed.micro_batch_size=64", "run.wandb_mode=disabled"])
     records = synthetic_records(5, questions * steps, 2, 4)
     logger = MetricsLogger(out / "m.jsonl", config={}, mode="disabled", project="", name="")

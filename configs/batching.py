@@ -39,12 +39,12 @@ def plan_grpo_batch(questions_per_step: int, group_size: int, micro_batch_size: 
     plan is a mini-batch's."""
     if questions_per_step % world_size:
         raise ValueError(
-            f"grpo.questions_per_step={questions_per_step} must be a multiple of the world size "
+            f"policy.questions_per_step={questions_per_step} must be a multiple of the world size "
             f"{world_size} (a question's G samples stay on one rank)")
     if group_size % mini_batches:
-        raise ValueError(f"grpo.mini_batches={mini_batches} does not divide "
-                         f"grpo.group_size={group_size} (a mini-batch takes G/k samples of "
+        raise ValueError(f"policy.mini_batches={mini_batches} does not divide "
+                         f"policy.group_size={group_size} (a mini-batch takes G/k samples of "
                          "every question)")
     return plan_batch(questions_per_step * group_size // mini_batches, micro_batch_size,
-                      world_size, f"grpo.questions_per_step={questions_per_step} x "
-                      f"grpo.group_size={group_size} / grpo.mini_batches={mini_batches}")
+                      world_size, f"policy.questions_per_step={questions_per_step} x "
+                      f"policy.group_size={group_size} / policy.mini_batches={mini_batches}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
@@ -21,12 +22,12 @@ CHOICES = {
     "data.operations": ("+-*", "+-"),
     "model.dtype": ("float32", "bfloat16"),
     "deepspeed.zero_stage": (0, 1, 2, 3),
-    "grpo.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po", "gspo", "gspo_token"),
-    "grpo.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo", "dpo", "online_dpo"),
+    "policy.loss": ("grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po", "gspo", "gspo_token"),
+    "policy.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo", "dpo", "online_dpo"),
     "ppo.critic_init": ("policy", "reward_model"),
-    "grpo.supervision": ("outcome", "process", "rft"),
+    "policy.supervision": ("outcome", "process", "rft"),
     "grpo.process_credit": ("sum", "min", "anchored"),
-    "grpo.reward": ("rule", "step_oracle", "rm"),
+    "policy.reward": ("rule", "step_oracle", "rm"),
     "rm.kind": ("prm", "orm"),
     "rm.family": ("", "tag_lm", "token_classification", "sequence_classification"),
     "rm.activation": ("softmax", "sigmoid"),
@@ -43,13 +44,89 @@ CHOICES = {
 # (DeepSeekMath's GRPO) before the recipe's file applies, so that a recipe means the same over
 # any base config. Scale settings (model, lr, batch, lengths, G) stay the base config's.
 RECIPE_DIR = CONFIG_DIR / "recipes"
-RECIPE_KEYS = tuple(f"grpo.{key}" for key in (
-    "algorithm", "loss", "beta", "clip_eps", "clip_eps_high", "scale_by_std", "mu", "mini_batches",
-    "dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "overlong_buffer_share",
-    "overlong_penalty", "zero_group_correction", "token_budget_share")) + tuple(
+RECIPE_KEYS = tuple(f"policy.{key}" for key in (
+    "algorithm", "loss", "beta", "clip_eps", "clip_eps_high", "mu", "mini_batches")) + tuple(
+    f"grpo.{key}" for key in (
+        "scale_by_std", "dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter",
+        "overlong_buffer_share", "overlong_penalty", "zero_group_correction",
+        "token_budget_share")) + tuple(
     f"ppo.{key}" for key in ("gamma", "lam_actor", "lam_critic", "length_adaptive_alpha",
                              "value_clip", "whiten_advantages", "value_pretrain_steps",
                              "positive_nll_weight", "window_share"))
+
+
+# Keys that moved, old -> new: read under their old names for one release, with a warning.
+RENAMED = {
+    "grpo.algorithm": "policy.algorithm",
+    "grpo.supervision": "policy.supervision",
+    "grpo.reward": "policy.reward",
+    "grpo.loss": "policy.loss",
+    "grpo.steps": "policy.steps",
+    "grpo.questions_per_step": "policy.questions_per_step",
+    "grpo.group_size": "policy.group_size",
+    "grpo.lr": "policy.lr",
+    "grpo.beta": "policy.beta",
+    "grpo.clip_eps": "policy.clip_eps",
+    "grpo.clip_eps_high": "policy.clip_eps_high",
+    "grpo.mu": "policy.mu",
+    "grpo.mini_batches": "policy.mini_batches",
+    "grpo.max_new_tokens": "policy.max_new_tokens",
+    "grpo.temperature": "policy.temperature",
+    "grpo.top_p": "policy.top_p",
+    "grpo.rollout_questions": "policy.rollout_questions",
+    "grpo.eval_every": "policy.eval_every",
+    "grpo.save_every": "policy.save_every",
+    "grpo.max_minutes": "policy.max_minutes",
+    "grpo.offline_rft_sampling_share": "rft.sampling_share",
+    "grpo.shuffle_rewards": "controls.shuffle_rewards",
+    "grpo.zero_advantages": "controls.zero_advantages",
+    "grpo.inspect_every": "inspect.every",
+    "grpo.inspect_groups": "inspect.groups",
+    "grpo.inspect_samples": "inspect.samples",
+}
+
+
+def _moved(old: str, where: str) -> str:
+    """The key `old` names now, with a warning where it moved (RENAMED)."""
+    new = RENAMED.get(old)
+    if new is None:
+        return old
+    warnings.warn(f"{where}: config key {old!r} is now {new!r}; the old name is read until the "
+                  "next release", FutureWarning, stacklevel=3)
+    return new
+
+
+def renamed_tree(tree: dict, where: str) -> dict:
+    """A nested config dict with every moved key under its new name (a key set under both
+    names fails: which one was meant is unclear)."""
+    out: dict = {}
+    keys = _flat(tree)
+    for key in keys:
+        new = _moved(key, where)
+        if new != key and new in keys:
+            raise ConfigError(f"{where}: {key!r} and {new!r} both set; keep {new!r}")
+        node = out
+        *parents, leaf = new.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _leaf(tree, key)
+    return out
+
+
+def _leaf(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+def renamed_overrides(overrides, where: str = "command-line overrides") -> list[str]:
+    """`key=value` overrides with every moved key under its new name."""
+    out = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        plus = "+" if key.startswith("+") else ""
+        out.append(plus + _moved(key.lstrip("+"), where) + eq + value if eq else o)
+    return out
 
 
 def recipes() -> list[str]:
@@ -66,7 +143,8 @@ def _apply_recipe(cfg: DictConfig, name: str) -> DictConfig:
     for key in RECIPE_KEYS:
         OmegaConf.update(cfg, key, OmegaConf.select(defaults, key))
     loaded = OmegaConf.load(path)
-    check_keys(_flat(OmegaConf.to_container(loaded)), str(path))
+    loaded = renamed_tree(OmegaConf.to_container(loaded), str(path))
+    check_keys(_flat(loaded), str(path))
     cfg = OmegaConf.merge(cfg, loaded)
     OmegaConf.update(cfg, "run.recipe", name)
     return cfg
@@ -103,7 +181,7 @@ def _resolve_bundled(cfg: DictConfig) -> None:
 
 
 def schema_keys(node=Config, prefix: str = "") -> list[str]:
-    """Every leaf key of the schema, dotted (`grpo.group_size`)."""
+    """Every leaf key of the schema, dotted (`policy.group_size`)."""
     out = []
     for f in fields(node):
         kind = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
@@ -135,7 +213,7 @@ def _override_keys(overrides) -> list[str]:
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command-line overrides: {o!r} is not key=value "
-                              "(write grpo.group_size=16, with '=' and no spaces)")
+                              "(write policy.group_size=16, with '=' and no spaces)")
     return [o.split("=", 1)[0].lstrip("+") for o in overrides]
 
 
@@ -163,9 +241,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     where = "defaults"
     try:
         for where, loaded in _config_files(path):
-            check_keys(_flat(OmegaConf.to_container(loaded)), where)
+            loaded = renamed_tree(OmegaConf.to_container(loaded), where)
+            check_keys(_flat(loaded), where)
             cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line overrides"
+        overrides = renamed_overrides(overrides, where)
         check_keys(_override_keys(overrides), where)
         name = _recipe_name(cfg, overrides, recipe)
         if name:
@@ -189,8 +269,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
     _check_lengths(cfg, where)
     _check_value_family(cfg, where)
-    _check_mini_batches(cfg.grpo, where)
-    _check_algorithm_options(cfg.grpo, where)
+    _check_mini_batches(cfg.policy, cfg.grpo.token_budget_share, where)
+    _check_algorithm_options(cfg.policy, cfg.grpo, where)
     _check_reward_family(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
@@ -212,60 +292,60 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def _check_value_family(cfg, where: str) -> None:
     """What the PPO family cannot combine with (checked before any work starts)."""
-    g, p = cfg.grpo, cfg.ppo
+    g, p = cfg.policy, cfg.ppo
     if g.algorithm not in ("ppo", "t_ppo"):
         return
     if g.supervision == "rft":
-        raise ConfigError(f"{where}: grpo.algorithm={g.algorithm} with grpo.supervision=rft: "
+        raise ConfigError(f"{where}: policy.algorithm={g.algorithm} with policy.supervision=rft: "
                           "online RFT has no critic; use outcome or process supervision")
     if (p.window_share > 0) != (g.algorithm == "t_ppo"):
-        raise ConfigError(f"{where}: grpo.algorithm={g.algorithm} with ppo.window_share="
-                          f"{p.window_share}: T-PPO (grpo.algorithm=t_ppo) needs a window "
+        raise ConfigError(f"{where}: policy.algorithm={g.algorithm} with ppo.window_share="
+                          f"{p.window_share}: T-PPO (policy.algorithm=t_ppo) needs a window "
                           "share above 0, PPO (ppo) generates whole responses (0)")
     if p.window_share > 0 and (g.supervision != "outcome" or cfg.rollout.backend != "hf"):
         raise ConfigError(f"{where}: ppo.window_share={p.window_share} (T-PPO) runs with "
-                          "grpo.supervision=outcome and rollout.backend=hf; got "
+                          "policy.supervision=outcome and rollout.backend=hf; got "
                           f"{g.supervision} / {cfg.rollout.backend}")
     if not 0.0 <= p.lam_actor <= 1.0 or not 0.0 <= p.lam_critic <= 1.0:
         raise ConfigError(f"{where}: ppo.lam_actor / lam_critic = {p.lam_actor} / "
                           f"{p.lam_critic}; expected values in [0, 1]")
 
 
-def _check_algorithm_options(g, where: str) -> None:
+def _check_algorithm_options(p, g, where: str) -> None:
     """GSPO's losses take GRPO's group advantages; a process credit form shapes GRPO's process
-    advantages; DPO takes none of GRPO's loss options."""
-    if g.process_credit != "sum" and (g.supervision != "process" or g.algorithm != "grpo"):
-        raise ConfigError(f"{where}: grpo.process_credit={g.process_credit} with "
-                          f"grpo.supervision={g.supervision} and grpo.algorithm={g.algorithm}: a "
-                          "credit form shapes GRPO's process advantages (grpo.supervision="
-                          "process, grpo.algorithm=grpo)")
+    advantages; DPO takes none of GRPO's loss options (`p`: the policy section, `g`: grpo's)."""
+    if g.process_credit != "sum" and (p.supervision != "process" or p.algorithm != "grpo"):
+        raise ConfigError(f"{where}: grpo.process_credit={g.process_credit} with policy."
+                          f"supervision={p.supervision} and policy.algorithm={p.algorithm}: a "
+                          "credit form shapes GRPO's process advantages (policy.supervision="
+                          "process, policy.algorithm=grpo)")
     if not 0.0 <= g.process_weight < float("inf"):
         raise ConfigError(f"{where}: grpo.process_weight = {g.process_weight}; expected a finite "
                           "weight >= 0")
-    if g.loss in ("gspo", "gspo_token") and g.algorithm != "grpo":
-        raise ConfigError(f"{where}: grpo.loss={g.loss} with grpo.algorithm={g.algorithm}: "
-                          "GSPO's sequence ratio takes group advantages (grpo.algorithm=grpo)")
-    if g.algorithm not in ("dpo", "online_dpo"):
+    if p.loss in ("gspo", "gspo_token") and p.algorithm != "grpo":
+        raise ConfigError(f"{where}: policy.loss={p.loss} with policy.algorithm={p.algorithm}: "
+                          "GSPO's sequence ratio takes group advantages (policy.algorithm=grpo)")
+    if p.algorithm not in ("dpo", "online_dpo"):
         return
-    unused = {"grpo.loss": g.loss != "grpo", "grpo.mu": g.mu != 1,
+    unused = {"policy.loss": p.loss != "grpo", "policy.mu": p.mu != 1,
               "grpo.dynamic_sampling": g.dynamic_sampling, "grpo.overlong_filter":
               g.overlong_filter, "grpo.token_budget_share": bool(g.token_budget_share),
               "grpo.zero_group_correction": g.zero_group_correction}
     if any(unused.values()):
-        raise ConfigError(f"{where}: grpo.algorithm={g.algorithm} with "
+        raise ConfigError(f"{where}: policy.algorithm={p.algorithm} with "
                           f"{', '.join(k for k, v in unused.items() if v)} set: DPO's loss "
                           "takes one step per batch of pairs and none of these")
 
 
-def _check_mini_batches(g, where: str) -> None:
+def _check_mini_batches(g, token_budget_share: float, where: str) -> None:
     if g.mini_batches < 1 or g.group_size % g.mini_batches:
-        raise ConfigError(f"{where}: grpo.mini_batches={g.mini_batches}; expected a divisor of "
-                          f"grpo.group_size={g.group_size} (a mini-batch takes G/k samples of "
+        raise ConfigError(f"{where}: policy.mini_batches={g.mini_batches}; expected a divisor of "
+                          f"policy.group_size={g.group_size} (a mini-batch takes G/k samples of "
                           "every question)")
-    if g.mini_batches > 1 and (g.algorithm != "grpo" or g.token_budget_share):
-        raise ConfigError(f"{where}: grpo.mini_batches={g.mini_batches} runs with "
-                          "grpo.algorithm=grpo and no token budget (token_budget_share=0); got "
-                          f"{g.algorithm} / {g.token_budget_share}")
+    if g.mini_batches > 1 and (g.algorithm != "grpo" or token_budget_share):
+        raise ConfigError(f"{where}: policy.mini_batches={g.mini_batches} runs with "
+                          "policy.algorithm=grpo and no token budget (token_budget_share=0); got "
+                          f"{g.algorithm} / {token_budget_share}")
 
 
 def _check_reward_family(rm, where: str) -> None:
@@ -298,14 +378,14 @@ def _check_lengths(cfg, where: str) -> None:
         raise ConfigError(f"{where}: {err}") from err
     if not cfg.data.step_separator:
         raise ConfigError(f"{where}: data.step_separator is empty")
-    g, lab, rm, data = cfg.grpo, cfg.label, cfg.rm, cfg.data
+    g, lab, rm, data = cfg.policy, cfg.label, cfg.rm, cfg.data
     if lab.max_new_tokens < g.max_new_tokens:
         raise ConfigError(f"{where}: label.max_new_tokens={lab.max_new_tokens} < "
-                          f"grpo.max_new_tokens={g.max_new_tokens}: Math-Shepherd continuations "
+                          f"policy.max_new_tokens={g.max_new_tokens}: Math-Shepherd continuations "
                           "must be able to write as much as the policy does")
     if rm.max_length < data.max_prompt_tokens + g.max_new_tokens:
         raise ConfigError(f"{where}: rm.max_length={rm.max_length} < data.max_prompt_tokens="
-                          f"{data.max_prompt_tokens} + grpo.max_new_tokens={g.max_new_tokens}: "
+                          f"{data.max_prompt_tokens} + policy.max_new_tokens={g.max_new_tokens}: "
                           "the reward models would not see the end of a solution")
 
 

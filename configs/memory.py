@@ -90,12 +90,12 @@ KNOWN = {
 }
 
 
-def _from_config_dict(cfg: dict) -> Architecture:
-    return Architecture(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
-                        heads=cfg["num_attention_heads"],
-                        kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-                        intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                        tied=bool(cfg.get("tie_word_embeddings", False)))
+def _from_config_dict(hf: dict) -> Architecture:
+    return Architecture(hidden=hf["hidden_size"], layers=hf["num_hidden_layers"],
+                        heads=hf["num_attention_heads"],
+                        kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                        intermediate=hf["intermediate_size"], vocab=hf["vocab_size"],
+                        tied=bool(hf.get("tie_word_embeddings", False)))
 
 
 def architecture(model_cfg) -> Architecture:
@@ -181,31 +181,37 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     """Per-GPU terms of one GRPO iteration (the rows) and the numbers the phases are built from
     (`phases`; vLLM's pool depends on the GPU's size)."""
     arch = architecture(cfg.model)
-    ds, g = cfg.deepspeed, cfg.grpo
+    ds, g = cfg.deepspeed, cfg.policy
     total_gpus = gpus * nodes
     value_bytes = 2 if ds.bf16 else 4
     params = arch.params
     tokens = prompt_tokens + g.max_new_tokens
     rank_questions = g.questions_per_step / total_gpus
-    # One generate call holds grpo.rollout_questions questions' G samples (0: all of a rank's).
+    # One generate call holds policy.rollout_questions questions' G samples (0: all of a rank's).
     rollout_seqs = min(rank_questions, g.rollout_questions or rank_questions) * g.group_size
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
     whole = value_bytes * params
-    rows = [*_weight_rows(cfg, arch, gpus, nodes),
+    rows = [*_weight_rows(ds, g, arch, gpus, nodes),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
                     "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
     if cfg.rollout.backend != "vllm":
         rows.append(PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
                             f"{rollout_seqs:g} sequences x {tokens} tokens"))
-    rows += [_scoring_row(cfg, arch, value_bytes), *_update_rows(cfg, arch, tokens, value_bytes),
-             *_reward_model_rows(cfg, arch, gpus, nodes, value_bytes)]
+    recompute = cfg.model.gradient_checkpointing
+    rows += [_scoring_row(cfg.rm, arch, value_bytes),
+             *_update_rows(ds, recompute, arch, tokens, value_bytes),
+             *_reward_model_rows(ds, cfg.rm, recompute, arch, gpus, nodes, value_bytes)]
     numbers = {"params": params, "largest_layer_params": arch.largest_layer_params,
                "kv_per_sequence": kv_per_seq, "rollout_sequences": rollout_seqs,
                "group_size": g.group_size, "total_gpus": total_gpus, "tokens": tokens,
                "zero3": ds.zero_stage == 3, "terms": {r.item: r.gpu_bytes for r in rows},
                "label_sequences": cfg.label.prefixes_per_batch * cfg.label.num_completions,
                "eval_sequences": cfg.eval.batch_size,
-               "vllm": None}
+               "vllm": None, "title": (
+                   f"{cfg.model.policy_path or 'tiny model'} ({params / 1e9:.2f}B params), "
+                   f"{nodes} node(s) x {gpus} GPU(s), ZeRO-{ds.zero_stage}"
+                   f"{' bf16' if ds.bf16 else ' fp32'}, {g.questions_per_step} questions x "
+                   f"G={g.group_size}, rollout {cfg.rollout.backend}")}
     if cfg.rollout.backend == "vllm":
         numbers["vllm"] = {"weights": whole, "fraction": cfg.rollout.memory_fraction,
                            "kv_fixed": cfg.rollout.kv_cache_gb * GB,
@@ -213,10 +219,10 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     return rows, numbers
 
 
-def _weight_rows(cfg, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow]:
+def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow]:
     """What a GRPO stage holds throughout: the policy's model states (the critic's too), the
-    frozen reference and the reward model GRPO is rewarded by."""
-    ds, g = cfg.deepspeed, cfg.grpo
+    frozen reference and the reward model GRPO is rewarded by (`ds`: the deepspeed section, `g`
+    the policy section)."""
     value_bytes = 2 if ds.bf16 else 4
     params, largest = arch.params, arch.largest_layer_params
     states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
@@ -244,8 +250,7 @@ def _weight_rows(cfg, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow
     return rows
 
 
-def _scoring_row(cfg, arch: Architecture, value_bytes: int) -> PlanRow:
-    rm = cfg.rm
+def _scoring_row(rm, arch: Architecture, value_bytes: int) -> PlanRow:
     tokens = rm.score_batch_size * rm.max_length
     return PlanRow("scoring: forward", tokens * (4 * arch.hidden + 3 * arch.intermediate)
                    * value_bytes, f"one layer's working set, rm.score_batch_size "
@@ -260,10 +265,10 @@ def _activations(arch: Architecture, tokens: int, recompute: bool, value_bytes: 
         arch.layers * per_layer * 34
 
 
-def _update_rows(cfg, arch: Architecture, tokens: int, value_bytes: int) -> list[PlanRow]:
+def _update_rows(ds, recompute: bool, arch: Architecture, tokens: int,
+                 value_bytes: int) -> list[PlanRow]:
     """One update micro-batch's activations and logits (the model's and the loss's float32
     copy). (The critic's update, after the policy's, keeps no vocabulary logits.)"""
-    ds, recompute = cfg.deepspeed, cfg.model.gradient_checkpointing
     rows = ds.micro_batch_size * tokens
     return [PlanRow("update: activations", _activations(arch, rows, recompute, value_bytes),
                     f"micro-batch {ds.micro_batch_size} x {tokens} tokens, "
@@ -273,16 +278,15 @@ def _update_rows(cfg, arch: Architecture, tokens: int, value_bytes: int) -> list
                     f"[{rows} x {arch.vocab}] logits + the loss's float32 copy")]
 
 
-def _reward_model_rows(cfg, arch: Architecture, gpus: int, nodes: int,
+def _reward_model_rows(ds, rm, recompute: bool, arch: Architecture, gpus: int, nodes: int,
                        value_bytes: int) -> list[PlanRow]:
     """Training a reward model of the policy's architecture (trained from the policy): its
     states under the run's ZeRO stage and a micro-batch of `rm.max_length` tokens."""
-    ds, rm = cfg.deepspeed, cfg.rm
     states, _, source = model_states(arch.params, arch.largest_layer_params, ds, gpus, nodes)
     rows = ds.micro_batch_size * rm.max_length
     return [PlanRow("reward model states", states, f"{source} (training)"),
             PlanRow("reward model: activations",
-                    _activations(arch, rows, cfg.model.gradient_checkpointing, value_bytes),
+                    _activations(arch, rows, recompute, value_bytes),
                     f"micro-batch {ds.micro_batch_size} x rm.max_length {rm.max_length}")]
 
 
@@ -360,14 +364,9 @@ def verdict(numbers: dict, gpu_gb: float, headroom: float = 0.9) -> str:
             f"{waves} wave{'s' if waves > 1 else ''})")
 
 
-def render(cfg, rows: list[PlanRow], numbers: dict, gpu_sizes: list[float], gpus: int,
-           nodes: int) -> str:
-    g, ds = cfg.grpo, cfg.deepspeed
-    lines = [f"memory plan: {cfg.model.policy_path or 'tiny model'} "
-             f"({numbers['params'] / 1e9:.2f}B params), {nodes} node(s) x {gpus} GPU(s), "
-             f"ZeRO-{ds.zero_stage}{' bf16' if ds.bf16 else ' fp32'}, "
-             f"{g.questions_per_step} questions x G={g.group_size}, rollout {cfg.rollout.backend}",
-             f"{'term':<28}{'GiB/GPU':>9}  how", "-" * 78]
+def render(rows: list[PlanRow], numbers: dict, gpu_sizes: list[float]) -> str:
+    """`igrpo plan`'s table: the terms, then each phase's peak on each GPU size."""
+    lines = [f"memory plan: {numbers['title']}", f"{'term':<28}{'GiB/GPU':>9}  how", "-" * 78]
     lines += [f"{r.item:<28}{r.gpu_bytes / GB:>9.2f}  {r.note}" for r in rows]
     for size in gpu_sizes:
         lines += ["", f"{size:g} GB GPU ({gpu_bytes(size) / GB:.2f} GiB, 90% usable "

@@ -57,7 +57,7 @@ class DataConfig:
     (gsm8k: answer, math: solution)."""
     max_prompt_tokens: int = 64
     """The longest prompt the lengths are planned for: `rm.max_length` must cover it plus
-    `grpo.max_new_tokens`, and `igrpo plan` sizes the KV cache with it."""
+    `policy.max_new_tokens`, and `igrpo plan` sizes the KV cache with it."""
     hub_config: str = ""
     """Dataset config name when `path` is a hub id (e.g. `main` for openai/gsm8k)."""
     skip_bad_rows: bool = False
@@ -192,7 +192,29 @@ class SFTConfig:
 
 
 @dataclass
-class GRPOConfig:
+class PolicyConfig:
+    """What every policy method reads (`policy.algorithm` picks the method): the step, the
+    group, the optimizer, the KL weight, the clip, sampling and cadence. A method's own settings
+    are in its section (`grpo`, `ppo`, `rft`)."""
+
+    algorithm: str = "grpo"
+    """The trainer (policy/algorithms/, `TRAINERS`): grpo (every loss above, online RFT
+    included), offline_rft (DeepSeekMath §5.2.1: sample the starting policy once, keep its
+    right solutions, fine-tune on them), ppo (a critic and GAE in place of the group baseline,
+    DeepSeekMath §4.1; the `ppo` section), t_ppo (PPO on windows of tokens,
+    `ppo.window_share`), dpo (DPO on right/wrong pairs of the starting policy's samples, beta
+    = DPO's beta) or online_dpo (pairs from the current policy's samples, every step)."""
+    supervision: str = "outcome"
+    """outcome (one reward per sample) or process (one reward per step); rft is the paper's
+    online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
+    ones, no group baseline; run it with beta=0 as the paper does)."""
+    reward: str = "rule"
+    """Reward callable: rule (final answer vs gold), step_oracle (synthetic task: exact step
+    correctness, a perfect PRM for tests and controls)."""
+    loss: str = "grpo"
+    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, gspo, gspo_token (see
+    policy/math/losses.py). gspo under process supervision is GSPO-token (per-token
+    advantages under the sequence ratio)."""
     steps: int = 200
     """Optimizer steps (each: one exploration stage, then `mu` updates)."""
     questions_per_step: int = 8
@@ -206,39 +228,6 @@ class GRPOConfig:
     """Lower clip range: ratios below 1 - clip_eps are clipped."""
     clip_eps_high: float = 0.2
     """Upper clip range (DAPO's clip-higher raises it, e.g. 0.28)."""
-    loss: str = "grpo"
-    """Policy loss: grpo, r1, dr_grpo, dapo, gpg, cispo, c3po, gspo, gspo_token (see
-    policy/math/losses.py). gspo under process supervision is GSPO-token (per-token
-    advantages under the sequence ratio)."""
-    algorithm: str = "grpo"
-    """The trainer (policy/algorithms/, `TRAINERS`): grpo (every loss above, online RFT
-    included), offline_rft (DeepSeekMath §5.2.1: sample the starting policy once, keep its
-    right solutions, fine-tune on them), ppo (a critic and GAE in place of the group baseline,
-    DeepSeekMath §4.1; the `ppo` section), t_ppo (PPO on windows of tokens,
-    `ppo.window_share`), dpo (DPO on right/wrong pairs of the starting policy's samples, beta
-    = DPO's beta) or online_dpo (pairs from the current policy's samples, every step)."""
-    supervision: str = "outcome"
-    """outcome (one reward per sample) or process (one reward per step); rft is the paper's
-    online rejection-sampling fine-tuning baseline (advantage 1 on right samples, 0 on wrong
-    ones, no group baseline; run it with beta=0 as the paper does)."""
-    process_credit: str = "sum"
-    """How process rewards become token advantages (policy/math/advantages.py `PROCESS_CREDIT`,
-    docs/grpo.md): sum (DeepSeekMath §4.1.3: a token gets the sum of the group-normalised rewards
-    of its step and every later step), min (PURE, Cheng et al. 2025: a step's value is the
-    minimum of its reward and every later step's, the values normalised within the group) or
-    anchored (the final-answer check's group-normalised outcome advantage plus `process_weight`
-    times the min-form value clamped to [-1, 1]). Anything but sum needs
-    grpo.supervision=process; a sample without a step gets the group's floor under min and
-    anchored (sum gives it 0)."""
-    process_weight: float = 0.5
-    """anchored: the weight of the bounded process term. 0.5 is the largest weight at which the
-    PRM can never lift a wrong answer's token above a right answer's in the same group (their
-    outcome advantages differ by >= 2 with the std, exactly 1 without it; the term spans at most
-    2 x weight): the exact check orders right against wrong, the PRM orders within each and
-    speaks alone where a group is all right or all wrong."""
-    reward: str = "rule"
-    """Reward callable: rule (final answer vs gold), step_oracle (synthetic task: exact step
-    correctness, a perfect PRM for tests and controls)."""
     mu: int = 1
     """Policy updates per exploration stage (the paper uses 1)."""
     mini_batches: int = 1
@@ -247,6 +236,44 @@ class GRPOConfig:
     step each against the rollout's pi_old (GSPO's setting: 4, which makes every mini-batch but
     the first off-policy). The same mini-batches on any number of ranks; `deepspeed.
     warmup_steps` counts optimizer steps (k a step). 1 = the paper's."""
+    max_new_tokens: int = 112
+    temperature: float = 1.0
+    """Sampling temperature of the rollout (0 = greedy: identical samples, for checks only)."""
+    top_p: float = 1.0
+    rollout_questions: int = 0
+    """Questions per generate call (their G samples each); 0 = all of a rank's questions at
+    once. Lower it when the rollout's KV cache does not fit (`igrpo plan` prints the size)."""
+    eval_every: int = 50
+    """Steps between held-out evaluations (0 = only at start and end)."""
+    save_every: int = 50
+    """Steps between resumable checkpoints."""
+    max_minutes: float = 0.0
+    """A wall-clock budget: training stops after the step that spends it, whatever `steps`
+    says (0 = off). For comparisons at equal time (docs/recipes.md); the step count then
+    depends on the machine. Offline RFT shares it between sampling and fine-tuning
+    (`offline_rft_sampling_share`)."""
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO's own settings (policy.algorithm=grpo): how rewards become advantages (process
+    credit, the group std) and the DAPO / GPG / C3PO batch filters and reward shaping."""
+
+    process_credit: str = "sum"
+    """How process rewards become token advantages (policy/math/advantages.py `PROCESS_CREDIT`,
+    docs/grpo.md): sum (DeepSeekMath §4.1.3: a token gets the sum of the group-normalised rewards
+    of its step and every later step), min (PURE, Cheng et al. 2025: a step's value is the
+    minimum of its reward and every later step's, the values normalised within the group) or
+    anchored (the final-answer check's group-normalised outcome advantage plus `process_weight`
+    times the min-form value clamped to [-1, 1]). Anything but sum needs
+    policy.supervision=process; a sample without a step gets the group's floor under min and
+    anchored (sum gives it 0)."""
+    process_weight: float = 0.5
+    """anchored: the weight of the bounded process term. 0.5 is the largest weight at which the
+    PRM can never lift a wrong answer's token above a right answer's in the same group (their
+    outcome advantages differ by >= 2 with the std, exactly 1 without it; the term spans at most
+    2 x weight): the exact check orders right against wrong, the PRM orders within each and
+    speaks alone where a group is all right or all wrong."""
     std_unbiased: bool = False
     """Advantage std convention: False = population std (the seed's example), True = sample std."""
     std_eps: float = 1e-6
@@ -280,37 +307,38 @@ class GRPOConfig:
     token count (questions_per_step x group_size x max_new_tokens); 0 = off. Responses are
     taken in a seeded random order until their tokens reach Phi, and the loss is divided by
     Phi (loss=c3po)."""
-    max_new_tokens: int = 112
-    temperature: float = 1.0
-    """Sampling temperature of the rollout (0 = greedy: identical samples, for checks only)."""
-    top_p: float = 1.0
-    rollout_questions: int = 0
-    """Questions per generate call (their G samples each); 0 = all of a rank's questions at
-    once. Lower it when the rollout's KV cache does not fit (`igrpo plan` prints the size)."""
-    eval_every: int = 50
-    """Steps between held-out evaluations (0 = only at start and end)."""
-    save_every: int = 50
-    """Steps between resumable checkpoints."""
-    max_minutes: float = 0.0
-    """A wall-clock budget: training stops after the step that spends it, whatever `steps`
-    says (0 = off). For comparisons at equal time (docs/recipes.md); the step count then
-    depends on the machine. Offline RFT shares it between sampling and fine-tuning
-    (`offline_rft_sampling_share`)."""
-    offline_rft_sampling_share: float = 0.5
+
+
+@dataclass
+class RFTConfig:
+    """Offline rejection-sampling fine-tuning (policy.algorithm=offline_rft)."""
+
+    sampling_share: float = 0.5
     """Offline RFT under `max_minutes`: the share of the budget its sampling may spend; the
     fine-tuning gets the rest."""
+
+
+@dataclass
+class ControlsConfig:
+    """Control experiments: switches that break the learning signal on purpose."""
+
     shuffle_rewards: bool = False
     """Control experiment: permute rewards within each step's batch (learning should stop)."""
     zero_advantages: bool = False
     """Control experiment: set every advantage to 0 (only the KL term trains)."""
-    inspect_every: int = 10
+
+
+@dataclass
+class InspectConfig:
+    """The advantage inspection of a policy stage (wandb `inspect/*`, `<stage>/inspect/`)."""
+
+    every: int = 10
     """Steps between advantage inspections: the per-step table, the token heatmap and the
     histograms (wandb `inspect/*` and `<stage>/inspect/`); 0 = off."""
-    inspect_groups: int = 2
+    groups: int = 2
     """Groups (questions) shown per inspection."""
-    inspect_samples: int = 4
+    samples: int = 4
     """Samples shown per inspected group."""
-
 
 @dataclass
 class EvalConfig:
@@ -416,7 +444,7 @@ class RewardModelConfig:
     ORM). Empty = told from the checkpoint's architecture when loading, tag_lm when training."""
     path: str = ""
     """A reward model of any family to use instead of the run's own: `igrpo eval-rm` reports
-    it, `igrpo grpo grpo.reward=rm` is rewarded by it (a PRM under process supervision)."""
+    it, `igrpo grpo policy.reward=rm` is rewarded by it (a PRM under process supervision)."""
     separator: str = "\n"
     """Classifier families: what follows each step in the reward model's input; the step's label
     sits at its last token (TRL: "\n"; Qwen2.5-Math-PRM: "<extra_0>")."""
@@ -508,7 +536,7 @@ class RolloutConfig:
 
 @dataclass
 class PPOConfig:
-    """The value-based family (grpo.algorithm=ppo or t_ppo; recipes ppo, vc_ppo, vapo, t_ppo):
+    """The value-based family (policy.algorithm=ppo or t_ppo; recipes ppo, vc_ppo, vapo, t_ppo):
     the policy side (loss, clip, lr, mu, beta as the KL penalty in the reward, G samples per
     question) comes from `grpo`."""
     critic_init: str = "policy"
@@ -532,9 +560,9 @@ class PPOConfig:
     positive_nll_weight: float = 0.0
     """VAPO's positive-example LM loss weight on right samples (VAPO: 0.1); 0 = off."""
     window_share: float = 0.0
-    """T-PPO: each step generates a window of this share of `grpo.max_new_tokens` for every
+    """T-PPO: each step generates a window of this share of `policy.max_new_tokens` for every
     sequence in flight, trains on it and carries the unfinished sequences on
-    (grpo.algorithm=t_ppo, policy/algorithms/tppo.py; T-PPO: 1/8); 0 with ppo. Outcome
+    (policy.algorithm=t_ppo, policy/algorithms/tppo.py; T-PPO: 1/8); 0 with ppo. Outcome
     supervision and rollout.backend=hf only."""
 
 
@@ -545,7 +573,11 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    rft: RFTConfig = field(default_factory=RFTConfig)
+    controls: ControlsConfig = field(default_factory=ControlsConfig)
+    inspect: InspectConfig = field(default_factory=InspectConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
     label: LabelConfig = field(default_factory=LabelConfig)

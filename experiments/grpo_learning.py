@@ -29,8 +29,8 @@ from runtime.tracking import read_metrics  # noqa: E402
 # docs/grpo.md's table was measured from warm starts at lr 1e-3 (the tiny default is 5e-4 since).
 SFT = ["sft.epochs=1", "sft.patience=0", "sft.eval_every=100", "data.sft_questions=25600",
        "sft.lr=1e-3"]
-GRPO = ["grpo.supervision=outcome", "grpo.questions_per_step=8", "grpo.group_size=8",
-        "grpo.lr=5e-5", "grpo.eval_every=40", "grpo.save_every=1000"]
+GRPO = ["policy.supervision=outcome", "policy.questions_per_step=8", "policy.group_size=8",
+        "policy.lr=5e-5", "policy.eval_every=40", "policy.save_every=1000"]
 
 
 def run(stage: str, root: str, seed: int, extra: list[str]) -> float:
@@ -67,10 +67,10 @@ def main() -> None:
         print(f"seed {seed}: SFT warm start took {sft_minutes:.1f} min")
         variants = [("grpo", [])]
         if args.controls:
-            variants += [("zero_adv", ["grpo.zero_advantages=true"]),
-                         ("shuffled", ["grpo.shuffle_rewards=true"])]
+            variants += [("zero_adv", ["controls.zero_advantages=true"]),
+                         ("shuffled", ["controls.shuffle_rewards=true"])]
         for name, flags in variants:
-            extra = [*SFT, *GRPO, *args.overrides, f"grpo.steps={args.grpo_steps}", *flags]
+            extra = [*SFT, *GRPO, *args.overrides, f"policy.steps={args.grpo_steps}", *flags]
             minutes = run_variant(args.root, seed, name, extra)
             results.append(grpo_row(args.root, seed, name, minutes))
             print(json.dumps(results[-1]))
@@ -85,7 +85,7 @@ def main() -> None:
 def run_variant(root: str, seed: int, name: str, extra: list[str]) -> float:
     """GRPO from the seed's warm start into `<run>/<name>` (the stage folder name)."""
     from configs import load_config
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.tracking import MetricsLogger

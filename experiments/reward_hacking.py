@@ -31,9 +31,9 @@ import replicate  # noqa: E402
 from runtime.tracking import read_metrics  # noqa: E402
 
 ARMS = {
-    "frozen": ["grpo.supervision=process", "iterate.refresh=false"],
-    "refreshed": ["grpo.supervision=process", "iterate.refresh=true"],
-    "paper-readout": ["grpo.supervision=process", "iterate.refresh=false",
+    "frozen": ["policy.supervision=process", "iterate.refresh=false"],
+    "refreshed": ["policy.supervision=process", "iterate.refresh=true"],
+    "paper-readout": ["policy.supervision=process", "iterate.refresh=false",
                       "rm.likelihood_feature=false"],
 }
 HORIZON = ["iterate.iterations=4"]

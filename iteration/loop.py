@@ -10,7 +10,7 @@ existing run folder continues from the last finished unit (see `runs/<name>/mani
         if k > 1: sample policy_{k-1}, label, refresh ORM/PRM on the new data + replay (10%)
                   compare each refreshed RM with the one it replaces on policy_{k-1}'s samples
         reference <- policy_{k-1}                   # the reference reset
-        GRPO for grpo.steps with the current RMs   -> policy_k
+        GRPO for policy.steps with the current RMs   -> policy_k
         evaluate policy_k (greedy, mean@k, maj@k, pass@k with 95% intervals) and the RMs
 
 Departure from the paper's listing, same computation: the refresh after iteration k is run at the
@@ -26,9 +26,9 @@ from typing import Callable
 from iteration import stages
 from iteration.manifest import Manifest
 from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
+from iteration.resolve import policy_stage, train_policy
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, write_summary
-from policy.algorithms import train_policy
 from policy.algorithms.sft import train_sft
 from process_supervision.label import label_statistics
 from reward_model.examples import as_orm, worked_examples, worked_orm_examples
@@ -57,8 +57,8 @@ class IterationRun:
             return {"policy": self._rel(self.base)}
         logger = self.make_logger("sft")
         try:
-            best = train_sft(self.cfg, self.run, self.base, self.splits.sft, self.splits.val,
-                             logger, self.config_yaml)
+            best = train_sft(policy_stage(self.cfg), self.cfg.sft, self.run, self.base,
+                             self.splits.sft, self.splits.val, logger, self.config_yaml)
         finally:
             logger.close()
         return {"policy": self._rel(best)}
@@ -120,9 +120,9 @@ class IterationRun:
         logger = self.make_logger(f"grpo/iteration-{k}")
         try:
             final = train_policy(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
-                               self.splits.rl, self.splits.eval, logger, self.config_yaml,
-                               out_name=f"grpo/iteration-{k}", reference_path=policy,
-                               evaluate_ends=False)  # eval/{k-1} and eval/k do that
+                                 self.splits.rl, self.splits.eval, logger, self.config_yaml,
+                                 out_name=f"grpo/iteration-{k}", reference_path=policy,
+                                 evaluate_ends=False)  # eval/{k-1} and eval/k do that
         finally:
             logger.close()
         return {"policy": self._rel(final), "reference": self._rel(policy)}
@@ -233,7 +233,7 @@ class IterationRun:
 
     def _reward(self, policy_tokenizer, rm_iteration: int):
         choice = self.cfg.iterate.reward
-        kind = "prm" if self.cfg.grpo.supervision == "process" else "orm"
+        kind = "prm" if self.cfg.policy.supervision == "process" else "orm"
         return stages.make_reward(self.cfg, policy_tokenizer, choice,
                                   None if choice == "rule" else self._scorers(rm_iteration, [kind]))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from iteration.resolve import per_step, policy_stage
 from policy.generation.rollout import rest
 from process_supervision.label import Labeller, label_in_shards
 from process_supervision.sampling import sample_solutions
@@ -36,10 +37,11 @@ def load_policy(cfg, path: str | Path):
     (labelling, evaluation, best-of-N): the model in eval mode, loaded with the config's model
     options (dtype, attention, trust_remote_code), or with `rollout.backend=vllm` a vLLM engine
     over it (both go through policy.generation.rollout.generate_groups)."""
-    if cfg.rollout.backend == "vllm":
+    settings = policy_stage(cfg).vllm
+    if settings is not None:
         from policy.generation.vllm import engine_for
 
-        return engine_for(cfg, path), load_tokenizer(path, cfg.model)
+        return engine_for(settings, path), load_tokenizer(path, cfg.model)
     return load_causal_lm(path, cfg.model).eval(), load_tokenizer(path, cfg.model)
 
 
@@ -95,10 +97,10 @@ def make_reward(cfg, policy_tokenizer, choice: str, scorers: dict | None = None)
         return RuleReward(timeout)
     if choice == "step_oracle":
         return StepOracleReward(policy_tokenizer, timeout)
-    if scorers is None:  # `igrpo grpo grpo.reward=rm`: the reward model in rm.path
-        scorers = {"prm" if cfg.grpo.supervision == "process" else "orm":
+    if scorers is None:  # `igrpo grpo policy.reward=rm`: the reward model in rm.path
+        scorers = {"prm" if per_step(cfg.policy.supervision) else "orm":
                    load_scorer(cfg, cfg.rm.path)}
-    if cfg.grpo.supervision == "process":
+    if per_step(cfg.policy.supervision):
         return PRMReward(scorers["prm"], policy_tokenizer, cfg.rm.aggregate, timeout,
                          cfg.data.step_separator)
     return ORMReward(scorers["orm"], timeout)
@@ -141,7 +143,7 @@ def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
                    eval_records: list[MathRecord]) -> dict:
     """Each kind's refreshed reward model beside the one it replaces, on the same samples of
     the policy they will judge (`rm.bon_questions` held-out questions x `rm.bon_samples` at
-    `grpo.temperature`): {kind: {"previous" | "refreshed": {"group_auroc", "pick",
+    `policy.temperature`): {kind: {"previous" | "refreshed": {"group_auroc", "pick",
     "step_accuracy" (synthetic task: against the step oracle)}, "change": {"group_auroc",
     "pick": refreshed - previous with a paired 95% bootstrap interval over the questions (the
     AUROC's over those with right and wrong samples: None without any)}}};
@@ -154,11 +156,11 @@ def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
                (("previous", previous), ("refreshed", refreshed)) for kind, scorer in found.items()}
     found = best_of_n_report(
         model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers,
-        cfg.rm.aggregate, cfg.rm.bon_samples, cfg.grpo.temperature, cfg.grpo.max_new_tokens,
+        cfg.rm.aggregate, cfg.rm.bon_samples, cfg.policy.temperature, cfg.policy.max_new_tokens,
         cfg.eval.grade_timeout_s, seed=cfg.run.seed + 7,
         oracle=step_oracle(cfg.data))
     out: dict = {"questions": min(len(eval_records), cfg.rm.bon_questions),
-                 "samples": cfg.rm.bon_samples, "temperature": cfg.grpo.temperature}
+                 "samples": cfg.rm.bon_samples, "temperature": cfg.policy.temperature}
     for name in scorers:
         kind, age = name.split("/")
         out.setdefault(kind, {})[age] = {

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from configs.schema import GRPOConfig
+from configs.schema import PolicyConfig
 from policy.generation.rollout import Rollout
 from runtime.engine import global_sum
 
@@ -45,9 +45,9 @@ def mini_batch_order(rows: int, group_size: int, count: int) -> torch.Tensor:
                          for q in range(questions) for j in range(size)], dtype=torch.long)
 
 
-def in_mini_batch_order(rollout: Rollout, batch: StepBatch, g: GRPOConfig
+def in_mini_batch_order(rollout: Rollout, batch: StepBatch, g: PolicyConfig
                         ) -> tuple[Rollout, StepBatch, torch.Tensor | None]:
-    """With `grpo.mini_batches` > 1: the rollout and the batch with each mini-batch's rows side
+    """With `policy.mini_batches` > 1: the rollout and the batch with each mini-batch's rows side
     by side (`mini_batch_order`), and that order (None: as they are)."""
     if g.mini_batches == 1:
         return rollout, batch, None

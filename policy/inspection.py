@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from configs.schema import InspectConfig
 from policy.rewards import Scores
 from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
@@ -48,25 +49,24 @@ def step_spans(scores: Scores, rollout: Rollout, tokenizer, i: int) -> list[tupl
 
 def advantage_rows(step: int, records: list[MathRecord], rollout: Rollout, scores: Scores,
                    rewards: torch.Tensor, advantages: torch.Tensor, normalised: torch.Tensor,
-                   tokenizer, samples: list[int], supervision: str) -> list[dict]:
+                   tokenizer, samples: list[int], per_step: bool) -> list[dict]:
     """One row per (question, sample, step) of the chosen sample indices (into the rollout)."""
     rows = []
     for i in samples:
         ids = rollout.completion_ids[i].tolist()
         for k, (start, end) in enumerate(step_spans(scores, rollout, tokenizer, i)):
-            process = supervision == "process"
             rows.append({
                 "step": step, "question_id": records[i].source_id,
                 "question": records[i].question, "sample": i % rollout.group_size,
                 "step_index": k,
                 "step_text": tokenizer.decode(ids[start:end + 1], skip_special_tokens=True),
                 "token_start": start, "token_end": end,
-                "step_score": float(scores.step_rewards[i, k]) if process else None,
-                "normalised_reward": float(normalised[i, k]) if process else None,
+                "step_score": float(scores.step_rewards[i, k]) if per_step else None,
+                "normalised_reward": float(normalised[i, k]) if per_step else None,
                 "advantage": float(advantages[i, start]),
                 "final_reward": float(rewards[i]),
                 "correct": None if scores.correct is None else bool(scores.correct[i]),
-                "supervision": supervision,
+                "supervision": "process" if per_step else "outcome",
             })
     return rows
 
@@ -79,7 +79,7 @@ def _colour(value: float, scale: float) -> str:
 
 
 def render_html(step: int, records: list[MathRecord], rollout: Rollout, advantages: torch.Tensor,
-                rows: list[dict], tokenizer, samples: list[int], supervision: str) -> str:
+                rows: list[dict], tokenizer, samples: list[int], per_step: bool) -> str:
     """Each chosen completion with every token coloured by its advantage; a `|` marker
     (`class="step-end"`) closes every step."""
     scale = max([abs(r["advantage"]) for r in rows] + [1e-9])
@@ -87,7 +87,8 @@ def render_html(step: int, records: list[MathRecord], rollout: Rollout, advantag
         "<!doctype html><meta charset='utf-8'><style>",
         "body{font-family:monospace} .s{margin:1em 0;padding:.5em;border:1px solid #ccc}",
         ".t{white-space:pre-wrap} .step-end{color:#36c;font-weight:bold}</style>",
-        f"<h3>GRPO step {step}: token advantages ({html.escape(supervision)} supervision; "
+        f"<h3>GRPO step {step}: token advantages "
+        f"({'process' if per_step else 'outcome'} supervision; "
         f"green &gt; 0, red &lt; 0, full colour at |A| = {scale:.3f})</h3>"]
     for i in samples:
         key = (records[i].source_id, i % rollout.group_size)
@@ -147,21 +148,23 @@ def chosen_samples(num_samples: int, group_size: int, groups: int, per_group: in
             for s in range(min(per_group, group_size))]
 
 
-def inspect_step(folder: Path, step: int, g, tokenizer, sampled, batch, logger) -> dict | None:
-    """Every `grpo.inspect_every` steps (main rank): write a GRPO step's advantage table and token
+def inspect_step(folder: Path, step: int, inspect: InspectConfig, per_step: bool, tokenizer,
+                 sampled, batch, logger) -> dict | None:
+    """Every `inspect.every` steps (main rank): write a GRPO step's advantage table and token
     heatmap (`sampled`: the step's `policy.kit.Sampled`, `batch` its `StepBatch`); return the
     wandb media to log (None otherwise)."""
-    if not (g.inspect_every and step % g.inspect_every == 0 and is_main()):
+    if not (inspect.every and step % inspect.every == 0 and is_main()):
         return None
     records, rollout, scores = sampled.records, sampled.rollout, sampled.scores
     advantages, normalised = batch.advantages, batch.normalised
-    per_sample = [r for r in records for _ in range(g.group_size)]
-    samples = chosen_samples(len(per_sample), g.group_size, g.inspect_groups, g.inspect_samples)
+    size = rollout.group_size
+    per_sample = [r for r in records for _ in range(size)]
+    samples = chosen_samples(len(per_sample), size, inspect.groups, inspect.samples)
     rows = advantage_rows(step, per_sample, rollout, scores, sampled.rewards, advantages,
-                          normalised, tokenizer, samples, g.supervision)
+                          normalised, tokenizer, samples, per_step)
     page = render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
-                       g.supervision)
+                       per_step)
     write_inspection(folder, step, rows, page)
     return None if logger.wandb_run is None else wandb_media(
         rows, page, scores, normalised, advantages, rollout.completion_mask,
-        g.supervision == "process")
+        per_step)

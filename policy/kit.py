@@ -5,10 +5,10 @@ held-out evaluator (supervised fine-tuning's tensors and step: policy/supervised
 batch and mini-batches: policy/batch.py). An algorithm file imports these, the math
 (policy/math/) and the generation engines (policy/generation/), never another algorithm.
 
-    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path)
-    sampler = Sampler(engine, trainer, cfg, policy_path)
-    sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
-    sampled = sample(step_questions(records, step, g.questions_per_step, seed), key)
+    tokenizer, plan, engine, reference = policy_engines(stage, policy_path)
+    sampler = Sampler(engine, trainer, stage.vllm, policy_path)
+    sample = make_sample(sampler, tokenizer, reward_fn, stage, rank, per_rank, timing)
+    sampled = sample(step_questions(records, step, stage.policy.questions_per_step, seed), key)
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from typing import Callable
 import torch
 
 from configs.batching import plan_grpo_batch
-from configs.schema import GRPOConfig
+from configs.schema import PolicyConfig
 from policy.evaluate import evaluate_policy
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout, concat_rollouts, generate_groups
 from policy.math.losses import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
-from runtime.data import MathRecord, step_oracle
+from policy.stage import Evaluation, PolicyStage, Shaping, VLLMSettings
+from runtime.data import MathRecord
 from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
                             device_memory_gib, gathered_for_generation, memory_phase, world)
 from runtime.models import load_causal_lm, load_tokenizer
@@ -64,22 +65,22 @@ def starts_at(reference_path, policy_path) -> bool:
     return reference_path is None or Path(reference_path) == Path(policy_path)
 
 
-def policy_engines(cfg, policy_path, reference_path=None):
+def policy_engines(stage: PolicyStage, policy_path, reference_path=None):
     """(tokenizer, batch plan, the policy's training engine, the frozen reference or None) of a
     policy stage; the reference (default: the starting policy) is loaded only when beta > 0,
     and ZeRO-3 partitions it like the policy."""
-    g = cfg.grpo
-    tokenizer = load_tokenizer(policy_path, cfg.model)
-    plan = plan_grpo_batch(g.questions_per_step, g.group_size, cfg.deepspeed.micro_batch_size,
-                           world()[1], g.mini_batches)
-    engine = build_engine(load_causal_lm(policy_path, cfg.model, train=True), cfg.deepspeed,
-                          lr=g.lr, micro_batch_size=plan.micro_batch_size,
+    p, model = stage.policy, stage.model
+    tokenizer = load_tokenizer(policy_path, model)
+    plan = plan_grpo_batch(p.questions_per_step, p.group_size, stage.deepspeed.micro_batch_size,
+                           world()[1], p.mini_batches)
+    engine = build_engine(load_causal_lm(policy_path, model, train=True), stage.deepspeed,
+                          lr=p.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     reference = None
-    if g.beta > 0:
+    if p.beta > 0:
         reference = build_inference_engine(
-            load_causal_lm(reference_path or policy_path, cfg.model, device=engine.device),
-            cfg.deepspeed)
+            load_causal_lm(reference_path or policy_path, model, device=engine.device),
+            stage.deepspeed)
     return tokenizer, plan, engine, reference
 
 
@@ -123,13 +124,13 @@ class Sampler:
     colocated vLLM engine that is handed the current weights once per optimizer step
     (`rollout.backend=vllm`, policy/generation/vllm.py)."""
 
-    def __init__(self, engine, trainer: Trainer, cfg, policy_path):
+    def __init__(self, engine, trainer: Trainer, vllm: VLLMSettings | None, policy_path):
         self.engine, self.trainer = engine, trainer
         self.vllm, self.start = None, ("checkpoint", str(policy_path))
-        if cfg.rollout.backend == "vllm":
+        if vllm is not None:
             from policy.generation.vllm import engine_for
 
-            self.vllm = engine_for(cfg, policy_path)
+            self.vllm = engine_for(vllm, policy_path)
 
     def push_due(self) -> bool:
         """Whether vLLM lacks the current weights: it holds neither this step's pushed ones nor,
@@ -170,13 +171,13 @@ class Sampler:
         return {"time/weight_push": seconds}
 
 
-def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: GRPOConfig, key: tuple = (),
+def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: PolicyConfig, key: tuple = (),
                  first: int = 0) -> Rollout:
     """pi_old <- pi: the current weights sample G completions per prompt (in chunks of
-    `grpo.rollout_questions` prompts where their KV cache would not fit at once). Each chunk
+    `policy.rollout_questions` prompts where their KV cache would not fit at once). Each chunk
     samples under a random state seeded from (`key`, the step-wide index of its first
     question; this rank's prompts start at `first`): a step's samples do not depend on what
-    ran before it, and with `grpo.rollout_questions` set they do not depend on the number of
+    ran before it, and with `policy.rollout_questions` set they do not depend on the number of
     processes either."""
     chunk = g.rollout_questions or len(prompts)
     parts = []
@@ -192,7 +193,7 @@ def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: GRPOConfig,
 
 
 def shuffled_rewards(scores: Scores, rewards: torch.Tensor) -> tuple[Scores, torch.Tensor]:
-    """The shuffled-reward control (`grpo.shuffle_rewards`): the batch's solution rewards
+    """The shuffled-reward control (`controls.shuffle_rewards`): the batch's solution rewards
     permuted over its samples (its final-answer checks `correct` with them: the anchored
     process credit trains on those) and, for process supervision, its step rewards permuted over
     all of its real steps, so that no reward belongs to its own sample or step any more (the same
@@ -227,24 +228,23 @@ def drop_nonfinite(scores: Scores, group_size: int) -> tuple[Scores, torch.Tenso
                    step_rewards=step_rewards), groups
 
 
-def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout, g: GRPOConfig,
-               group_size: int | None = None):
+def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout,
+               p: PolicyConfig, shaping: Shaping, group_size: int | None = None):
     """(scores, [N] rewards, [Q] broken groups): the reward callable's scores with non-finite
     groups zeroed, DAPO's overlong penalty added (under process supervision to the last step's
-    reward too), and with `grpo.shuffle_rewards` the control's permutation applied. Each record
-    has `group_size` samples (default `grpo.group_size`; T-PPO scores single rows)."""
-    group_size = group_size or g.group_size
+    reward too), and with `controls.shuffle_rewards` the control's permutation applied. Each record
+    has `group_size` samples (default `policy.group_size`; T-PPO scores single rows)."""
+    group_size = group_size or p.group_size
     scores = reward_fn([r for r in records for _ in range(group_size)], rollout)
     scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
     scores, broken = drop_nonfinite(scores, group_size)
-    penalty = overlong_penalty(rollout.lengths, g.max_new_tokens,
-                               round(g.overlong_buffer_share * g.max_new_tokens),
-                               g.overlong_penalty)
+    penalty = overlong_penalty(rollout.lengths, p.max_new_tokens, shaping.overlong_buffer,
+                               shaping.overlong_penalty)
     rewards = scores.rewards.float() + penalty
     if scores.step_rewards is not None and bool(penalty.any()):
         scores = replace(scores, step_rewards=add_to_last_step(scores.step_rewards.float(),
                                                                scores.step_mask, penalty))
-    if g.shuffle_rewards:
+    if shaping.shuffle:
         scores, rewards = shuffled_rewards(scores, rewards)
     return scores, rewards, broken
 
@@ -279,46 +279,46 @@ def concat_sampled(parts: list[Sampled], pad_id: int) -> Sampled:
                    torch.cat([p.rewards for p in parts]), torch.cat([p.broken for p in parts]))
 
 
-def make_sample(sampler: Sampler, tokenizer, fmt, reward_fn: RewardFn, g: GRPOConfig, rank: int,
+def make_sample(sampler: Sampler, tokenizer, reward_fn: RewardFn, stage: PolicyStage, rank: int,
                 per_rank: int, timing: dict) -> Callable[[list[MathRecord], tuple], Sampled]:
     """sample(step's questions, key) -> this rank's share rolled out (seeded from `key`, see
     `rollout_step`) and scored; the seconds spent are added to `timing`."""
     def sample(records: list[MathRecord], key: tuple) -> Sampled:
         records = records[rank * per_rank:(rank + 1) * per_rank]
         started = time.perf_counter()
-        rollout = rollout_step(sampler, tokenizer, fmt.prompts(tokenizer, records), g,
-                               key, first=rank * per_rank)
+        rollout = rollout_step(sampler, tokenizer, stage.prompts.prompts(tokenizer, records),
+                               stage.policy, key, first=rank * per_rank)
         rolled = time.perf_counter()
         timing["rollout_memory"] = device_memory_gib()  # vLLM's pool awake
         sampler.rest()  # scoring never needs vLLM: its pool is freed first
         with memory_phase("scoring"):
-            scored = score_step(reward_fn, records, rollout, g)
+            scored = score_step(reward_fn, records, rollout, stage.policy, stage.shaping)
         timing["rollout"] += rolled - started
         timing["scoring"] += time.perf_counter() - rolled
         return Sampled(records, rollout, *scored)
     return sample
 
 
-def make_evaluator(cfg, sampler: Sampler, tokenizer, eval_records: list[MathRecord], fmt,
-               trainer: Trainer, evaluate_ends: bool):
+def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
+                   eval_records: list[MathRecord], fmt, trainer: Trainer, evaluate_ends: bool):
     """evaluate(sampled) -> held-out metrics, the questions spread over the ranks (every rank
     calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
     first."""
     def evaluate(sampled: bool) -> dict:
         with sampler.generating() as model:
+            e = evaluation
             return evaluate_policy(
-                model, tokenizer, eval_records, fmt,
-                k=cfg.eval.k, temperature=cfg.eval.temperature,
-                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                timeout_s=cfg.eval.grade_timeout_s, sampled=sampled, seed=cfg.run.seed,
-                step_oracle=step_oracle(cfg.data), step_separator=cfg.data.step_separator)
+                model, tokenizer, eval_records, fmt, k=e.k, temperature=e.temperature,
+                max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, timeout_s=e.timeout_s,
+                sampled=sampled, seed=e.seed, step_oracle=e.step_oracle,
+                step_separator=e.step_separator)
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
     return evaluate
 
 
-def due_evaluation(trainer: Trainer, g: GRPOConfig, evaluate, evaluate_ends: bool) -> dict:
-    """The held-out metrics due after this step: greedy every `grpo.eval_every` steps, and
+def due_evaluation(trainer: Trainer, g: PolicyConfig, evaluate, evaluate_ends: bool) -> dict:
+    """The held-out metrics due after this step: greedy every `policy.eval_every` steps, and
     (`evaluate_ends`) the sampled ones after the last step."""
     metrics = {}
     if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:

@@ -1,11 +1,11 @@
 """How much room a task leaves process supervision: GRPO rewarded by the task's true step labels
-(`grpo.reward=step_oracle`, process advantages) against GRPO rewarded by the exact final-answer
-check (`grpo.reward=rule`, outcome advantages), from the same warm start at the same budget, over
+(`policy.reward=step_oracle`, process advantages) against GRPO rewarded by the exact final-answer
+check (`policy.reward=rule`, outcome advantages), from the same warm start at the same budget, over
 seeds, on each task given; with the warm start's own held-out numbers (seed by seed: a seed draws
 its own held-out questions).
 
     python scripts/ceiling.py --jobs 2                      # both tiny tasks, seeds 0-2, 40 steps
-    python scripts/ceiling.py --tasks configs/tiny_steps.yaml --seeds 0 1 2 3 4 grpo.steps=20
+    python scripts/ceiling.py --tasks configs/tiny_steps.yaml --seeds 0 1 2 3 4 policy.steps=20
 
 Every run is an `igrpo grpo` then an `igrpo eval` into `--root`; a finished one is reused, so an
 interrupted study continues. The table (also `--root`/ceiling.json) gives each arm's mean over
@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 from runtime.stats import t_interval_over_seeds as t_interval  # noqa: E402
 
 ARMS = {
-    "exact": ["grpo.reward=rule", "grpo.supervision=outcome"],
-    "steps": ["grpo.reward=step_oracle", "grpo.supervision=process"],
+    "exact": ["policy.reward=rule", "policy.supervision=outcome"],
+    "steps": ["policy.reward=step_oracle", "policy.supervision=process"],
 }
 """arm -> overrides: the exact final-answer check with outcome advantages; the true step labels
 with process advantages (DeepSeekMath's sum form)."""
@@ -111,9 +111,9 @@ def main() -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "ceiling")
-    parser.add_argument("overrides", nargs="*", help="key=value for every run (e.g. grpo.steps=20)")
+    parser.add_argument("overrides", nargs="*", help="key=value for every run (e.g. policy.steps=20)")
     args = parser.parse_args()
-    overrides = ["grpo.steps=40", *args.overrides]
+    overrides = ["policy.steps=40", *args.overrides]
     if args.jobs > 1 and not any(o.startswith("run.threads=") for o in overrides):
         overrides.append("run.threads=1")
     keys = [(t, s, a) for t in args.tasks for s in args.seeds for a in (None, *ARMS)]

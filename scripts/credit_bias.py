@@ -12,7 +12,7 @@ groups' samples, and over the other groups' for contrast.
     python scripts/credit_bias.py --prm runs/tiny/rm-prm/iteration-0/final     # ~5 min, 2 cores
     python scripts/credit_bias.py --prm ... --no-carry     # questions without a carry or borrow
 
-The run's PRM reads the policy's samples exactly as GRPO's reward does (`grpo.supervision=process`,
+The run's PRM reads the policy's samples exactly as GRPO's reward does (`policy.supervision=process`,
 `rm.aggregate`), with the config's group size and temperature.
 """
 
@@ -62,7 +62,7 @@ def sample_and_score(cfg, prm: str, records) -> tuple:
     policy's G samples of each record, scored by the PRM as GRPO's process reward scores them."""
     model, tokenizer = stages.load_policy(cfg, cfg.model.policy_path)
     reward = stages.make_reward(cfg, tokenizer, "rm", {"prm": stages.load_scorer(cfg, prm)})
-    g, fmt = cfg.grpo, prompt_format(cfg.data)
+    g, fmt = cfg.policy, prompt_format(cfg.data)
     found: dict = {}
     for start in range(0, len(records), 2):
         chunk = records[start:start + 2]
@@ -95,20 +95,20 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = load_config(args.config, ["grpo.supervision=process", *args.overrides])
+    cfg = load_config(args.config, ["policy.supervision=process", *args.overrides])
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads)
-    g = cfg.grpo
+    g, p = cfg.grpo, cfg.policy
     records = run_splits(cfg).rl
     if args.no_carry:
         records = [r for r in records if not any(
             synthetic.carries(v, op, n) for v, op, n, _ in synthetic.true_chain(r.question))]
     records = records[:args.questions]
     step_rewards, step_mask, step_end, correct, width = sample_and_score(cfg, args.prm, records)
-    all_right = correct.view(-1, g.group_size).all(-1).repeat_interleave(g.group_size)
-    norm = GroupNorm(g.group_size, g.scale_by_std, g.std_unbiased, g.std_eps, g.min_reward_std)
-    table = {"questions": len(records), "no_carry": args.no_carry, "group_size": g.group_size,
-             "all_right_groups": int(all_right.sum()) // g.group_size, "forms": {}}
+    all_right = correct.view(-1, p.group_size).all(-1).repeat_interleave(p.group_size)
+    norm = GroupNorm(p.group_size, g.scale_by_std, g.std_unbiased, g.std_eps, g.min_reward_std)
+    table = {"questions": len(records), "no_carry": args.no_carry, "group_size": p.group_size,
+             "all_right_groups": int(all_right.sum()) // p.group_size, "forms": {}}
     for name, credit in PROCESS_CREDIT.items():
         advantages, _ = credit.estimate(step_rewards, step_mask, step_end, correct, width, norm,
                                         g.process_weight)

@@ -46,22 +46,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_RUN = ["grpo.steps=4", "grpo.save_every=1", "grpo.questions_per_step={n}",
-             "grpo.group_size=4", "grpo.max_new_tokens=16", "deepspeed.micro_batch_size=4",
+SMALL_RUN = ["policy.steps=4", "policy.save_every=1", "policy.questions_per_step={n}",
+             "policy.group_size=4", "policy.max_new_tokens=16", "deepspeed.micro_batch_size=4",
              "eval.max_new_tokens=16", "eval.k=2", "eval.batch_size=8", "data.eval_questions=4",
              "label.questions=3", "label.samples_per_question=2", "label.num_completions=2",
              "label.max_new_tokens=16", "rm.batch_size={n}", "rm.bon_questions=2",
              "rm.bon_samples=2", "iterate.iterations=1", "run.wandb_mode=disabled"]
 
 
-REAL_RUN = ["grpo.steps=2", "grpo.save_every=2", "data.eval_questions=8", "eval.k=4",
+REAL_RUN = ["policy.steps=2", "policy.save_every=2", "data.eval_questions=8", "eval.k=4",
             "eval.max_new_tokens=256", "label.questions=2", "label.samples_per_question=2",
             "label.num_completions=2", "label.max_new_tokens=256", "rm.batch_size=4",
             "rm.bon_questions=2", "rm.bon_samples=8", "iterate.iterations=1",
-            "run.wandb_mode=disabled", "rollout.backend=hf", "grpo.inspect_every=0",
+            "run.wandb_mode=disabled", "rollout.backend=hf", "inspect.every=0",
             "eval.batch_size=64", "label.prefixes_per_batch=8"]  # the hf backend's sizes
 REAL_CPU = ["model.dtype=float32", "deepspeed.bf16=false", "deepspeed.fused_adam=false",
-            "grpo.group_size=4", "grpo.max_new_tokens=16", "deepspeed.micro_batch_size=4",
+            "policy.group_size=4", "policy.max_new_tokens=16", "deepspeed.micro_batch_size=4",
             "eval.max_new_tokens=16", "label.max_new_tokens=16", "data.eval_questions=2",
             "eval.k=2", "data.max_prompt_tokens=176", "rm.max_length=192", "rm.bon_samples=2",
             "run.threads=1"]
@@ -232,7 +232,7 @@ def speed_check(args) -> dict:
     import torch
 
     from configs import load_config
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.models import accelerator
@@ -256,11 +256,11 @@ def speed_check(args) -> dict:
         f"model.dtype={'bfloat16' if bf16 else 'float32'}", f"deepspeed.bf16={str(bf16).lower()}",
         "model.attn_implementation=sdpa", "data.source=gsm8k", "data.prompt_template=boxed",
         "data.max_prompt_tokens=256", "rm.max_length=1024", f"label.max_new_tokens={args.max_new_tokens}",
-        f"grpo.steps={args.steps}", f"grpo.questions_per_step={args.questions}",
-        f"grpo.group_size={args.group}", f"grpo.max_new_tokens={args.max_new_tokens}",
-        f"deepspeed.micro_batch_size={args.micro_batch}", "grpo.supervision=outcome",
-        "grpo.eval_every=0", "grpo.inspect_every=0", f"grpo.save_every={args.steps}",
-        "grpo.lr=1e-6", "run.threads=0", f"rollout.backend={args.backend}"])
+        f"policy.steps={args.steps}", f"policy.questions_per_step={args.questions}",
+        f"policy.group_size={args.group}", f"policy.max_new_tokens={args.max_new_tokens}",
+        f"deepspeed.micro_batch_size={args.micro_batch}", "policy.supervision=outcome",
+        "policy.eval_every=0", "inspect.every=0", f"policy.save_every={args.steps}",
+        "policy.lr=1e-6", "run.threads=0", f"rollout.backend={args.backend}"])
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(work / "metrics.jsonl", config={}, mode="disabled", project="", name="")
     started = time.perf_counter()

@@ -48,14 +48,14 @@ from policy.evaluate import at_k_curves  # noqa: E402
 
 CONFIG = "configs/tiny.yaml"
 ARMS = {
-    "online-rft": ["grpo.supervision=rft", "iterate.reward=rule", "iterate.refresh=false"],
-    "grpo-outcome": ["grpo.supervision=outcome", "iterate.refresh=false"],
-    "grpo-process": ["grpo.supervision=process", "iterate.refresh=false"],
-    "grpo-process-no-lik": ["grpo.supervision=process", "iterate.refresh=false",
+    "online-rft": ["policy.supervision=rft", "iterate.reward=rule", "iterate.refresh=false"],
+    "grpo-outcome": ["policy.supervision=outcome", "iterate.refresh=false"],
+    "grpo-process": ["policy.supervision=process", "iterate.refresh=false"],
+    "grpo-process-no-lik": ["policy.supervision=process", "iterate.refresh=false",
                             "rm.likelihood_feature=false"],
-    "grpo-process-iterative": ["grpo.supervision=process", "iterate.refresh=true"],
-    "shuffled-control": ["grpo.supervision=process", "iterate.refresh=false",
-                         "grpo.shuffle_rewards=true"],
+    "grpo-process-iterative": ["policy.supervision=process", "iterate.refresh=true"],
+    "shuffled-control": ["policy.supervision=process", "iterate.refresh=false",
+                         "controls.shuffle_rewards=true"],
     "offline-rft": ["run.recipe=offline_rft", "iterate.refresh=false"],
     "dpo": ["run.recipe=dpo", "iterate.refresh=false"],
     "online-dpo": ["run.recipe=online_dpo", "iterate.reward=rule", "iterate.refresh=false"],
@@ -112,7 +112,7 @@ def arm_overrides(arm: str, overrides: list[str], arm_args: list[str] | None = N
     if arm not in FROM_THE_WARM_START:
         return arm_args
     cfg = igrpo.load_config(CONFIG, [*overrides, *arm_args])
-    return [*arm_args, f"grpo.steps={cfg.grpo.steps * cfg.iterate.iterations}",
+    return [*arm_args, f"policy.steps={cfg.policy.steps * cfg.iterate.iterations}",
             "iterate.iterations=1"]
 
 

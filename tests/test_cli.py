@@ -38,24 +38,24 @@ def test_every_command_has_its_own_help(capsys):
 
 
 def test_config_show_prints_the_resolved_config(capsys):
-    assert igrpo.main(["config", "show", "--config", "configs/tiny.yaml", "grpo.lr=3e-6"]) == 0
+    assert igrpo.main(["config", "show", "--config", "configs/tiny.yaml", "policy.lr=3e-6"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
-    assert shown["grpo"]["lr"] == 3e-6 and shown["grpo"]["group_size"] == 64
+    assert shown["policy"]["lr"] == 3e-6 and shown["policy"]["group_size"] == 64
     # bundled: paths are resolved to the shipped folder.
     assert shown["model"]["policy_path"].endswith("runtime/bundled/tiny_warm_start")
     # --recipe applies a named algorithm over the file; overrides still win
     assert igrpo.main(["config", "show", "--config", "configs/tiny.yaml", "--recipe", "dapo",
-                       "grpo.clip_eps=0.1"]) == 0
-    shown = yaml.safe_load(capsys.readouterr().out)["grpo"]
+                       "policy.clip_eps=0.1"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)["policy"]
     assert (shown["loss"], shown["clip_eps"], shown["clip_eps_high"], shown["beta"]) == \
         ("dapo", 0.1, 0.28, 0.0)
     assert igrpo.main(["config", "show", "--recipe", "nope"]) == 2
     assert "the recipes are c3po, cispo, dapo" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override,suggestion", [("grpo.grop_size=8", "grpo.group_size"),
+@pytest.mark.parametrize("override,suggestion", [("policy.grop_size=8", "policy.group_size"),
                                                  ("rm.step_tg=x", "rm.step_tag"),
-                                                 ("grpo.betta=0.1", "grpo.beta")])
+                                                 ("policy.betta=0.1", "policy.beta")])
 def test_a_typo_gets_a_suggestion_in_one_line(override, suggestion):
     with pytest.raises(ConfigError) as err:
         load_config("configs/tiny.yaml", [override])
@@ -67,27 +67,27 @@ def test_a_typo_in_a_yaml_file_names_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("grpo:\n  group_sise: 8\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'grpo.group_sise'; "
-                                          r"did you mean 'grpo.group_size'\?"):
+                                          r"did you mean 'policy.group_size'\?"):
         load_config(bad)
 
 
 def test_a_space_instead_of_equals_is_named(capsys):
-    assert igrpo.main(["sft", "--config", "configs/tiny.yaml", "grpo.group_size", "16"]) == 2
+    assert igrpo.main(["sft", "--config", "configs/tiny.yaml", "policy.group_size", "16"]) == 2
     err = capsys.readouterr().err
-    assert "'grpo.group_size' is not key=value" in err and "None" not in err
+    assert "'policy.group_size' is not key=value" in err and "None" not in err
 
 
 def test_a_wrong_type_is_one_plain_line():
     with pytest.raises(ConfigError) as err:
-        load_config("configs/tiny.yaml", ["grpo.group_size=abc"])
-    assert str(err.value) == ("command-line overrides: config key 'grpo.group_size': Value 'abc' "
+        load_config("configs/tiny.yaml", ["policy.group_size=abc"])
+    assert str(err.value) == ("command-line overrides: config key 'policy.group_size': Value 'abc' "
                               "of type 'str' could not be converted to Integer")
 
 
 def test_a_key_the_command_does_not_read_is_warned(capsys):
-    assert igrpo.unread_overrides("iterate", ["grpo.reward=rule", "grpo.lr=1e-5"]) == ["grpo.reward"]
+    assert igrpo.unread_overrides("iterate", ["policy.reward=rule", "policy.lr=1e-5"]) == ["policy.reward"]
     assert igrpo.unread_overrides("sft", ["rm.lr=1e-4", "sft.lr=1e-3"]) == ["rm.lr"]
-    assert igrpo.main(["config", "show", "grpo.reward=rule"]) == 0
+    assert igrpo.main(["config", "show", "policy.reward=rule"]) == 0
     assert "warning" not in capsys.readouterr().err
     assert igrpo.main(["plan", "--config", "configs/deepseekmath_7b.yaml", "sft.lr=1e-3"]) == 0
     assert "warning: sft.lr is set but `igrpo plan` does not read it" in capsys.readouterr().err

@@ -9,14 +9,14 @@ from configs.batching import plan_grpo_batch
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_yaml_loads(path):
     cfg = load_config(path)
-    assert cfg.grpo.group_size > 0
+    assert cfg.policy.group_size > 0
 
 
 def test_paper_settings():
     cfg = load_config(CONFIG_DIR / "deepseekmath_7b.yaml")
-    assert (cfg.grpo.lr, cfg.rm.lr, cfg.grpo.beta, cfg.grpo.group_size) == (1e-6, 2e-5, 0.04, 64)
-    assert cfg.grpo.max_new_tokens == 1024 and cfg.grpo.mu == 1
-    assert cfg.grpo.questions_per_step * cfg.grpo.group_size == 1024
+    assert (cfg.policy.lr, cfg.rm.lr, cfg.policy.beta, cfg.policy.group_size) == (1e-6, 2e-5, 0.04, 64)
+    assert cfg.policy.max_new_tokens == 1024 and cfg.policy.mu == 1
+    assert cfg.policy.questions_per_step * cfg.policy.group_size == 1024
     assert cfg.iterate.replay_fraction == 0.1
     assert cfg.deepspeed.zero_stage == 3 and cfg.deepspeed.bf16
 
@@ -32,13 +32,13 @@ def test_unknown_key_names_the_key(tmp_path):
 
 
 def test_wrong_type_names_the_key():
-    with pytest.raises(ConfigError, match="grpo.group_size"):
-        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.group_size=sixteen"])
+    with pytest.raises(ConfigError, match="policy.group_size"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["policy.group_size=sixteen"])
 
 
 def test_bad_choice_names_the_key():
-    with pytest.raises(ConfigError, match="grpo.loss"):
-        load_config(None, ["grpo.loss=ppo"])
+    with pytest.raises(ConfigError, match="policy.loss"):
+        load_config(None, ["policy.loss=ppo"])
 
 
 def test_bf16_weights_need_deepspeed_bf16():
@@ -51,8 +51,8 @@ def test_bf16_weights_need_deepspeed_bf16():
 
 
 def test_dotlist_overrides_yaml():
-    cfg = load_config(CONFIG_DIR / "tiny.yaml", ["grpo.group_size=16"])
-    assert cfg.grpo.group_size == 16
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", ["policy.group_size=16"])
+    assert cfg.policy.group_size == 16
 
 
 def test_batch_plan():
@@ -66,17 +66,17 @@ def test_batch_plan():
     plan = plan_grpo_batch(2, 64, 64, world_size=2, mini_batches=4)
     assert (plan.global_sequences, plan.rank_sequences, plan.micro_batch_size,
             plan.grad_accum) == (32, 16, 16, 1)
-    with pytest.raises(ValueError, match="mini_batches=3 does not divide grpo.group_size=64"):
+    with pytest.raises(ValueError, match="mini_batches=3 does not divide policy.group_size=64"):
         plan_grpo_batch(2, 64, 64, world_size=2, mini_batches=3)
     with pytest.raises(ConfigError, match="mini_batches=3; expected a divisor of"):
-        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.mini_batches=3"])
-    with pytest.raises(ConfigError, match="grpo.loss=gspo with grpo.algorithm=ppo"):
-        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.algorithm=ppo", "grpo.loss=gspo"])
-    with pytest.raises(ConfigError, match="online_dpo with grpo.mu, grpo.dynamic_sampling set"):
-        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.mu=2", "grpo.dynamic_sampling=true"],
+        load_config(CONFIG_DIR / "tiny.yaml", ["policy.mini_batches=3"])
+    with pytest.raises(ConfigError, match="policy.loss=gspo with policy.algorithm=ppo"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["policy.algorithm=ppo", "policy.loss=gspo"])
+    with pytest.raises(ConfigError, match="online_dpo with policy.mu, grpo.dynamic_sampling set"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["policy.mu=2", "grpo.dynamic_sampling=true"],
                     recipe="online_dpo")
-    with pytest.raises(ConfigError, match="mini_batches=4 runs with grpo.algorithm=grpo"):
-        load_config(CONFIG_DIR / "tiny.yaml", ["grpo.algorithm=ppo"], recipe="gspo")
+    with pytest.raises(ConfigError, match="mini_batches=4 runs with policy.algorithm=grpo"):
+        load_config(CONFIG_DIR / "tiny.yaml", ["policy.algorithm=ppo"], recipe="gspo")
 
 
 def test_schema_changes_alone_do_not_block_a_resume():
@@ -105,8 +105,8 @@ def test_a_config_extends_another_and_the_steps_task_is_tiny_with_its_own_data(t
     steps = load_config("configs/tiny_steps.yaml", ["model.policy_path="])
     tiny = load_config("configs/tiny.yaml")
     assert (steps.data.min_ops, steps.data.max_ops, steps.data.operations) == (5, 7, "+-")
-    assert steps.grpo.group_size == tiny.grpo.group_size == 64 and steps.rm.lr == tiny.rm.lr
-    assert steps.run.name == "tiny-steps" and steps.grpo.max_new_tokens == 160
+    assert steps.policy.group_size == tiny.policy.group_size == 64 and steps.rm.lr == tiny.rm.lr
+    assert steps.run.name == "tiny-steps" and steps.policy.max_new_tokens == 160
     data = load_config("configs/tiny_steps.yaml", ["model.policy_path=", "data.sft_questions=200",
                                                    "data.rl_questions=50"]).data
     splits = load_splits(data, 0)
@@ -114,7 +114,7 @@ def test_a_config_extends_another_and_the_steps_task_is_tiny_with_its_own_data(t
         assert "Multiply" not in r.question and 6 <= len(r.solution_steps) <= 8
         # the longest prompt and worked solution fit their token budgets (one character a token)
         assert len(r.question) + 1 <= data.max_prompt_tokens
-        assert len("\n".join(r.solution_steps)) + 1 <= steps.grpo.max_new_tokens
+        assert len("\n".join(r.solution_steps)) + 1 <= steps.policy.max_new_tokens
     child = tmp_path / "child.yaml"
     child.write_text("extends: missing.yaml\nrun:\n  name: x\n")
     with pytest.raises(ConfigError, match="missing.yaml"):

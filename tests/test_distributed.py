@@ -129,7 +129,7 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, base, credit):
     2 processes under ZeRO-2 and under ZeRO-3 equals one process's. Sampled at temperature 1
     (a group's samples differ, so the min-form values and the final-answer checks spread), one
     question per generate call so that sampling does not depend on the ranks."""
-    extra = (f"grpo.process_credit={credit}", "grpo.temperature=1.0", "grpo.rollout_questions=1")
+    extra = (f"grpo.process_credit={credit}", "policy.temperature=1.0", "policy.rollout_questions=1")
     one = _grpo_step(1, tmp_path / "p1", base, 2, *extra)
     for stage in (2, 3):
         _same_step(one, _grpo_step(2, tmp_path / f"z{stage}", base, stage, *extra))

@@ -38,7 +38,7 @@ def test_pairs_come_from_the_starting_policy_or_the_current_one(tmp_path, recipe
     for lr in ("0.0", "0.05"):
         torch.manual_seed(0)
         reward = _Recording()
-        run_recipe(tmp_path / lr, recipe, "grpo.steps=3", f"grpo.lr={lr}", reward=reward)
+        run_recipe(tmp_path / lr, recipe, "policy.steps=3", f"policy.lr={lr}", reward=reward)
         texts[lr] = reward.texts
         rows = [r for r in read_metrics(tmp_path / lr / "m.jsonl") if "dpo/pairs" in r]
         assert len(rows) == 3 and all(r["dpo/pairs"] > 0 and r["train/skipped_step"] == 0
@@ -55,15 +55,15 @@ def test_dpo_resumes_bitwise_after_a_crash(tmp_path, recipe):
     """Three steps straight, against the same run crashing at its third reward call and re-run
     with the rewards it had not drawn: the policies end bitwise equal."""
     torch.manual_seed(0)
-    _, final_a = run_recipe(tmp_path / "straight", recipe, "grpo.steps=3", "grpo.lr=0.05")
+    _, final_a = run_recipe(tmp_path / "straight", recipe, "policy.steps=3", "policy.lr=0.05")
     with pytest.raises(RuntimeError, match="simulated crash"):
         torch.manual_seed(0)
-        run_recipe(tmp_path / "crashed", recipe, "grpo.steps=3", "grpo.lr=0.05",
+        run_recipe(tmp_path / "crashed", recipe, "policy.steps=3", "policy.lr=0.05",
                    reward=RandomReward(crash_at=3))
     replay = RandomReward()
     for _ in range(2):
         replay(["q"] * 8, None)
-    _, final_b = run_recipe(tmp_path / "crashed", recipe, "grpo.steps=3", "grpo.lr=0.05",
+    _, final_b = run_recipe(tmp_path / "crashed", recipe, "policy.steps=3", "policy.lr=0.05",
                             reward=replay)
     assert replay.calls == 3  # step 3 only
     a, b = load_file(str(final_a / "model.safetensors")), load_file(str(final_b /
@@ -73,7 +73,7 @@ def test_dpo_resumes_bitwise_after_a_crash(tmp_path, recipe):
 
 def _args(root, recipe, *extra):
     return ["iterate", "--config", "configs/tiny.yaml", f"run.root={root}", "--recipe", recipe,
-            *SMALL, *ITERATE, "iterate.iterations=1", "grpo.steps=3", "grpo.save_every=1",
+            *SMALL, *ITERATE, "iterate.iterations=1", "policy.steps=3", "policy.save_every=1",
             "rm.save_every=1", *extra]
 
 

@@ -17,7 +17,7 @@ KILLS = 20
 
 def _args(root):
     return ["iterate", "--config", "configs/tiny.yaml", f"run.root={root}", *SMALL, *ITERATE,
-            "grpo.save_every=1", "rm.save_every=1"]
+            "policy.save_every=1", "rm.save_every=1"]
 
 
 @pytest.mark.slow

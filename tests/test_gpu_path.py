@@ -52,15 +52,15 @@ def test_a_rollout_and_what_the_step_builds_from_it_are_on_the_engines_device(wa
                                                                                backend):
     """The training engine reports the meta device here (on a GPU: cuda:LOCAL_RANK): the rollout
     of either backend comes out on it (vLLM's is built on the CPU)."""
-    cfg = load_config("configs/tiny.yaml", ["grpo.group_size=2", "grpo.max_new_tokens=8",
-                                            "grpo.supervision=outcome"])
+    cfg = load_config("configs/tiny.yaml", ["policy.group_size=2", "policy.max_new_tokens=8",
+                                            "policy.supervision=outcome"])
     model = load_causal_lm(warm_start).eval()
     tokenizer = load_tokenizer(warm_start)
     engine = SimpleNamespace(device=META, module=model, zero_optimization_stage=lambda: 0)
     sampler = _sampler(engine, None if backend == "hf" else _VLLMLike(model))
     records = load_splits(cfg.data, 0).eval[:2]
     rollout = rollout_step(sampler, tokenizer, prompt_format(cfg.data).prompts(tokenizer, records),
-                           cfg.grpo, (0, 0))
+                           cfg.policy, (0, 0))
     tensors = [rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                rollout.completion_mask, rollout.truncated]
     if backend == "vllm":
@@ -75,15 +75,16 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     CPU rollout, or reading its value, fails. (Only the reward callable, which builds its
     scores from Python numbers, runs outside: `score_step` moves them.)"""
     from policy.algorithms.grpo import advantage_step, log_step, update_step
+    from iteration.resolve import method_spec, policy_stage
     from policy.kit import policy_engines
     from runtime.training import Trainer
     from runtime.tracking import MetricsLogger
 
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", "grpo.group_size=4",
-                                            "grpo.max_new_tokens=12", "grpo.supervision=outcome",
-                                            "deepspeed.micro_batch_size=4", "grpo.mu=2"])
-    g = cfg.grpo
-    tokenizer, plan, engine, reference = policy_engines(cfg, warm_start)
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", "policy.group_size=4",
+                                            "policy.max_new_tokens=12", "policy.supervision=outcome",
+                                            "deepspeed.micro_batch_size=4", "policy.mu=2"])
+    g, stage, spec = cfg.policy, policy_stage(cfg), method_spec(cfg)
+    tokenizer, plan, engine, reference = policy_engines(stage, warm_start)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="",
                            name="")
     trainer = Trainer(tmp_path / "grpo", engine, logger, 1, desc="grpo")
@@ -94,9 +95,10 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     cpu_scores = Scores(rewards=torch.arange(len(rollout.texts)).float() % 3,
                         correct=torch.arange(len(rollout.texts)) % 2 == 0)
     with torch.device("meta"):
-        scores, rewards, broken = score_step(lambda r, o: cpu_scores, records, rollout, g)
-        batch = advantage_step(scores, rewards, broken, rollout, g)
-        stats = update_step(trainer, reference, rollout, batch, g, plan, "test", False)
+        scores, rewards, broken = score_step(lambda r, o: cpu_scores, records, rollout, g,
+                                             stage.shaping)
+        batch = advantage_step(scores, rewards, broken, rollout, spec, g.group_size)
+        stats = update_step(trainer, reference, rollout, batch, g, spec.loss, plan, "test", False)
         metrics = log_step(rollout, scores, rewards, batch, stats, g,
                            {"rollout": 1.0, "scoring": 1.0, "update": 1.0})
     assert stats.grad_norm > 0 and metrics["train/kl"] >= 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from configs import load_config
-from policy.algorithms import train_policy
+from iteration.resolve import method_spec, policy_stage, train_policy
 from policy.algorithms.grpo import advantage_step, refill_step
 from policy.generation.rollout import Rollout
 from policy.kit import Sampled, score_step
@@ -63,7 +63,7 @@ def test_dapo_refill_fills_the_batch_and_counts_the_extra_generations():
     """4 questions per step, G = 4; the first draw has one informative group (question 2);
     each extra round draws 4 new questions, of which two are informative. One round would give
     3, so two rounds are needed: 4 informative groups, 8 extra groups = 32 extra samples."""
-    g = recipe_config("dapo", "grpo.questions_per_step=4", "grpo.group_size=4").grpo
+    g = method_spec(recipe_config("dapo", "policy.questions_per_step=4", "policy.group_size=4"))
     flat, mixed = [1.0] * 4, [1.0, 0.0, 0.0, 0.0]
     first = _sampled(flat + flat + mixed + flat, [0, 1, 2, 3])
     rounds = []
@@ -73,16 +73,16 @@ def test_dapo_refill_fills_the_batch_and_counts_the_extra_generations():
         base = 10 * round_
         return _sampled(mixed + flat + mixed + [0.0] * 4, [base, base + 1, base + 2, base + 3])
 
-    batch = refill_step(first, more, g, pad_id=0)
+    batch = refill_step(first, more, g, 4, pad_id=0)
     assert rounds == [1, 2]
     assert batch.records == [2, 10, 12, 20]  # the informative groups, in draw order
     assert batch.rollout.texts == [str(q) for q in batch.records for _ in range(4)]
     assert batch.stats == {"rollout/refill_rounds": 2.0, "rollout/extra_samples": 32.0,
                            "train/informative_groups": 4.0}
     # the cap: with one round allowed the batch holds 3 informative groups and one flat one
-    capped = refill_step(first, more, recipe_config("dapo", "grpo.questions_per_step=4",
-                                              "grpo.group_size=4",
-                                              "grpo.dynamic_sampling_max_rounds=1").grpo, 0)
+    capped = refill_step(first, more, method_spec(recipe_config(
+        "dapo", "policy.questions_per_step=4", "policy.group_size=4",
+        "grpo.dynamic_sampling_max_rounds=1")), 4, 0)
     assert capped.records == [0, 2, 10, 12] and capped.stats["train/informative_groups"] == 3.0
 
 
@@ -92,8 +92,8 @@ def test_overlong_penalty_reaches_process_advantages():
     (no spread: no signal without the penalty) become 0.5, -0.5 | 0.5, 0.5; normalised over the
     group's 4 steps (mean 0.25, std sqrt(3)/4): 0.5774, -1.7321 | 0.5774, 0.5774. Token t sums
     its step and the later ones."""
-    g = load_config("configs/tiny.yaml", ["grpo.supervision=process", "grpo.group_size=2",
-                                          "grpo.max_new_tokens=10"], recipe="dapo").grpo
+    cfg = load_config("configs/tiny.yaml", ["policy.supervision=process", "policy.group_size=2",
+                                            "policy.max_new_tokens=10"], recipe="dapo")
     rollout = batch_rollout(lengths=[10, 5], width=10, truncated=[True, False])
     step_mask = torch.ones(2, 2, dtype=torch.bool)
     ends = torch.tensor([[4, 9], [1, 4]])
@@ -102,7 +102,8 @@ def test_overlong_penalty_reaches_process_advantages():
         return Scores(rewards=torch.tensor([0.5, 0.5]), step_rewards=torch.full((2, 2), 0.5),
                       step_mask=step_mask, step_end_index=ends)
 
-    scores, rewards, broken = score_step(reward, [None], rollout, g)
+    scores, rewards, broken = score_step(reward, [None], rollout, cfg.policy,
+                                         policy_stage(cfg).shaping)
     assert scores.step_rewards.tolist() == [[0.5, -0.5], [0.5, 0.5]]
     assert rewards.tolist() == [-0.5, 0.5]
     hi, lo = 0.25 / (math.sqrt(3) / 4), -0.75 / (math.sqrt(3) / 4)
@@ -110,12 +111,10 @@ def test_overlong_penalty_reaches_process_advantages():
     assert adv[0].tolist() == pytest.approx([hi + lo] * 5 + [lo] * 5, abs=1e-5)
     assert adv[1].tolist() == pytest.approx([2 * hi] * 2 + [hi] * 3 + [0.0] * 5, abs=1e-5)
     # DAPO's overlong filter keeps the truncated sample out of the loss
-    batch = advantage_step(scores, rewards, broken, rollout,
-                           load_config("configs/tiny.yaml", ["grpo.supervision=process",
-                                                             "grpo.group_size=2",
-                                                             "grpo.max_new_tokens=10",
-                                                             "grpo.dynamic_sampling=false"],
-                                       recipe="dapo").grpo)
+    batch = advantage_step(scores, rewards, broken, rollout, method_spec(load_config(
+        "configs/tiny.yaml", ["policy.supervision=process", "policy.group_size=2",
+                              "policy.max_new_tokens=10", "grpo.dynamic_sampling=false"],
+        recipe="dapo")), 2)
     assert batch.keep.tolist() == [False, True] and batch.loss_mask[0].sum() == 0
 
 
@@ -131,10 +130,10 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     from runtime.training import Trainer
     from small_config import SMALL
 
-    cfg = load_config("configs/tiny.yaml", [*SMALL, "grpo.group_size=3", "grpo.beta=0",
-                                            "grpo.supervision=outcome",
-                                            "grpo.lr=1e-2"], recipe="dapo")
-    g = cfg.grpo
+    cfg = load_config("configs/tiny.yaml", [*SMALL, "policy.group_size=3", "policy.beta=0",
+                                            "policy.supervision=outcome",
+                                            "policy.lr=1e-2"], recipe="dapo")
+    g, spec = cfg.policy, method_spec(cfg)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     plan = plan_grpo_batch(2, 3, 8, 1)
     engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=g.lr,
@@ -147,8 +146,8 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
                       [""] * 6, torch.zeros(6, dtype=torch.bool), 3)
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     live = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
-                          rollout, g)
-    stats = update_step(trainer, None, rollout, live, g, plan, "real step")
+                          rollout, spec, 3)
+    stats = update_step(trainer, None, rollout, live, g, spec.loss, plan, "real step")
     assert stats.skipped == 0.0 and stats.grad_norm > 0
 
     def snapshot():
@@ -160,9 +159,10 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     before = snapshot()
     assert any(v["exp_avg"].abs().sum() > 0 for v in before[1].values())  # momentum to lose
     flat = torch.ones(6)
-    empty = advantage_step(Scores(rewards=flat), flat, torch.zeros(2, dtype=torch.bool), rollout, g)
+    empty = advantage_step(Scores(rewards=flat), flat, torch.zeros(2, dtype=torch.bool), rollout,
+                           spec, 3)
     assert isinstance(empty, StepBatch) and empty.num_sequences == 0
-    stats = update_step(trainer, None, rollout, empty, g, plan, "empty step")
+    stats = update_step(trainer, None, rollout, empty, g, spec.loss, plan, "empty step")
     assert stats.skipped == 1.0
     after = snapshot()
     assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
@@ -178,16 +178,16 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
 def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
     """mu = 2: the second update's ratio is no longer 1, and a large step size pushes ratios
     past 1 + eps_high: the upper clip fraction is > 0 (CISPO: all of its clipping)."""
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from runtime.data import load_splits
     from runtime.tiny_model import build_tiny
     from runtime.tracking import MetricsLogger, read_metrics
     from small_config import SMALL
 
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
-                                            "grpo.eval_every=0", "grpo.mu=2", "grpo.lr=2e-2",
-                                            "run.wandb_mode=disabled", "grpo.supervision=outcome",
-                                            "grpo.inspect_every=0"], recipe=name)
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=2",
+                                            "policy.eval_every=0", "policy.mu=2", "policy.lr=2e-2",
+                                            "run.wandb_mode=disabled", "policy.supervision=outcome",
+                                            "inspect.every=0"], recipe=name)
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
@@ -228,8 +228,8 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
     from runtime.training import Trainer
     from small_config import SMALL
 
-    cfg = load_config("configs/tiny.yaml", [*SMALL, "grpo.group_size=4", "grpo.mini_batches=2",
-                                            "grpo.supervision=outcome"], recipe="gspo")
+    cfg = load_config("configs/tiny.yaml", [*SMALL, "policy.group_size=4", "policy.mini_batches=2",
+                                            "policy.supervision=outcome"], recipe="gspo")
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     plan = plan_grpo_batch(2, 4, 2, 1, 2)
     engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=1e-3,
@@ -256,7 +256,8 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
         return spec.fn(logprobs, old, ref, advantages, mask, **kw)
 
     monkeypatch.setitem(POLICY_LOSSES, "gspo", dataclasses.replace(spec, fn=recording))
-    stats = update_step(trainer, None, rollout, batch, cfg.grpo, plan, "mini-batches")
+    stats = update_step(trainer, None, rollout, batch, cfg.policy, method_spec(cfg).loss, plan,
+                        "mini-batches")
     assert stats.skipped == 0.0
     first, second = 5 + 4 + 2 + 0, 3 + 5 + 4 + 1  # kept tokens of rows 0, 1, 4, (5) / 2, 3, 6, 7
     assert seen == [([0, 1], 3.0, first), ([4, 5], 3.0, first),
@@ -268,7 +269,7 @@ def test_gspo_mini_batches_make_the_sequence_clip_act(tmp_path, supervision):
     """The gspo recipe at mu = 1: its 4 mini-batches are 4 optimizer steps, so the last three
     see a ratio other than 1 and the paper's tight ranges clip sequences (GSPO-token under
     process supervision); with one mini-batch nothing is off-policy and nothing clips."""
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from runtime.data import load_splits
     from runtime.tiny_model import build_tiny
     from runtime.tracking import MetricsLogger, read_metrics
@@ -278,10 +279,10 @@ def test_gspo_mini_batches_make_the_sequence_clip_act(tmp_path, supervision):
     for mini_batches in (4, 1):
         out = tmp_path / str(mini_batches)
         cfg = load_config("configs/tiny.yaml", [
-            f"run.root={out}", *SMALL, "grpo.steps=2", "grpo.eval_every=0", "grpo.lr=1e-2",
-            f"grpo.mini_batches={mini_batches}", "run.wandb_mode=disabled",
-            f"grpo.supervision={supervision}", "grpo.reward=step_oracle",
-            "grpo.inspect_every=0"], recipe="gspo")
+            f"run.root={out}", *SMALL, "policy.steps=2", "policy.eval_every=0", "policy.lr=1e-2",
+            f"policy.mini_batches={mini_batches}", "run.wandb_mode=disabled",
+            f"policy.supervision={supervision}", "policy.reward=step_oracle",
+            "inspect.every=0"], recipe="gspo")
         splits = load_splits(cfg.data, 0)
         base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
         logger = MetricsLogger(out / "m.jsonl", config={}, mode="disabled", project="",
@@ -304,7 +305,7 @@ def test_gspo_mini_batches_make_the_sequence_clip_act(tmp_path, supervision):
 
 
 def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeypatch):
-    """grpo.max_minutes: with 10 s per step and a 25 s budget, three steps run (10, 20, 30 s),
+    """policy.max_minutes: with 10 s per step and a 25 s budget, three steps run (10, 20, 30 s),
     and the seconds spent are part of the state a checkpoint saves."""
     import runtime.training as training
     from runtime.tracking import MetricsLogger
@@ -322,7 +323,7 @@ def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeyp
     assert unlimited.step == 4
 
 
-SMALL = [*BASE, "grpo.eval_every=1"]
+SMALL = [*BASE, "policy.eval_every=1"]
 
 
 class _CrashAt:
@@ -339,9 +340,9 @@ class _CrashAt:
 
 
 def test_grpo_resumes_after_crash(tmp_path):
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=3",
-                                            "grpo.save_every=1", "grpo.eval_every=0",
-                                            "run.wandb_mode=disabled", "grpo.supervision=outcome"])
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=3",
+                                            "policy.save_every=1", "policy.eval_every=0",
+                                            "run.wandb_mode=disabled", "policy.supervision=outcome"])
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
@@ -355,7 +356,7 @@ def test_grpo_resumes_after_crash(tmp_path):
     assert (tmp_path / "grpo" / "final" / "config.json").exists()
 
 
-@pytest.mark.parametrize("extra", [["grpo.mu=1"], ["grpo.mu=2"], ["grpo.algorithm=ppo"]],
+@pytest.mark.parametrize("extra", [["policy.mu=1"], ["policy.mu=2"], ["policy.algorithm=ppo"]],
                          ids=["grpo", "grpo-mu2", "ppo"])
 def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extra):
     """A stage's first step, from its reference, runs no reference forward (the policy's own
@@ -364,7 +365,7 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
     import shutil
 
     import policy.algorithms.grpo
-    import policy.critic
+    import policy.actor_critic
     import policy.kit
 
     calls = {"reference": 0}
@@ -374,11 +375,11 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
         calls["reference"] += 1
         return forward(model, rollout, micro, *args)
 
-    for module in (policy.kit, policy.algorithms.grpo, policy.critic):  # where it is called
+    for module in (policy.kit, policy.algorithms.grpo, policy.actor_critic):  # where it is called
         monkeypatch.setattr(module, "forward_logprobs", counting)
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
-                                            "grpo.eval_every=0", "run.wandb_mode=disabled",
-                                            "grpo.supervision=outcome", *extra])
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=2",
+                                            "policy.eval_every=0", "run.wandb_mode=disabled",
+                                            "policy.supervision=outcome", *extra])
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     copy = shutil.copytree(base, tmp_path / "copy")

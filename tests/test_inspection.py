@@ -15,7 +15,7 @@ from policy.math.advantages import normalised_step_rewards
 from policy.math.losses import POLICY_LOSSES
 from policy.rewards import Scores, grade_samples
 from policy.generation.rollout import Rollout
-from policy.algorithms import train_policy
+from iteration.resolve import train_policy
 from runtime.data import MathRecord, load_splits
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.tiny_model import build_tiny
@@ -66,12 +66,12 @@ def _sample_rows(rows):
 def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch, supervision):
     """`anchored`: process supervision in the anchored credit form (its normalised values carry
     the outcome part in an extra column; the table shows the steps' own)."""
-    credit = ["grpo.supervision=process", "grpo.process_credit=anchored"] \
-        if supervision == "anchored" else [f"grpo.supervision={supervision}"]
+    credit = ["policy.supervision=process", "grpo.process_credit=anchored"] \
+        if supervision == "anchored" else [f"policy.supervision={supervision}"]
     cfg = load_config("configs/tiny.yaml", [
-        f"run.root={tmp_path}", *SMALL, "grpo.steps=2", "grpo.eval_every=0",
-        "grpo.max_new_tokens=40", "deepspeed.micro_batch_size=8", "grpo.inspect_every=1",
-        "grpo.inspect_groups=2", "grpo.inspect_samples=4", *credit, "run.wandb_mode=offline"])
+        f"run.root={tmp_path}", *SMALL, "policy.steps=2", "policy.eval_every=0",
+        "policy.max_new_tokens=40", "deepspeed.micro_batch_size=8", "inspect.every=1",
+        "inspect.groups=2", "inspect.samples=4", *credit, "run.wandb_mode=offline"])
     splits = load_splits(cfg.data, 0)
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     tokenizer = load_tokenizer(base)
@@ -162,14 +162,14 @@ def test_rows_by_hand():
     advantages = torch.tensor([[-0.70711, -0.70711, -1.41421, -1.41421], [0.70711] * 3 + [0.0]])
     records = [MathRecord("q", "1", ("1",), "synthetic:0:7")] * 2
     rows = inspection.advantage_rows(5, records, rollout, scores, scores.rewards, advantages,
-                                     normalised, tokenizer, [0, 1], "process")
+                                     normalised, tokenizer, [0, 1], True)
     assert [(r["sample"], r["step_index"], r["step_text"], r["token_start"], r["token_end"])
             for r in rows] == [(0, 0, "ab", 0, 1), (0, 1, "cd", 2, 3), (1, 0, "efg", 0, 2)]
     assert [r["advantage"] for r in rows] == pytest.approx([-0.70711, -1.41421, 0.70711])
     assert [r["step_score"] for r in rows] == [1.0, 0.0, 1.0]
     assert rows[0]["question_id"] == "synthetic:0:7" and rows[2]["correct"] is True
     page = inspection.render_html(5, records, rollout, advantages, rows, tokenizer, [0, 1],
-                                  "process")
+                                  True)
     assert page.count("class='step-end'") == 3
     assert len(re.findall(r"title='token \d+, A=", page)) == 7  # every real token, no padding
     assert "rgba(210,50,50" in page and "rgba(34,160,70" in page  # red and green both used

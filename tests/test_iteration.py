@@ -140,8 +140,8 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
 
     # A changed config refuses to resume, naming the key.
     capsys.readouterr()
-    assert _iterate(tmp_path / "b", "grpo.beta=0.1") == 2
-    assert "grpo.beta" in capsys.readouterr().err
+    assert _iterate(tmp_path / "b", "policy.beta=0.1") == 2
+    assert "policy.beta" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -219,7 +219,7 @@ def test_iterate_runs_ppo_with_a_critic_from_the_reward_model(tmp_path):
     from runtime.models import load_tokenizer
 
     assert _iterate(tmp_path, "--recipe", "ppo", "ppo.critic_init=reward_model",
-                    "iterate.iterations=1", "grpo.supervision=process") == 0
+                    "iterate.iterations=1", "policy.supervision=process") == 0
     run = tmp_path / "tiny"
     summary = json.loads((run / "summary.json").read_text())
     assert [entry["iteration"] for entry in summary["iterations"]] == [0, 1]

@@ -1,6 +1,6 @@
 """Slow end-to-end runs that show learning, from the shipped tiny warm start.
 
-GRPO is compared with the shuffled-reward control (`grpo.shuffle_rewards`: each step's rewards
+GRPO is compared with the shuffled-reward control (`controls.shuffle_rewards`: each step's rewards
 permuted over its samples, so that no reward belongs to its own sample), the same steps on the
 same questions, evaluated on the same held-out questions with the same sampling noise. A gain
 the control does not show comes from the rewards, not from the steps, the KL term or chance
@@ -20,7 +20,7 @@ import torch
 
 from configs import load_config
 from policy.evaluate import evaluate_policy
-from policy.algorithms import train_policy
+from iteration.resolve import train_policy
 from policy.rewards import RuleReward
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
@@ -28,9 +28,9 @@ from runtime.prompts import prompt_format
 from runtime.stats import paired_difference
 from runtime.tracking import MetricsLogger
 
-GRPO = ["grpo.steps=15", "grpo.questions_per_step=8", "grpo.group_size=8", "grpo.lr=5e-5",
-        "grpo.eval_every=0", "grpo.save_every=1000", "data.eval_questions=200",
-        "run.wandb_mode=disabled", "run.threads=2", "eval.k=4", "grpo.supervision=outcome"]
+GRPO = ["policy.steps=15", "policy.questions_per_step=8", "policy.group_size=8", "policy.lr=5e-5",
+        "policy.eval_every=0", "policy.save_every=1000", "data.eval_questions=200",
+        "run.wandb_mode=disabled", "run.threads=2", "eval.k=4", "policy.supervision=outcome"]
 
 
 def _grpo(warm_start: Path, out: Path, *extra: str, recipe: str | None = None) -> Path:
@@ -67,7 +67,7 @@ VLLM_LEARNING = pytest.mark.skipif(
 @pytest.mark.slow
 def test_grpo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, before, tmp_path):
     after = _mean_at_k(_grpo(warm_start, tmp_path / "grpo"), tmp_path / "after.json")
-    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "grpo.shuffle_rewards=true"),
+    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "controls.shuffle_rewards=true"),
                          tmp_path / "control.json")
     gain, drift = paired_difference(before, after), paired_difference(before, control)
     print(f"mean@4 {sum(before) / 200:.3f} -> GRPO {sum(after) / 200:.3f} ({gain}), "
@@ -96,7 +96,7 @@ def test_ppo_raises_mean_at_k_beyond_the_shuffled_reward_control(warm_start, bef
     steps: mean@4 0.626 -> 0.730 [+6.4, +14.5 points], the control 0.627 [-3.0, +3.1]; at 30:
     0.761, the control 0.583."""
     after = _mean_at_k(_grpo(warm_start, tmp_path / "ppo", recipe="ppo"), tmp_path / "after.json")
-    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "grpo.shuffle_rewards=true",
+    control = _mean_at_k(_grpo(warm_start, tmp_path / "control", "controls.shuffle_rewards=true",
                                recipe="ppo"), tmp_path / "control.json")
     gain, drift = paired_difference(before, after), paired_difference(before, control)
     print(f"mean@4 {sum(before) / 200:.3f} -> PPO {sum(after) / 200:.3f} ({gain}), "

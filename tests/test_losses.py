@@ -249,7 +249,7 @@ def test_gspo_token_equals_gspo_when_a_sequence_shares_its_advantage():
 
 
 def test_gspo_under_process_supervision_is_gspo_token():
-    from policy.math.losses import policy_loss
+    from iteration.resolve import policy_loss
 
     assert policy_loss("gspo", "process") is POLICY_LOSSES["gspo_token"]
     assert policy_loss("gspo", "outcome") is POLICY_LOSSES["gspo"]

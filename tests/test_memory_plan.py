@@ -14,7 +14,7 @@ def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
     """The 7B recipe sampled by our decoding loop (`rollout.backend=hf`) instead of vLLM, with
     evaluation and labelling calls of the decoding loop's sizes (the recipe's vLLM-sized calls,
     1,024 samples and 512 continuations, would need 600 GiB of KV cache here: refused)."""
-    hf = ["rollout.backend=hf", "grpo.rollout_questions=1", "eval.batch_size=64",
+    hf = ["rollout.backend=hf", "policy.rollout_questions=1", "eval.batch_size=64",
           "label.prefixes_per_batch=8"]
     assert "over in labelling, evaluation: sampling" in verdict(
         plan(load_config("configs/deepseekmath_7b.yaml", hf[:2]), 8, 1, 256)[1], 141)
@@ -30,7 +30,7 @@ def test_seven_b_plan_by_hand_with_the_decoding_loop(capsys, tmp_path):
     # bytes a partitioned param
     assert by_item["policy model states"] == gpu + 2 * arch.params / 8
     # 16 x 64 = 1,024 samples over 8 GPUs = 2 questions per GPU, generated one question
-    # (grpo.rollout_questions=1) at a time: 64 sequences of 256 + 1,024 tokens, bf16 K and V.
+    # (policy.rollout_questions=1) at a time: 64 sequences of 256 + 1,024 tokens, bf16 K and V.
     assert by_item["rollout: KV cache"] == 64 * 1280 * 30 * 2 * 32 * 128 * 2
     assert by_item["whole policy"] == 2 * arch.params
     # Gradient checkpointing: each layer's bf16 input kept, one layer rebuilt at a time; the
@@ -102,7 +102,7 @@ def test_seven_b_recipe_fits_eight_80_gb_gpus_at_every_phase_on_vllm(capsys):
 
 
 def test_two_nodes_halve_the_partitioned_states():
-    cfg = load_config("configs/deepseekmath_7b.yaml", ["grpo.rollout_questions=0",
+    cfg = load_config("configs/deepseekmath_7b.yaml", ["policy.rollout_questions=0",
                                                        "rollout.backend=hf"])
     one = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 1)[0])
     two = dict((r.item, r.gpu_bytes) for r in plan(cfg, 8, 2)[0])

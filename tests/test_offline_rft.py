@@ -8,20 +8,20 @@ from configs import load_config
 
 
 def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
-    """The starting policy is sampled once (grpo.steps x questions x G samples, graded by the
+    """The starting policy is sampled once (policy.steps x questions x G samples, graded by the
     rule), only the right ones are fine-tuned on, and a rerun samples nothing again."""
     import json
 
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.models import load_causal_lm
     from runtime.tracking import MetricsLogger, read_metrics
     from small_config import SMALL
 
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=2",
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=2",
                                             "model.policy_path=bundled:tiny_warm_start",
-                                            "grpo.max_new_tokens=112",
+                                            "policy.max_new_tokens=112",
                                             "run.wandb_mode=disabled"], recipe="offline_rft")
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
@@ -57,6 +57,7 @@ def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path
     import json
 
     import policy.algorithms.offline_rft as offline_rft
+    from iteration.resolve import method_spec, policy_stage
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from small_config import SMALL
@@ -64,18 +65,18 @@ def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path
     assert offline_rft.budget_split(4, 0.5, 150.0) == (120.0, 90.0)
     assert offline_rft.budget_split(4, 0.5, 300.0)[1] == 1e-3  # overspent: one step still runs
     assert offline_rft.budget_split(0, 0.5, 999.0) == (float("inf"), 0.0)  # no budget
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.steps=6",
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=6",
                                             "model.policy_path=bundled:tiny_warm_start",
-                                            "grpo.max_minutes=4", "run.wandb_mode=disabled"],
+                                            "policy.max_minutes=4", "run.wandb_mode=disabled"],
                       recipe="offline_rft")
     clock = iter(range(0, 100_000, 50))  # a step reads the clock twice: 50 s each
     monkeypatch.setattr(offline_rft, "perf_counter", lambda: float(next(clock)))
-    rows = offline_rft.sample_once(cfg, tmp_path, cfg.model.policy_path, RuleReward(),
+    rows = offline_rft.sample_once(policy_stage(cfg), method_spec(cfg), tmp_path, cfg.model.policy_path, RuleReward(),
                                    load_splits(cfg.data, 0).rl)
     assert sorted({r["step"] for r in rows}) == [0, 1, 2]
     assert offline_rft.sampled_seconds(rows) == 150.0
     # resumed: the seconds already spent count, so nothing more is drawn
-    again = offline_rft.sample_once(cfg, tmp_path, cfg.model.policy_path, RuleReward(),
+    again = offline_rft.sample_once(policy_stage(cfg), method_spec(cfg), tmp_path, cfg.model.policy_path, RuleReward(),
                                     load_splits(cfg.data, 0).rl)
     assert again == rows
     assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == len(rows)

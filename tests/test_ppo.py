@@ -18,7 +18,7 @@ from small_runs import RandomReward, run_recipe
 
 @pytest.mark.parametrize("recipe", ["ppo", "vc_ppo", "vapo", "t_ppo"])
 def test_every_value_recipe_trains_the_policy_and_the_critic(tmp_path, recipe):
-    base, final = run_recipe(tmp_path, recipe, "grpo.steps=2", "ppo.value_pretrain_steps=2"
+    base, final = run_recipe(tmp_path, recipe, "policy.steps=2", "ppo.value_pretrain_steps=2"
                        if recipe in ("vc_ppo", "vapo") else "ppo.value_pretrain_steps=0",
                        "ppo.window_share=0.5" if recipe == "t_ppo" else "run.threads=2")
     rows = read_metrics(tmp_path / "m.jsonl")
@@ -49,16 +49,16 @@ def test_ppo_resumes_bitwise_after_a_crash(tmp_path):
     crashing at its fourth reward call (PPO step 2) and re-run: the policy and the critic end
     bitwise equal, and the resumed run draws only the samples it had not finished."""
     straight = tmp_path / "straight"
-    _, final_a = run_recipe(straight, "vapo", "grpo.steps=3", "ppo.value_pretrain_steps=2")
+    _, final_a = run_recipe(straight, "vapo", "policy.steps=3", "ppo.value_pretrain_steps=2")
     crashed = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_recipe(crashed, "vapo", "grpo.steps=3", "ppo.value_pretrain_steps=2",
+        run_recipe(crashed, "vapo", "policy.steps=3", "ppo.value_pretrain_steps=2",
              reward=RandomReward(crash_at=4))
     # the same stream of rewards, past the 3 draws of the finished steps (2 pretraining, 1 PPO)
     replay = RandomReward()
     for _ in range(3):
         replay(["q"] * 8, None)
-    _, final_b = run_recipe(crashed, "vapo", "grpo.steps=3", "ppo.value_pretrain_steps=2",
+    _, final_b = run_recipe(crashed, "vapo", "policy.steps=3", "ppo.value_pretrain_steps=2",
                       reward=replay)
     assert replay.calls == 5  # PPO steps 2 and 3 only
     for name in ("final", "critic"):
@@ -73,7 +73,7 @@ def test_ppo_resumes_bitwise_after_a_crash(tmp_path):
 def test_critic_from_the_reward_model_starts_at_its_logit_margin(tmp_path):
     """A critic initialised from a reward model with the head lm_head['+'] - lm_head['-'] values
     every state at the reward model's logit margin there."""
-    from policy.critic import critic_from
+    from policy.actor_critic import critic_from
     from runtime.tiny_model import build_tokenizer
 
     cfg = load_config("configs/tiny.yaml", [*SMALL])
@@ -102,7 +102,7 @@ class _NaNFirst(RandomReward):
 def test_a_non_finite_reward_is_dropped_not_trained_on(tmp_path, recipe):
     """PPO and T-PPO score through GRPO's scoring step: a NaN reward's group (T-PPO: its row)
     leaves the loss and is counted, and the step trains on the rest."""
-    run_recipe(tmp_path, recipe, "grpo.steps=2", "ppo.value_pretrain_steps=0",
+    run_recipe(tmp_path, recipe, "policy.steps=2", "ppo.value_pretrain_steps=0",
          *(["ppo.window_share=1.0"] if recipe == "t_ppo" else []), reward=_NaNFirst())
     rows = read_metrics(tmp_path / "m.jsonl")
     assert [r["reward/nonfinite_groups"] for r in rows] == [1.0, 1.0]
@@ -115,15 +115,15 @@ def test_a_non_finite_reward_is_dropped_not_trained_on(tmp_path, recipe):
 def test_what_the_value_family_cannot_combine_with_fails_at_load():
     from configs import ConfigError
 
-    assert load_config("configs/tiny.yaml", recipe="t_ppo").grpo.supervision == "outcome"
-    with pytest.raises(ConfigError, match="window_share=0.125 .T-PPO. runs with grpo.supervision"
+    assert load_config("configs/tiny.yaml", recipe="t_ppo").policy.supervision == "outcome"
+    with pytest.raises(ConfigError, match="window_share=0.125 .T-PPO. runs with policy.supervision"
                                           "=outcome and rollout.backend=hf; got process"):
-        load_config("configs/tiny.yaml", ["grpo.supervision=process"], recipe="t_ppo")
+        load_config("configs/tiny.yaml", ["policy.supervision=process"], recipe="t_ppo")
     with pytest.raises(ConfigError, match="online RFT has no critic"):
-        load_config("configs/tiny.yaml", ["grpo.supervision=rft"], recipe="ppo")
+        load_config("configs/tiny.yaml", ["policy.supervision=rft"], recipe="ppo")
     with pytest.raises(ConfigError, match="ppo.lam_actor / lam_critic = 1.5 / 0.95"):
         load_config("configs/tiny.yaml", ["ppo.lam_actor=1.5"], recipe="ppo")
-    with pytest.raises(ConfigError, match="grpo.algorithm=ppo with ppo.window_share=0.5: T-PPO"):
+    with pytest.raises(ConfigError, match="policy.algorithm=ppo with ppo.window_share=0.5: T-PPO"):
         load_config("configs/tiny.yaml", ["ppo.window_share=0.5"], recipe="ppo")
-    with pytest.raises(ConfigError, match="grpo.algorithm=t_ppo with ppo.window_share=0.0"):
+    with pytest.raises(ConfigError, match="policy.algorithm=t_ppo with ppo.window_share=0.0"):
         load_config("configs/tiny.yaml", ["ppo.window_share=0"], recipe="t_ppo")

@@ -84,8 +84,8 @@ def test_prompts_get_one_bos_as_the_tokenizer_adds_it():
 # GRPO) for each shipped config with its model swapped for a tiny random one of the same
 # architecture over the GPT-2 tokenizer; tiny.yaml runs a third family on GSM8K.
 SHIPPED_ARCHITECTURES = STAND_INS
-FEW = ["grpo.steps=1", "grpo.questions_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=16",
-       "grpo.rollout_questions=1", "deepspeed.micro_batch_size=4", "eval.max_new_tokens=16",
+FEW = ["policy.steps=1", "policy.questions_per_step=2", "policy.group_size=4", "policy.max_new_tokens=16",
+       "policy.rollout_questions=1", "deepspeed.micro_batch_size=4", "eval.max_new_tokens=16",
        "eval.k=2", "eval.batch_size=8", "data.eval_questions=4", "label.questions=3",
        "label.samples_per_question=2", "label.num_completions=2", "label.max_new_tokens=16",
        "rm.batch_size=4", "rm.bon_questions=2", "rm.bon_samples=2", "iterate.iterations=1",

@@ -10,6 +10,7 @@ import torch
 from configs import load_config
 from runtime.tracking import read_metrics
 from configs.loader import ConfigError, RECIPE_KEYS, recipes
+from iteration.resolve import method_spec
 from policy.algorithms.grpo import advantage_step
 from policy.math.losses import POLICY_LOSSES
 from policy.rewards import Scores
@@ -67,11 +68,11 @@ def _by_hand(name):
 @pytest.mark.parametrize("name", ["grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po"])
 def test_each_recipe_objective_and_advantages_by_hand(name):
     cfg = recipe_config(name)
-    g = cfg.grpo
+    g = cfg.policy
     rollout = batch_rollout()
     rewards = torch.tensor(REWARDS, dtype=torch.float64)
     batch = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
-                           rollout, g)
+                           rollout, method_spec(cfg), g.group_size)
     adv, objective = _by_hand(name)
     assert batch.advantages[:, 0].tolist() == pytest.approx(adv, abs=1e-5)
     # Token advantages: the sample's advantage on its tokens, 0 on padding.
@@ -87,17 +88,19 @@ def test_each_recipe_objective_and_advantages_by_hand(name):
 
 
 def test_recipe_settings_are_the_papers():
-    dapo = recipe_config("dapo").grpo
-    assert (dapo.beta, dapo.clip_eps, dapo.clip_eps_high, dapo.loss) == (0.0, 0.2, 0.28, "dapo")
-    assert dapo.dynamic_sampling and dapo.overlong_filter and dapo.overlong_buffer_share == 0.2
-    gpg = recipe_config("gpg").grpo
-    assert (gpg.loss, gpg.scale_by_std, gpg.zero_group_correction, gpg.beta) == \
-        ("gpg", False, True, 0.0)
-    grpo = recipe_config("grpo").grpo
+    dapo = recipe_config("dapo")
+    assert (dapo.policy.beta, dapo.policy.clip_eps, dapo.policy.clip_eps_high,
+            dapo.policy.loss) == (0.0, 0.2, 0.28, "dapo")
+    assert dapo.grpo.dynamic_sampling and dapo.grpo.overlong_filter
+    assert dapo.grpo.overlong_buffer_share == 0.2
+    gpg = recipe_config("gpg")
+    assert (gpg.policy.loss, gpg.grpo.scale_by_std, gpg.grpo.zero_group_correction,
+            gpg.policy.beta) == ("gpg", False, True, 0.0)
+    grpo = recipe_config("grpo").policy
     assert (grpo.beta, grpo.clip_eps, grpo.mu, grpo.loss) == (0.04, 0.2, 1, "grpo")
     rft = load_config("configs/tiny.yaml", [], recipe="online_rft")
-    assert (rft.grpo.supervision, rft.grpo.beta, rft.iterate.reward) == ("rft", 0.0, "rule")
-    assert recipe_config("offline_rft").grpo.algorithm == "offline_rft"
+    assert (rft.policy.supervision, rft.policy.beta, rft.iterate.reward) == ("rft", 0.0, "rule")
+    assert recipe_config("offline_rft").policy.algorithm == "offline_rft"
 
 
 def test_recipe_composes_with_any_base_and_owns_its_keys(tmp_path):
@@ -105,18 +108,18 @@ def test_recipe_composes_with_any_base_and_owns_its_keys(tmp_path):
     base's scale alone; a base file that chose another loss is reset to the recipe's."""
     base = tmp_path / "base.yaml"
     base.write_text(open("configs/tiny.yaml").read().replace(
-        "  beta: 0.04\n", "  beta: 0.5\n  loss: cispo\n  overlong_penalty: 3.0\n"))
+        "  beta: 0.04\n", "  beta: 0.5\n  loss: cispo\n") + "grpo:\n  overlong_penalty: 3.0\n")
     tiny = load_config(base, [], recipe="dapo")
     big = load_config("configs/deepseekmath_7b.yaml", [], recipe="dapo")
     for key in RECIPE_KEYS:
         section, name = key.split(".")
         assert tiny[section][name] == big[section][name], key
-    assert tiny.grpo.group_size == 64 and tiny.grpo.lr == 2.0e-5
-    assert big.grpo.lr != tiny.grpo.lr and tiny.run.recipe == "dapo"
-    assert load_config(base, []).grpo.loss == "cispo"  # the file's own without a recipe
+    assert tiny.policy.group_size == 64 and tiny.policy.lr == 2.0e-5
+    assert big.policy.lr != tiny.policy.lr and tiny.run.recipe == "dapo"
+    assert load_config(base, []).policy.loss == "cispo"  # the file's own without a recipe
     # the command line still wins over the recipe, and the file may name the recipe
-    assert load_config("configs/tiny.yaml", ["grpo.beta=0.1"], recipe="dapo").grpo.beta == 0.1
-    assert load_config("configs/tiny.yaml", ["run.recipe=gpg"]).grpo.loss == "gpg"
+    assert load_config("configs/tiny.yaml", ["policy.beta=0.1"], recipe="dapo").policy.beta == 0.1
+    assert load_config("configs/tiny.yaml", ["run.recipe=gpg"]).policy.loss == "gpg"
     with pytest.raises(ConfigError, match="recipe 'dapoo'.*the recipes are c3po"):
         load_config("configs/tiny.yaml", [], recipe="dapoo")
     assert set(recipes()) == {"grpo", "r1", "dr_grpo", "dapo", "gpg", "cispo", "c3po",
@@ -131,7 +134,7 @@ def test_every_shipped_recipe_trains_a_step(tmp_path, recipe):
     (value pretraining cut to 1 step where the recipe asks for some; T-PPO takes 7, its windows
     of 2 of the small run's 12 tokens ending the first sequences at the 6th)."""
     pretrain = load_config("configs/tiny.yaml", recipe=recipe).ppo.value_pretrain_steps
-    base, final = run_recipe(tmp_path, recipe, f"grpo.steps={7 if recipe == 't_ppo' else 1}",
+    base, final = run_recipe(tmp_path, recipe, f"policy.steps={7 if recipe == 't_ppo' else 1}",
                              f"ppo.value_pretrain_steps={min(pretrain, 1)}")
     row = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r][-1]
     assert torch.isfinite(torch.tensor(row["train/loss"]))

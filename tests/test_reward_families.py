@@ -233,17 +233,17 @@ def families(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["trl_prm", "qwen_prm", "tag_lm_prm", "orm"])
 def test_grpo_runs_rewarded_by_each_family(tmp_path, families, name):
-    """`igrpo grpo grpo.reward=rm rm.path=...`: process supervision by each PRM family (step
+    """`igrpo grpo policy.reward=rm rm.path=...`: process supervision by each PRM family (step
     rewards at the policy's step ends), outcome supervision by the ORM; the logged rewards are
     the reward model's probabilities, not the rule's 0/1."""
     path, extra = families[name]
     supervision = "outcome" if name == "orm" else "process"
     assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
-                       "run.name=g", "grpo.reward=rm", f"rm.path={path}",
-                       f"grpo.supervision={supervision}", "grpo.steps=2",
-                       "grpo.questions_per_step=2", "grpo.group_size=4", "grpo.eval_every=0",
+                       "run.name=g", "policy.reward=rm", f"rm.path={path}",
+                       f"policy.supervision={supervision}", "policy.steps=2",
+                       "policy.questions_per_step=2", "policy.group_size=4", "policy.eval_every=0",
                        "data.eval_questions=4", "eval.k=2", "run.threads=2",
-                       "run.wandb_mode=disabled", "grpo.inspect_every=0", *extra]) == 0
+                       "run.wandb_mode=disabled", "inspect.every=0", *extra]) == 0
     rows = [r for r in read_metrics(tmp_path / "g" / "grpo" / "metrics.jsonl")
             if "reward/mean" in r]
     assert len(rows) == 2

@@ -39,7 +39,7 @@ def test_shared_prefill_equals_plain_generate(tmp_path):
 
 
 def test_rollout_in_chunks_equals_one_call(tmp_path):
-    """`grpo.rollout_questions`: generating question by question and re-padding gives the same
+    """`policy.rollout_questions`: generating question by question and re-padding gives the same
     samples, masks and log-probs as one call (greedy)."""
     model, tok = _tiny(tmp_path)
     whole = generate_groups(model, tok, PROMPTS, 2, max_new_tokens=12, greedy=True)

@@ -11,7 +11,7 @@ from runtime.tracking import read_metrics
 from small_config import SMALL as BASE
 
 
-SMALL = [*BASE, "grpo.eval_every=1"]
+SMALL = [*BASE, "policy.eval_every=1"]
 
 
 def _weights_differ(a, b) -> bool:

@@ -12,7 +12,7 @@ from runtime.tracking import read_metrics
 from wandb_offline import read_offline_run
 from small_config import SMALL as BASE
 
-SMALL = [*BASE, "grpo.eval_every=1"]
+SMALL = [*BASE, "policy.eval_every=1"]
 STEP_METRICS = [
     "reward/mean", "reward/std", "reward/zero_std_groups", "reward/accuracy", "rollout/length_mean",
     "rollout/truncation_rate", "train/kl", "train/clip_fraction", "train/entropy",
@@ -43,8 +43,8 @@ def test_cli_sft_then_grpo_process(tmp_path):
     vals = [r["val/greedy_accuracy"] for r in sft_rows if "val/greedy_accuracy" in r]
     assert _weights_differ(run / "base", best) == (max(vals[1:]) > vals[0])
     assert not (run / "sft" / "final").exists()  # only with sft.export_final
-    assert igrpo.main(["grpo", *_args(tmp_path, "grpo.supervision=process",
-                                      "grpo.reward=step_oracle")]) == 0
+    assert igrpo.main(["grpo", *_args(tmp_path, "policy.supervision=process",
+                                      "policy.reward=step_oracle")]) == 0
     rows = read_metrics(run / "grpo" / "metrics.jsonl")
     # GRPO moved the warm start exactly when some step had a gradient (a random model's
     # samples may all be wrong: equal rewards, zero advantages, and a zero KL gradient).
@@ -61,7 +61,7 @@ def test_cli_sft_then_grpo_process(tmp_path):
     assert [r["_step"] for r in offline["history"]] == [0, 1, 2]
     for key in STEP_METRICS:
         assert offline["history"][-1][key] == pytest.approx(rows[-1][key]), key
-    assert offline["config"]["grpo"]["reward"] == "step_oracle"  # the resolved config, verbatim
+    assert offline["config"]["policy"]["reward"] == "step_oracle"  # the resolved config, verbatim
     # The synthetic task has a step oracle: trace accuracy joins the final evaluation, in wandb.
     assert offline["history"][-1]["eval/trace_accuracy"] == rows[-1]["eval/trace_accuracy"]
     assert (run / "config.yaml").exists() and (run / "grpo" / "config.yaml").exists()

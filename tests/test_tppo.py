@@ -28,7 +28,7 @@ def test_tppo_windows_carry_unfinished_sequences_and_filter_ended_ones(tmp_path)
     assert rollout.completion_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]]
     assert rollout.prompt_ids.tolist() == [[9, 9], [0, 9], [9, 9]]
 
-    window_args = ("grpo.steps=3", "ppo.window_share=0.34")  # 4 tokens of 12
+    window_args = ("policy.steps=3", "ppo.window_share=0.34")  # 4 tokens of 12
     _, final_a = run_recipe(tmp_path / "straight", "t_ppo", *window_args)
     rows = read_metrics(tmp_path / "straight" / "m.jsonl")
     assert all(0 < r["tppo/window_tokens"] <= 8 * 4 for r in rows)

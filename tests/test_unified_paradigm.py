@@ -110,12 +110,12 @@ def test_offline_rft_coefficient_is_the_indicator_of_a_right_sample(batch):
 
 
 def test_online_rft_coefficient_is_the_indicator_per_sequence(batch):
-    """Online RFT (grpo.supervision=rft, beta 0): GC = I(o), under the paper's 1/G 1/|o|."""
+    """Online RFT (policy.supervision=rft, beta 0): GC = I(o), under the paper's 1/G 1/|o|."""
     model, rollout, mask = batch
     logprobs = _logprobs(model, rollout)
     rewards = torch.tensor(REWARDS)
     norm = GroupNorm(4, True, False, 1e-6, 0.0)
-    advantages, _ = ADVANTAGE_ESTIMATORS["rft"](rewards, None, None, None, mask.shape[1], norm)
+    advantages, _ = ADVANTAGE_ESTIMATORS["rft"](rewards, mask.shape[1], norm)
     out = POLICY_LOSSES["grpo"].fn(logprobs, logprobs.detach(), None, advantages * mask, mask,
                                    clip_eps_low=0.2, clip_eps_high=0.2, beta=0.0,
                                    num_sequences=4, num_tokens=float(mask.sum()),
@@ -188,8 +188,8 @@ def test_grpo_coefficient_is_the_group_advantage_plus_the_k3_gradient(batch):
                                                 .manual_seed(3))
     beta = 0.04
     norm = GroupNorm(4, True, False, 1e-6, 0.0)
-    advantages, _ = ADVANTAGE_ESTIMATORS["outcome"](torch.tensor(REWARDS), None, None, None,
-                                                    mask.shape[1], norm)
+    advantages, _ = ADVANTAGE_ESTIMATORS["outcome"](torch.tensor(REWARDS), mask.shape[1],
+                                                    norm)
     out = POLICY_LOSSES["grpo"].fn(logprobs, logprobs.detach(), ref, advantages * mask, mask,
                                    clip_eps_low=0.2, clip_eps_high=0.2, beta=beta,
                                    num_sequences=4, num_tokens=float(mask.sum()),

@@ -11,7 +11,7 @@ import pytest
 import recording_vllm
 from recording_vllm import EVENTS, recorded, recording
 
-VLLM = ["rollout.backend=vllm", "run.wandb_mode=disabled", "grpo.inspect_every=0"]
+VLLM = ["rollout.backend=vllm", "run.wandb_mode=disabled", "inspect.every=0"]
 NEVER_BESIDE_THE_POOL = {"gather", "score", "update", "rm-train", "rm-score", "export"}
 
 
@@ -59,10 +59,10 @@ def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path)
     import igrpo
 
     assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
-                       "grpo.steps=2", "grpo.questions_per_step=2", "grpo.group_size=4",
-                       "grpo.max_new_tokens=8", "eval.max_new_tokens=8", "eval.k=2",
-                       "data.eval_questions=2", "grpo.supervision=outcome", "grpo.reward=rule",
-                       "grpo.eval_every=0"]) == 0
+                       "policy.steps=2", "policy.questions_per_step=2", "policy.group_size=4",
+                       "policy.max_new_tokens=8", "eval.max_new_tokens=8", "eval.k=2",
+                       "data.eval_questions=2", "policy.supervision=outcome", "policy.reward=rule",
+                       "policy.eval_every=0"]) == 0
     assert _beside_the_pool(recorder) == []
     names = _names(recorder)
     first_update = names.index("update")

@@ -22,9 +22,9 @@ from fault_injection import Zygote, kill_and_resume, kill_targets, unit_timeline
 from launch import ENV, ROOT, bare_ranks, torchrun
 from small_config import ITERATE, SMALL
 
-ITERATE_ARGS = [*SMALL, *ITERATE, "run.threads=1", "grpo.save_every=1", "rm.save_every=1",
+ITERATE_ARGS = [*SMALL, *ITERATE, "run.threads=1", "policy.save_every=1", "rm.save_every=1",
                 # each question's G samples seeded alone: the rollout is the same on 1 or 2 ranks
-                "grpo.rollout_questions=1"]
+                "policy.rollout_questions=1"]
 """`iterate` at the tests' small settings; `rm.val_fraction` and `rm.calibration_examples` stay at
 their defaults and configs/tiny.yaml turns the likelihood feature on, so both reward models
 validate and calibrate, the phases that stopped ZeRO-3 runs."""
@@ -136,7 +136,7 @@ def test_iterate_on_two_processes_equals_one(iterate_runs, stage):
     assert {str(p.parent.parent) for p in models} >= {
         "rm-orm/iteration-0", "rm-orm/iteration-1", "rm-prm/iteration-1", "grpo/iteration-2"}
     cfg = load_config("configs/tiny.yaml", ITERATE_ARGS)
-    adam_bound = 2 * cfg.grpo.lr * cfg.grpo.steps * cfg.iterate.iterations
+    adam_bound = 2 * cfg.policy.lr * cfg.policy.steps * cfg.iterate.iterations
     for rel in models:
         wa, wb = load_file(one / rel), load_file(two / rel)
         if not str(rel).startswith("grpo/"):

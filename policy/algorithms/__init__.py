@@ -1,19 +1,19 @@
 """The policy algorithms, one self-contained loop per file, and the table the CLI and the outer
-loop choose them from (`grpo.algorithm`). Each file imports the stage kit (policy/kit.py),
-the critic (policy/critic.py: the value-based ones), the math (policy/math/) and the
+loop choose them from (`policy.algorithm`). Each file imports the stage kit (policy/kit.py),
+the critic (policy/actor_critic.py: the value-based ones), the math (policy/math/) and the
 generation engines (policy/generation/); none imports another algorithm. Adding an algorithm
 is one file and one entry below.
 
-Every trainer has train_grpo's contract: (cfg, run_path, policy_path, reward_fn, rl_records,
-eval_records, logger, config_yaml, out_name="grpo", reference_path=None, evaluate_ends=True) ->
-the folder of the final export. SFT (sft.py) trains the warm start and has its own.
+Every trainer has train_grpo's contract: (stage, spec, run_path, policy_path, reward_fn,
+rl_records, eval_records, logger, config_yaml, out_name="grpo", reference_path=None,
+evaluate_ends=True) -> the folder of the final export, where `stage` is the `PolicyStage` and
+`spec` the method's own object (policy/stage.py), both made once from the config by
+iteration/resolve.py. SFT (sft.py) trains the warm start and has its own.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from policy.algorithms.dpo import train_dpo, train_online_dpo
+from policy.algorithms.dpo import train_dpo
 from policy.algorithms.grpo import train_grpo
 from policy.algorithms.offline_rft import train_offline_rft
 from policy.algorithms.ppo import train_ppo
@@ -23,15 +23,8 @@ TRAINERS = {
     "dpo": train_dpo,
     "grpo": train_grpo,
     "offline_rft": train_offline_rft,
-    "online_dpo": train_online_dpo,
+    "online_dpo": train_dpo,
     "ppo": train_ppo,
     "t_ppo": train_tppo,
 }
-"""`grpo.algorithm` -> its trainer."""
-
-
-def train_policy(cfg, run_path: Path, policy_path, reward_fn, rl_records, eval_records, logger,
-                 config_yaml: str, **kwargs) -> Path:
-    """The trainer `grpo.algorithm` names, run with train_grpo's contract."""
-    return TRAINERS[cfg.grpo.algorithm](cfg, run_path, policy_path, reward_fn, rl_records,
-                                        eval_records, logger, config_yaml, **kwargs)
+"""`policy.algorithm` -> its trainer (iteration/resolve.py pairs it with the method's spec)."""

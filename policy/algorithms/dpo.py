@@ -8,13 +8,13 @@ loss is DeepSeekMath's (eq. 14), over the step's pairs:
 
     -log sigmoid(beta * (lr(o+) - lr(o-))),  lr(o) = 1/|o| sum_t log pi/pi_ref (o_t)
 
-(Rafailov et al. sum the log-ratios instead of averaging them), with `grpo.beta` as DPO's beta
+(Rafailov et al. sum the log-ratios instead of averaging them), with `policy.beta` as DPO's beta
 and the reference frozen for the stage (the outer loop resets it to the current policy every
 iteration, as Algorithm 1 does for GRPO). Its gradient is the paper's: a coefficient
 beta * sigmoid(beta * (lr(o-) - lr(o+))) on every token of o+ and its negative on o-, under
 1/|o| (docs/grpo.md, "One gradient").
 
-Two data sources, one trainer each (`grpo.algorithm`):
+Two data sources, one trainer each (`policy.algorithm`):
 - `dpo`: pairs from the starting policy's samples (the paper's DPO: the SFT model's samples),
   drawn with transformers from a frozen copy of it, seeded by the step, so a resumed run draws
   the same pairs.
@@ -30,17 +30,17 @@ from pathlib import Path
 
 import torch
 
-from configs.schema import Config
+from configs.schema import ModelConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.kit import (Sampler, due_evaluation, make_evaluator, make_sample, policy_engines,
+from policy.kit import (Sampled, Sampler, due_evaluation, make_evaluator, make_sample, policy_engines,
                         reference_logprobs, sampling_seed, starts_at, step_questions)
 from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
+from policy.stage import DPOSpec, PolicyStage
 from runtime.data import MathRecord
 from runtime.engine import current_lr, gather_rows, global_sum, world
 from runtime.models import load_causal_lm
-from runtime.prompts import prompt_format
 from runtime.training import Trainer, stage_done
 
 
@@ -48,9 +48,9 @@ class StartingPolicySampler(Sampler):
     """Generates with a frozen copy of the starting policy (on the engine's device, with
     transformers): offline DPO's data source."""
 
-    def __init__(self, engine, trainer: Trainer, cfg, policy_path):
+    def __init__(self, engine, trainer: Trainer, model: ModelConfig, policy_path):
         self.engine, self.trainer, self.vllm = engine, trainer, None
-        self.model = load_causal_lm(policy_path, cfg.model, device=engine.device).eval()
+        self.model = load_causal_lm(policy_path, model, device=engine.device).eval()
 
     @contextmanager
     def generating(self):
@@ -110,61 +110,49 @@ def dpo_update(trainer: Trainer, reference, rollout: Rollout, role: torch.Tensor
             "grad_norm": grad_norm, "pairs": num_pairs, "skipped": 0.0}
 
 
-def _train(cfg: Config, run_path: Path, policy_path, reward_fn: RewardFn,
-           rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
-           config_yaml: str, out_name: str, reference_path, evaluate_ends: bool,
-           online: bool) -> Path:
-    g = cfg.grpo
+def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: str | Path,
+              reward_fn: RewardFn, rl_records: list[MathRecord], eval_records: list[MathRecord],
+              logger, config_yaml: str, out_name: str = "grpo",
+              reference_path: str | Path | None = None, evaluate_ends: bool = True) -> Path:
+    """DPO on pairs from the starting policy's samples (or, `spec.online`, the current
+    policy's, every step); train_grpo's contract."""
+    g, seed = stage.policy, stage.seed
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
     if g.beta <= 0:
-        raise ValueError(f"DPO ({out}): grpo.beta={g.beta}; DPO's beta must be above 0 (the "
+        raise ValueError(f"DPO ({out}): policy.beta={g.beta}; DPO's beta must be above 0 (the "
                          "dpo and online_dpo recipes set 0.1)")
     rank, world_size = world()
-    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
+    tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
     if plan.micro_batch_size % 2:
         raise ValueError(f"DPO ({out}): micro-batches of {plan.micro_batch_size} rows would "
                          "split a pair; set deepspeed.micro_batch_size (and the samples per "
                          "rank) even")
-    fmt = prompt_format(cfg.data)
     trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60,
                       fresh_state={"sample_seed": sampling_seed()})
-    policy_sampler = Sampler(engine, trainer, cfg, policy_path)
-    sampler = policy_sampler if online else StartingPolicySampler(engine, trainer, cfg,
-                                                                   policy_path)
-    evaluate = make_evaluator(cfg, policy_sampler, tokenizer, eval_records, fmt, trainer,
-                              evaluate_ends)
-    per_rank = g.questions_per_step // world_size
+    policy_sampler = Sampler(engine, trainer, stage.vllm, policy_path)
+    sampler = policy_sampler if spec.online else StartingPolicySampler(
+        engine, trainer, stage.model, policy_path)
+    evaluate = make_evaluator(stage.evaluation, policy_sampler, tokenizer, eval_records,
+                              stage.prompts, trainer, evaluate_ends)
     while trainer.running():
-        step = trainer.step
-        timing = {"rollout": 0.0, "scoring": 0.0}
-        sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank, timing)
-        sampled = sample(step_questions(rl_records, step, g.questions_per_step, cfg.run.seed),
-                         (trainer.state.get("sample_seed", cfg.run.seed), step, 0))
+        step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
+        sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,
+                             g.questions_per_step // world_size, timing)
+        sampled = sample(step_questions(rl_records, step, g.questions_per_step, seed),
+                         (trainer.state.get("sample_seed", seed), step, 0))
         updating = time.perf_counter()
         policy_sampler.rest()
         order, role = preference_pairs(sampled.rewards, g.group_size, sampled.broken)
-        order = order.to(sampled.rewards.device)
-        stats = dpo_update(trainer, reference, sampled.rollout.rows(order), role, g.beta, plan,
-                           f"{out_name} step {step + 1}",
-                           is_reference=step == 0 and starts_at(reference_path, policy_path))
+        stats = dpo_update(trainer, reference, sampled.rollout.rows(order.to(
+            sampled.rewards.device)), role, g.beta, plan, f"{out_name} step {step + 1}",
+            is_reference=step == 0 and starts_at(reference_path, policy_path))
         timing["update"] = time.perf_counter() - updating
         trainer.advance()
-        rewards, lengths = gather_rows(sampled.rewards.float(), sampled.rollout.lengths.float())
-        metrics = {"reward/mean": float(rewards.mean()),
-                   "rollout/length_mean": float(lengths.mean()),
-                   "train/loss": stats["loss"], "train/grad_norm": stats["grad_norm"],
-                   "train/skipped_step": stats["skipped"], "dpo/pairs": stats["pairs"],
-                   "dpo/margin": stats["margin"], "dpo/accuracy": stats["accuracy"],
-                   "train/lr": current_lr(engine), "time/rollout": timing["rollout"],
-                   "time/scoring": timing["scoring"], "time/update": timing["update"],
-                   **policy_sampler.stats()}
-        if sampled.scores.correct is not None:
-            metrics["reward/accuracy"] = float(gather_rows(
-                sampled.scores.correct.float())[0].mean())
-        metrics.update(due_evaluation(trainer, g, evaluate, evaluate_ends))
-        trainer.log(metrics)
+        trainer.log({**dpo_metrics(sampled, stats, timing), "train/lr": current_lr(engine),
+                     **policy_sampler.stats(),
+                     **due_evaluation(trainer, g, evaluate, evaluate_ends)})
         if trainer.due(g.save_every):
             trainer.save()
     trainer.finish(tokenizer, out / "final", config_yaml,
@@ -172,19 +160,16 @@ def _train(cfg: Config, run_path: Path, policy_path, reward_fn: RewardFn,
     return out / "final"
 
 
-def train_dpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
-              rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
-              config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
-              evaluate_ends: bool = True) -> Path:
-    """DPO on pairs from the starting policy's samples; train_grpo's contract."""
-    return _train(cfg, run_path, policy_path, reward_fn, rl_records, eval_records, logger,
-                  config_yaml, out_name, reference_path, evaluate_ends, online=False)
-
-
-def train_online_dpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
-                     rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
-                     config_yaml: str, out_name: str = "grpo",
-                     reference_path: str | Path | None = None, evaluate_ends: bool = True) -> Path:
-    """DPO on pairs from the current policy's samples, every step; train_grpo's contract."""
-    return _train(cfg, run_path, policy_path, reward_fn, rl_records, eval_records, logger,
-                  config_yaml, out_name, reference_path, evaluate_ends, online=True)
+def dpo_metrics(sampled: Sampled, stats: dict, timing: dict) -> dict:
+    """A DPO step's metrics over every rank's samples (all ranks call it)."""
+    rewards, lengths = gather_rows(sampled.rewards.float(), sampled.rollout.lengths.float())
+    metrics = {"reward/mean": float(rewards.mean()),
+               "rollout/length_mean": float(lengths.mean()),
+               "train/loss": stats["loss"], "train/grad_norm": stats["grad_norm"],
+               "train/skipped_step": stats["skipped"], "dpo/pairs": stats["pairs"],
+               "dpo/margin": stats["margin"], "dpo/accuracy": stats["accuracy"],
+               "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
+               "time/update": timing["update"]}
+    if sampled.scores.correct is not None:
+        metrics["reward/accuracy"] = float(gather_rows(sampled.scores.correct.float())[0].mean())
+    return metrics

@@ -3,9 +3,9 @@
 Launch: `igrpo grpo --config configs/tiny.yaml [key=value ...]` (one process), or `torchrun
 --nproc_per_node N -m igrpo grpo ...`; the same command resumes. Each step: take a batch of
 questions, pi_old <- pi, roll out G samples per question, score them with the injected reward
-callable, compute group-relative advantages, then `grpo.mu` updates, the reference frozen.
+callable, compute group-relative advantages, then `policy.mu` updates, the reference frozen.
 
-Departures from the paper, each a config switch: the loss variants (`grpo.loss`), process credit
+Departures from the paper, each a config switch: the loss variants (`policy.loss`), process credit
 forms (`grpo.process_credit`) and recipes (configs/recipes/: DAPO's dynamic sampling, overlong
 filtering and punishment, GPG's correction, C3PO's token budget). A step whose loss has no signal
 (no kept token, or all advantages 0 and no KL term) skips the optimizer.
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from configs.schema import Config, GRPOConfig
+from configs.schema import PolicyConfig
 from policy import inspection
 from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batches
 from policy.generation.logprobs import completion_logprobs
@@ -29,60 +29,57 @@ from policy.kit import (Sampled, Sampler, concat_sampled, due_evaluation, forwar
                         make_evaluator, make_sample, policy_engines, reference_logprobs,
                         refill_questions, sampler_drift, sampling_seed, starts_at,
                         step_questions)
-from policy.math.advantages import (ADVANTAGE_ESTIMATORS, PROCESS_CREDIT, GroupNorm,
-                                    informative_groups, token_budget_mask,
-                                    zero_group_correction)
-from policy.math.losses import policy_loss
+from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
 from policy.rewards import RewardFn, Scores
+from policy.stage import GRPOSpec, PolicyStage
 from runtime.data import MathRecord
 from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics, memory_phase,
                             world)
-from runtime.prompts import prompt_format
 from runtime.training import Trainer, stage_done
 
 
-def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
+def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
                rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
                config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
                evaluate_ends: bool = True) -> Path:
-    """Run `cfg.grpo.steps` GRPO steps from `policy_path`; returns the final export's folder.
+    """Run `policy.steps` GRPO steps from `policy_path`; returns the final export's folder.
 
     The reference model is `reference_path` (default: the starting policy), frozen throughout.
     `evaluate_ends=False` skips the held-out evaluation of the starting and the final policy
-    (the outer loop evaluates both in its own units; `grpo.eval_every` still applies between).
+    (the outer loop evaluates both in its own units; `policy.eval_every` still applies between).
     Each step is sample (rollout + score, refilled under dynamic sampling) -> advantages ->
     update -> log, one function each.
     """
-    g = cfg.grpo
+    p, seed = stage.policy, stage.seed
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
     with memory_phase("start-up"):
-        tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
-        fmt = prompt_format(cfg.data)
-        trainer = Trainer(out, engine, logger, g.steps, desc=out_name,
-                          max_seconds=g.max_minutes * 60,
+        tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
+        trainer = Trainer(out, engine, logger, p.steps, desc=out_name,
+                          max_seconds=p.max_minutes * 60,
                           fresh_state={"sample_seed": sampling_seed()})
-        sampler = Sampler(engine, trainer, cfg, policy_path)
-    evaluate = make_evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
-    rank, per_rank = world()[0], g.questions_per_step // world()[1]
+        sampler = Sampler(engine, trainer, stage.vllm, policy_path)
+    evaluate = make_evaluator(stage.evaluation, sampler, tokenizer, eval_records, stage.prompts,
+                              trainer, evaluate_ends)
+    rank, per_rank = world()[0], p.questions_per_step // world()[1]
     while trainer.running():
         step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
-        sampled = sample_step(make_sample(sampler, tokenizer, fmt, reward_fn, g, rank, per_rank,
-                                          timing), rl_records, step, g, cfg.run.seed,
-                              trainer.state.get("sample_seed", cfg.run.seed),
-                              tokenizer.pad_token_id)
-        batch, stats = learn_step(trainer, reference, sampled, g, plan, cfg.run.seed, timing,
+        sampled = sample_step(make_sample(sampler, tokenizer, reward_fn, stage, rank, per_rank,
+                                          timing), rl_records, step, p, spec, seed,
+                              trainer.state.get("sample_seed", seed), tokenizer.pad_token_id)
+        batch, stats = learn_step(trainer, reference, sampled, p, spec, plan, seed, timing,
                                   f"{out_name} step {step + 1}",
                                   step == 0 and starts_at(reference_path, policy_path))
         trainer.advance()
-        metrics = {**log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, g,
+        metrics = {**log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, p,
                               timing), **sampled.stats, **sampler.stats(),
                    **memory_metrics(timing["rollout_memory"]), "train/lr": current_lr(engine),
-                   **due_evaluation(trainer, g, evaluate, evaluate_ends)}
-        trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, g, tokenizer,
-                                                     sampled, batch, logger))
-        if trainer.due(g.save_every):
+                   **due_evaluation(trainer, p, evaluate, evaluate_ends)}
+        trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
+                                                     spec.per_step, tokenizer, sampled, batch,
+                                                     logger))
+        if trainer.due(p.save_every):
             trainer.save()
     sampler.rest()  # the export gathers a ZeRO-3 policy: vLLM's pool is freed first
     trainer.finish(tokenizer, out / "final", config_yaml,
@@ -90,114 +87,112 @@ def train_grpo(cfg: Config, run_path: Path, policy_path: str | Path, reward_fn: 
     return out / "final"
 
 
-def learn_step(trainer: Trainer, reference, sampled: Sampled, g: GRPOConfig, plan, seed: int,
-               timing: dict, where: str, is_reference: bool) -> tuple[StepBatch, UpdateStats]:
+def learn_step(trainer: Trainer, reference, sampled: Sampled, p: PolicyConfig, spec: GRPOSpec,
+               plan, seed: int, timing: dict, where: str, is_reference: bool
+               ) -> tuple[StepBatch, UpdateStats]:
     """A sampled step's advantages, then its update (`is_reference`: the policy still is the
     reference); the seconds both took into `timing["update"]`."""
     updating = time.perf_counter()
-    batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout, g,
-                           seed=seed * 1_000_003 + trainer.step)
+    batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
+                           spec, p.group_size, seed=seed * 1_000_003 + trainer.step)
     with memory_phase("update"):
-        stats = update_step(trainer, reference, sampled.rollout, batch, g, plan, where,
+        stats = update_step(trainer, reference, sampled.rollout, batch, p, spec.loss, plan, where,
                             is_reference=is_reference)
     timing["update"] = time.perf_counter() - updating
     return batch, stats
 
 
 def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
-                rl_records: list[MathRecord], step: int, g: GRPOConfig, seed: int,
-                sample_seed: int, pad_id: int) -> Sampled:
+                rl_records: list[MathRecord], step: int, p: PolicyConfig, spec: GRPOSpec,
+                seed: int, sample_seed: int, pad_id: int) -> Sampled:
     """The step's questions rolled out and scored (`kit.make_sample`, seeded from the stage's
     sampling seed, the step and the round), refilled under DAPO's dynamic sampling."""
     key = (sample_seed, step)
-    sampled = sample(step_questions(rl_records, step, g.questions_per_step, seed), (*key, 0))
-    if g.dynamic_sampling:
+    sampled = sample(step_questions(rl_records, step, p.questions_per_step, seed), (*key, 0))
+    if spec.dynamic_rounds:
         sampled = refill_step(sampled, lambda round_: sample(refill_questions(
-            rl_records, step, round_, g.questions_per_step, seed,
-            g.dynamic_sampling_max_rounds), (*key, round_)), g, pad_id)
+            rl_records, step, round_, p.questions_per_step, seed, spec.dynamic_rounds),
+            (*key, round_)), spec, p.group_size, pad_id)
     return sampled
 
 
 def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout,
-                       g: GRPOConfig, *, std_normalised: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, T] token advantages (`ADVANTAGE_ESTIMATORS[grpo.supervision]`; process supervision:
-    `PROCESS_CREDIT[grpo.process_credit]`) and the normalised values they came from ([N, S],
-    anchored [N, S + 1], outcome [N, 1]); `std_normalised`: the loss divides by the std at all."""
-    if g.supervision == "process" and scores.step_rewards is None:
-        raise ValueError("grpo.supervision=process needs a reward that returns step rewards "
-                         "(a PRM or a step oracle); this one returned only outcomes")
-    norm = GroupNorm(g.group_size, g.scale_by_std and std_normalised, g.std_unbiased, g.std_eps,
-                     g.min_reward_std)
+                       spec: GRPOSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, T] token advantages (process supervision: the spec's credit form over the step
+    rewards; else its estimator over the rewards) and the normalised values they came from
+    ([N, S], anchored [N, S + 1], outcome [N, 1])."""
     num_tokens = rollout.completion_ids.shape[1]
-    if g.supervision == "process":
-        advantages, normalised = PROCESS_CREDIT[g.process_credit].estimate(
+    if spec.credit is not None:
+        if scores.step_rewards is None:
+            raise ValueError("policy.supervision=process needs a reward that returns step "
+                             "rewards (a PRM or a step oracle); this one returned only outcomes")
+        advantages, normalised = spec.credit.estimate(
             scores.step_rewards, scores.step_mask, scores.step_end_index, scores.correct,
-            num_tokens, norm, g.process_weight)
+            num_tokens, spec.norm, spec.process_weight)
     else:
-        advantages, normalised = ADVANTAGE_ESTIMATORS[g.supervision](
-            rewards, scores.step_rewards, scores.step_mask, scores.step_end_index, num_tokens,
-            norm)
+        advantages, normalised = spec.estimator(rewards, num_tokens, spec.norm)
     return advantages * rollout.completion_mask, normalised
 
 
-def signal_groups(scores: Scores, rewards: torch.Tensor, g: GRPOConfig) -> torch.Tensor:
+def signal_groups(scores: Scores, rewards: torch.Tensor, spec: GRPOSpec, group_size: int
+                  ) -> torch.Tensor:
     """[Q] bool: groups whose advantages can be non-zero, DAPO's filter (Yu et al. 2025, eq. 11)
     on what the advantages normalise (the rewards, or `ProcessCredit.informative`)."""
-    if g.supervision != "process" or scores.step_rewards is None:
-        return informative_groups(rewards, g.group_size)
-    return PROCESS_CREDIT[g.process_credit].informative(scores.step_rewards, scores.step_mask,
-                                                        scores.correct, g.group_size)
+    if spec.credit is None or scores.step_rewards is None:
+        return informative_groups(rewards, group_size)
+    return spec.credit.informative(scores.step_rewards, scores.step_mask, scores.correct,
+                                   group_size)
 
 
-def informative(sampled: Sampled, g: GRPOConfig) -> torch.Tensor:
+def informative(sampled: Sampled, spec: GRPOSpec) -> torch.Tensor:
     """[Q] bool: groups with signal (`signal_groups`) whose rewards are finite."""
-    return signal_groups(sampled.scores, sampled.rewards, g) & ~sampled.broken
+    return signal_groups(sampled.scores, sampled.rewards, spec, sampled.rollout.group_size) \
+        & ~sampled.broken
 
 
-def refill_step(first: Sampled, sample_more: Callable[[int], Sampled], g: GRPOConfig,
-                pad_id: int) -> Sampled:
+def refill_step(first: Sampled, sample_more: Callable[[int], Sampled], spec: GRPOSpec,
+                group_size: int, pad_id: int) -> Sampled:
     """DAPO's dynamic sampling (Yu et al. 2025, §3.2): while the step holds fewer informative
     groups than questions (on any rank), sample `sample_more(round)` (round = 1, 2, ...; at most
-    `grpo.dynamic_sampling_max_rounds`); then keep the first informative groups, topped up with
+    `spec.dynamic_rounds`); then keep the first informative groups, topped up with
     uninformative ones if the cap was hit (those stay out of the loss). The batch keeps its size.
     Stats: the extra rounds and samples drawn and the informative groups kept."""
     want = len(first.records)
     parts = [first]
-    found = int(informative(first, g).sum())
+    found = int(informative(first, spec).sum())
     rounds = 0
-    while rounds < g.dynamic_sampling_max_rounds and global_sum(float(max(0, want - found))) > 0:
+    while rounds < spec.dynamic_rounds and global_sum(float(max(0, want - found))) > 0:
         rounds += 1
         parts.append(sample_more(rounds))
-        found += int(informative(parts[-1], g).sum())
+        found += int(informative(parts[-1], spec).sum())
     joined = concat_sampled(parts, pad_id)
-    good = informative(joined, g).tolist()
+    good = informative(joined, spec).tolist()
     chosen = ([q for q, ok in enumerate(good) if ok] + [q for q, ok in enumerate(good) if not ok])
     batch = joined.groups(sorted(chosen[:want]))
     batch.stats = {"rollout/refill_rounds": float(rounds),
-                   "rollout/extra_samples": float((len(joined.records) - want) * g.group_size),
+                   "rollout/extra_samples": float((len(joined.records) - want) * group_size),
                    "train/informative_groups": float(min(sum(good), want))}
     return batch
 
 
 def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
-                   rollout: Rollout, g: GRPOConfig, seed: int = 0) -> StepBatch:
+                   rollout: Rollout, spec: GRPOSpec, group_size: int, seed: int = 0
+                   ) -> StepBatch:
     """Group-relative advantages and the loss mask: groups dropped by dynamic sampling or with
     non-finite rewards leave it, truncated samples too under overlong filtering; GPG's alpha
     scales the advantages; C3PO's token budget (drawn in an order seeded by `seed`) picks the
     tokens and becomes the token normaliser."""
-    advantages, normalised = compute_advantages(
-        scores, rewards, rollout, g,
-        std_normalised=policy_loss(g.loss, g.supervision).std_normalised_advantages)
-    if g.zero_advantages:
+    advantages, normalised = compute_advantages(scores, rewards, rollout, spec)
+    if spec.zero_advantages:
         advantages = torch.zeros_like(advantages)
     keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
-    if g.dynamic_sampling:
-        keep = signal_groups(scores, rewards, g).repeat_interleave(g.group_size)
-    keep &= ~broken.repeat_interleave(g.group_size)
-    if g.overlong_filter:
+    if spec.dynamic_rounds:
+        keep = signal_groups(scores, rewards, spec, group_size).repeat_interleave(group_size)
+    keep &= ~broken.repeat_interleave(group_size)
+    if spec.overlong_filter:
         keep &= ~rollout.truncated
     stats = {}
-    if g.zero_group_correction:
+    if spec.zero_group_correction:
         signal = (advantages != 0).any(-1) & keep
         alpha = zero_group_correction(global_sum(float(keep.sum())),
                                       global_sum(float((keep & ~signal).sum())))
@@ -205,9 +200,8 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
         stats["train/gpg_alpha"] = alpha
     loss_mask = rollout.completion_mask.float() * keep[:, None]
     num_tokens = global_sum(float(loss_mask.sum()))
-    if g.token_budget_share:
-        budget = round(g.token_budget_share * g.questions_per_step * g.group_size
-                       * g.max_new_tokens)
+    if spec.token_budget:
+        budget = spec.token_budget
         order = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(seed))
         lengths = (loss_mask.sum(-1)).long().cpu()
         kept = token_budget_mask(lengths, budget // world()[1], order).to(loss_mask.device)
@@ -244,7 +238,8 @@ class MicroBatchLoss:
     engine: object
     rollout: Rollout
     batch: StepBatch
-    g: GRPOConfig
+    p: PolicyConfig
+    loss_fn: Callable
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     has_reference: bool
@@ -257,7 +252,7 @@ class MicroBatchLoss:
         """The loss of `rows` in an optimizer step over `num_sequences` sequences and
         `num_tokens` tokens (every rank's); `measure`: this pass records the entropy and the
         sampler's drift (the first pass, unless pi_old's own forward did)."""
-        g, rollout, batch, stats = self.g, self.rollout, self.batch, self.stats
+        g, rollout, batch, stats = self.p, self.rollout, self.batch, self.stats
         logprobs = completion_logprobs(
             self.engine, rollout.input_ids[rows], rollout.attention_mask[rows],
             rollout.prompt_ids.shape[1], entropy_out=stats.entropy[rows] if measure else None)
@@ -266,7 +261,7 @@ class MicroBatchLoss:
             stats.logprob_diff += sampler_drift(logprobs.detach(), rollout, self.all_tokens, rows)
         ref = self.ref_logprobs[rows] if self.ref_logprobs is not None else \
             old if self.has_reference else None
-        result = policy_loss(g.loss, g.supervision).fn(
+        result = self.loss_fn(
             logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=g.beta,
             num_sequences=max(num_sequences, 1.0), num_tokens=max(num_tokens, 1.0),
@@ -281,9 +276,9 @@ class MicroBatchLoss:
         return result.loss * world()[1]
 
 
-def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g: GRPOConfig,
-                plan, where: str, is_reference: bool = False) -> UpdateStats:
-    """`grpo.mu` passes over the batch, each `grpo.mini_batches` optimizer steps (each
+def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g: PolicyConfig,
+                loss_fn: Callable, plan, where: str, is_reference: bool = False) -> UpdateStats:
+    """`policy.mu` passes over the batch, each `policy.mini_batches` optimizer steps (each
     normalised by its own counts), against log-probs of the reference and (mu > 1 or
     mini-batches) of pi_old. `is_reference`: the policy still is the reference (a stage's
     first step)."""
@@ -303,7 +298,7 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
     if before:
         stats.logprob_diff = sampler_drift(old_logprobs, rollout, all_tokens)
     chunks = mini_batches(batch, plan.rank_sequences, g.mini_batches, kl_term)
-    loss = MicroBatchLoss(engine, rollout, batch, g, old_logprobs, ref_logprobs,
+    loss = MicroBatchLoss(engine, rollout, batch, g, loss_fn, old_logprobs, ref_logprobs,
                           reference is not None, all_tokens, g.mu * len(chunks), stats)
     engine.train()
     for update in range(g.mu):
@@ -323,7 +318,7 @@ def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch,
 
 
 def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: StepBatch,
-             stats: UpdateStats, g: GRPOConfig, timing: dict) -> dict:
+             stats: UpdateStats, g: PolicyConfig, timing: dict) -> dict:
     """The step's metrics (docs/metrics.md) over every rank's samples (all ranks call it);
     `timing`: this rank's seconds of rollout, scoring and update (the ranks run side by side)."""
     mask = rollout.completion_mask.float()

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 
 from configs.batching import plan_batch
+from configs.schema import SFTConfig
 from policy.evaluate import evaluate_policy
-from configs.schema import Config
+from policy.stage import Evaluation, PolicyStage
 from policy.supervised import sft_tensors, supervised_step
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gathered_for_generation, world
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import prompt_format
 from runtime.training import Trainer, epoch_slice, stage_done
 
 
@@ -37,8 +37,9 @@ def _check_worked_solutions(records: list[MathRecord]) -> None:
                          "sft.enabled=false to start from model.policy_path as it is")
 
 
-def train_sft(cfg: Config, run_path: Path, policy_path: str | Path, sft_records: list[MathRecord],
-              val_records: list[MathRecord], logger, config_yaml: str) -> Path:
+def train_sft(stage: PolicyStage, sft: SFTConfig, run_path: Path, policy_path: str | Path,
+              sft_records: list[MathRecord], val_records: list[MathRecord], logger,
+              config_yaml: str) -> Path:
     """Train the warm start; returns the folder of the best export (`<run>/sft/best`), the best
     by greedy accuracy on `val_records` (not the held-out questions the policy is scored on)."""
     out = run_path / "sft"
@@ -47,58 +48,64 @@ def train_sft(cfg: Config, run_path: Path, policy_path: str | Path, sft_records:
         return best_dir
     _check_worked_solutions(sft_records)
     recover_export(best_dir)
-    rank, world_size = world()
-    tokenizer = load_tokenizer(policy_path, cfg.model)
-    model = load_causal_lm(policy_path, cfg.model, train=True)
-    plan = plan_batch(cfg.sft.batch_size, cfg.deepspeed.micro_batch_size, world_size,
-                      f"sft.batch_size={cfg.sft.batch_size}")
-    total_steps = math.ceil(cfg.sft.epochs * max(1, len(sft_records) // plan.global_sequences))
-    engine = build_engine(model, cfg.deepspeed, lr=cfg.sft.lr,
+    tokenizer = load_tokenizer(policy_path, stage.model)
+    model = load_causal_lm(policy_path, stage.model, train=True)
+    plan = plan_batch(sft.batch_size, stage.deepspeed.micro_batch_size, world()[1],
+                      f"sft.batch_size={sft.batch_size}")
+    total_steps = math.ceil(sft.epochs * max(1, len(sft_records) // plan.global_sequences))
+    engine = build_engine(model, stage.deepspeed, lr=sft.lr,
                           micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum,
-                          decay_steps=total_steps if cfg.sft.lr_decay else 0)
+                          decay_steps=total_steps if sft.lr_decay else 0)
     trainer = Trainer(out, engine, logger, total_steps, desc="sft",
                       fresh_state={"best": -1.0, "stale": 0})
-    state, fmt = trainer.state, prompt_format(cfg.data)
-    validate = validator(engine, tokenizer, val_records, fmt, cfg)
-    if state["step"] == 0:
-        state["best"] = validate()
+    validate = validator(engine, tokenizer, val_records, stage.prompts, stage.evaluation)
+    if trainer.state["step"] == 0:
+        trainer.state["best"] = validate()
         export(engine, tokenizer, best_dir, config_yaml)
-        trainer.log({"val/greedy_accuracy": state["best"]})
+        trainer.log({"val/greedy_accuracy": trainer.state["best"]})
+    sft_steps(trainer, tokenizer, sft_records, plan, stage, sft, validate,
+              lambda: export(engine, tokenizer, best_dir, config_yaml))
+    trainer.finish(tokenizer, out / "final" if sft.export_final else None, config_yaml,
+                   {"steps": trainer.state["step"],
+                    "best_val_greedy_accuracy": trainer.state["best"]})
+    return best_dir
+
+
+def sft_steps(trainer: Trainer, tokenizer, sft_records: list[MathRecord], plan,
+              stage: PolicyStage, sft: SFTConfig, validate, export_best) -> None:
+    """The supervised steps (a seeded order, reshuffled per epoch), validated every
+    `sft.eval_every` steps, a new best exported (`export_best`) and the state saved then."""
+    rank, engine = world()[0], trainer.engine
     engine.train()
     while trainer.running():
-        step = state["step"]
+        step = trainer.state["step"]
         epoch, batch_ids = epoch_slice(len(sft_records), step, plan.global_sequences,
-                                       cfg.run.seed * 100_003)
+                                       stage.seed * 100_003)
         mine = batch_ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
         started = time.perf_counter()
-        batch = sft_tensors(tokenizer, [sft_records[i] for i in mine], fmt)
+        batch = sft_tensors(tokenizer, [sft_records[i] for i in mine], stage.prompts)
         loss, grad_norm = supervised_step(trainer, batch, plan, f"sft step {step + 1}")
         trainer.advance()
         metrics = {"train/loss": loss, "train/lr": current_lr(engine),
                    "train/grad_norm": grad_norm, "time/step": time.perf_counter() - started,
                    "train/epoch": epoch}
-        validated = trainer.due(cfg.sft.eval_every)
+        validated = trainer.due(sft.eval_every)
         if validated:
-            metrics["val/greedy_accuracy"] = _keep_best(trainer, validate(), cfg.sft,
-                                                        lambda: export(engine, tokenizer,
-                                                                       best_dir, config_yaml))
+            metrics["val/greedy_accuracy"] = _keep_best(trainer, validate(), sft, export_best)
         trainer.log(metrics)  # (before the save: a kill between the two redoes this step)
         if validated:
             trainer.save()
-    trainer.finish(tokenizer, out / "final" if cfg.sft.export_final else None, config_yaml,
-                   {"steps": state["step"], "best_val_greedy_accuracy": state["best"]})
-    return best_dir
 
 
-def validator(engine, tokenizer, val_records: list[MathRecord], fmt, cfg: Config):
+def validator(engine, tokenizer, val_records: list[MathRecord], fmt, evaluation: Evaluation):
     """validate() -> greedy accuracy of the model in training on `val_records`, the questions
     spread over the ranks (every rank calls it)."""
     def validate() -> float:
         with gathered_for_generation(engine):
             return evaluate_policy(
                 engine.module, tokenizer, val_records, fmt, k=1, temperature=0.0,
-                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-                timeout_s=cfg.eval.grade_timeout_s, sampled=False)["eval/greedy_accuracy"]
+                max_new_tokens=evaluation.max_new_tokens, batch_size=evaluation.batch_size,
+                timeout_s=evaluation.timeout_s, sampled=False)["eval/greedy_accuracy"]
     return validate
 
 

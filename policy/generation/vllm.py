@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from policy.generation.rollout import Rollout, mask_after_eos
+from policy.stage import VLLMSettings
 from runtime.models import end_token_ids
 
 # The vLLM versions this project is tested on (pyproject.toml's `vllm` extra pins the same range;
@@ -333,7 +334,7 @@ ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate
                      "vocab_size", "max_position_embeddings", "tie_word_embeddings")
 
 
-def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
+def engine_for(vllm: VLLMSettings, model_path: str | Path) -> VLLMEngine:
     """This process's engine, holding `model_path`'s weights: made on first use, long enough for a
     prompt and the longest continuation any stage asks for (a Math-Shepherd prefix plus its
     completion included), then reused by every later stage of the process, which loads its own
@@ -342,20 +343,18 @@ def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(model_path),
-                                        trust_remote_code=cfg.model.trust_remote_code)
-    longest = max(cfg.grpo.max_new_tokens, cfg.eval.max_new_tokens, cfg.label.max_new_tokens)
-    wanted = cfg.data.max_prompt_tokens + cfg.grpo.max_new_tokens + longest
+                                        trust_remote_code=vllm.trust_remote_code)
+    wanted = vllm.max_prompt_tokens + vllm.policy_new_tokens + vllm.longest_new_tokens
     positions = getattr(config, "max_position_embeddings", None) or wanted
     architecture = {k: v for k, v in config.to_dict().items() if k in ARCHITECTURE_KEYS}
-    settings = dict(dtype=cfg.model.dtype, max_model_len=min(wanted, positions),
-                    seed=rank_seed(cfg.run.seed), gpu_memory_fraction=cfg.rollout.memory_fraction,
-                    kv_cache_gb=cfg.rollout.kv_cache_gb,
-                    prefix_caching=cfg.rollout.prefix_caching, sleep=cfg.rollout.sleep,
-                    cuda_graphs=cfg.rollout.cuda_graphs)
+    settings = dict(dtype=vllm.dtype, max_model_len=min(wanted, positions),
+                    seed=rank_seed(vllm.seed), gpu_memory_fraction=vllm.memory_fraction,
+                    kv_cache_gb=vllm.kv_cache_gb, prefix_caching=vllm.prefix_caching,
+                    sleep=vllm.sleep, cuda_graphs=vllm.cuda_graphs)
     if _ENGINE is None:
         _ENGINE = VLLMEngine(model_path, **settings)
         _ENGINE.made_for = (architecture, settings)
-        _ENGINE._source = (model_path, config, cfg.model.trust_remote_code)
+        _ENGINE._source = (model_path, config, vllm.trust_remote_code)
         return _ENGINE
     differ = _differences(_ENGINE.made_for, (architecture, settings))
     if differ:
@@ -364,7 +363,7 @@ def engine_for(cfg, model_path: str | Path) -> VLLMEngine:
             f"({'; '.join(differ)}). A process holds one engine for good: vLLM's shutdown tears "
             "down torch.distributed under the training engine. Run it in a process of its own.")
     if _ENGINE.version != ("checkpoint", str(model_path)):
-        _ENGINE.load(model_path, config, cfg.model.trust_remote_code)
+        _ENGINE.load(model_path, config, vllm.trust_remote_code)
     return _ENGINE
 
 

@@ -114,8 +114,9 @@ def step_sums_to_tokens(normalised: torch.Tensor, step_mask: torch.Tensor,
 
 @dataclass(frozen=True)
 class GroupNorm:
-    """How a group's rewards are normalised (`grpo.group_size`, `grpo.scale_by_std` and the
-    variant's own choice, `grpo.std_unbiased`, `grpo.std_eps`, `grpo.min_reward_std`)."""
+    """How a group's rewards are normalised: groups of `group_size` rows, divided by their std
+    or not, the std's convention, the epsilon added to it, and the spread at or below which a
+    group gets 0."""
     group_size: int
     scale_by_std: bool = True
     unbiased: bool = False
@@ -123,8 +124,8 @@ class GroupNorm:
     min_std: float = 0.0
 
 
-def outcome_estimate(rewards: torch.Tensor, step_rewards, step_mask, step_end_index,
-                     num_tokens: int, norm: GroupNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def outcome_estimate(rewards: torch.Tensor, num_tokens: int, norm: GroupNorm
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Outcome supervision (§4.1.2): every token of a sample gets its normalised reward.
     rewards: [N]. Returns ([N, T] token advantages, [N, 1] normalised rewards)."""
     normalised = outcome_advantages(rewards, norm.group_size, scale_by_std=norm.scale_by_std,
@@ -133,10 +134,10 @@ def outcome_estimate(rewards: torch.Tensor, step_rewards, step_mask, step_end_in
     return normalised.expand(-1, num_tokens), normalised
 
 
-def rft_estimate(rewards: torch.Tensor, step_rewards, step_mask, step_end_index,
-                 num_tokens: int, norm: GroupNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online RFT (§5.2.1): every token of a right sample gets 1, of a wrong one 0.
-    Returns ([N, T], [N, 1])."""
+def rft_estimate(rewards: torch.Tensor, num_tokens: int, norm: GroupNorm
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online RFT (§5.2.1): every token of a right sample gets 1, of a wrong one 0 (no group
+    baseline: `norm` is not read). Returns ([N, T], [N, 1])."""
     normalised = rejection_sampling_advantages(rewards)[:, None]
     return normalised.expand(-1, num_tokens), normalised
 
@@ -145,9 +146,9 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]
     "outcome": outcome_estimate,
     "rft": rft_estimate,
 }
-"""`grpo.supervision` (outcome, rft) -> estimator(rewards [N], step_rewards, step_mask,
-step_end_index [N, S] (None for outcome rewards), T, GroupNorm) -> (token advantages [N, T], what
-was normalised). Process supervision takes its credit form from `PROCESS_CREDIT` instead."""
+"""`policy.supervision` (outcome, rft) -> estimator(rewards [N], T, GroupNorm) -> (token
+advantages [N, T], what was normalised [N, 1]). Process supervision takes its credit form from
+`PROCESS_CREDIT` instead."""
 
 
 # Credit assignment for process rewards (`grpo.process_credit`, docs/grpo.md): how step rewards

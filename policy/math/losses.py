@@ -137,7 +137,7 @@ def dr_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip
 def dapo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, clip_eps_low,
               clip_eps_high, beta, num_sequences, num_tokens, max_tokens) -> LossOutput:
     """DAPO (Yu et al. 2025, eq. 8): token level, -1/sum_i |o_i| sum_i sum_t, with clip-higher
-    (`grpo.clip_eps_high` > `grpo.clip_eps`). C3PO (Ring-lite, eq. 4) is the same sum over its
+    (`policy.clip_eps_high` > `policy.clip_eps`). C3PO (Ring-lite, eq. 4) is the same sum over its
     token budget: `num_tokens` is the budget Phi and `mask` the budget's tokens
     (policy.math.advantages.token_budget_mask, `grpo.token_budget_share`)."""
     per_token, active, kl = _ppo_terms(logprobs, old_logprobs, ref_logprobs, advantages,
@@ -264,14 +264,6 @@ def dpo_loss(logprobs, ref_logprobs, mask, role, *, beta: float,
     loss = -(torch.nn.functional.logsigmoid(margin) * paired).sum() / num_pairs
     return PairLossOutput(loss, (margin * paired).sum().detach(),
                           ((margin > 0).to(paired.dtype) * paired).sum().detach())
-
-
-def policy_loss(name: str, supervision: str) -> PolicyLoss:
-    """`grpo.loss`'s entry; gspo under process supervision is GSPO-token, the paper's form
-    for per-token advantages (equal to GSPO wherever a sequence's tokens share one)."""
-    if name == "gspo" and supervision == "process":
-        name = "gspo_token"
-    return POLICY_LOSSES[name]
 
 
 def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int,

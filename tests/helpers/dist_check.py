@@ -9,7 +9,7 @@ tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on th
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py shards OUT
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py vllm OUT      (in the vLLM venv)
 
-Rollouts are greedy (grpo.temperature=0), so they do not depend on how questions are spread over
+Rollouts are greedy (policy.temperature=0), so they do not depend on how questions are spread over
 ranks; the process reward cuts every completion into 3-token steps and scores each step from its
 tokens and index, so advantages are non-zero although a greedy group's samples are identical. Each rank
 writes the advantage tensor the loss received to OUT/advantages-rank<r>.pt.
@@ -32,10 +32,10 @@ import torch  # noqa: E402
 
 from small_config import SMALL  # noqa: E402
 
-GRPO = [*SMALL, "grpo.steps=1", "grpo.questions_per_step=4", "grpo.group_size=4",
-        "grpo.temperature=0", "grpo.max_new_tokens=10", "grpo.eval_every=0", "grpo.mu=2",
-        "grpo.inspect_every=0", "deepspeed.micro_batch_size=4", "run.wandb_mode=disabled",
-        "run.threads=1", "grpo.supervision=process", "eval.k=1", "data.eval_questions=2"]
+GRPO = [*SMALL, "policy.steps=1", "policy.questions_per_step=4", "policy.group_size=4",
+        "policy.temperature=0", "policy.max_new_tokens=10", "policy.eval_every=0", "policy.mu=2",
+        "inspect.every=0", "deepspeed.micro_batch_size=4", "run.wandb_mode=disabled",
+        "run.threads=1", "policy.supervision=process", "eval.k=1", "data.eval_questions=2"]
 RM = [*SMALL, "rm.kind=prm", "rm.batch_size=8", "rm.epochs=1", "rm.eval_every=0",
       "rm.val_fraction=0", "deepspeed.micro_batch_size=2", "run.wandb_mode=disabled",
       "run.threads=1"]
@@ -72,7 +72,7 @@ def step_metrics() -> dict:
     from types import SimpleNamespace
 
     from policy.algorithms.grpo import StepBatch, UpdateStats, log_step
-    from policy.critic import Targets, value_metrics
+    from policy.actor_critic import Targets, value_metrics
     from policy.rewards import Scores
     from policy.generation.rollout import Rollout
     from runtime.engine import world
@@ -210,6 +210,7 @@ def vllm_ranks() -> dict:
     from configs import load_config
     from configs.loader import BUNDLED
     from policy.generation.rollout import generate_groups
+    from iteration.resolve import policy_stage
     from policy.generation.vllm import engine_for, launch_settings
     from runtime.engine import gather_objects, world
     from runtime.models import load_causal_lm, load_tokenizer
@@ -217,7 +218,7 @@ def vllm_ranks() -> dict:
     rank, _ = world()
     warm = BUNDLED / "tiny_warm_start"
     cfg = load_config("configs/tiny.yaml", ["rollout.backend=vllm", "rollout.kv_cache_gb=1"])
-    engine = engine_for(cfg, warm)
+    engine = engine_for(policy_stage(cfg).vllm, warm)
     tokenizer = load_tokenizer(warm)
     prompt = ["12+34*5-6=?\n"]
     sampled = generate_groups(engine, tokenizer, prompt, 8, max_new_tokens=40).texts
@@ -271,7 +272,7 @@ def main() -> None:
                            name="", enabled=is_main())
     torch.manual_seed(0)
     if kind == "ppo":  # PPO with its critic, process rewards at the steps' last tokens
-        from policy.algorithms import train_policy
+        from iteration.resolve import train_policy
         from runtime.data import load_splits
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "ppo.critic_lr=1e-3"],
@@ -279,17 +280,18 @@ def main() -> None:
         splits = load_splits(cfg.data, 0)
         train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
     elif kind in ("gspo", "dpo", "online_dpo"):  # the recipe, sampled at temperature 1
-        from policy.algorithms import train_policy
+        from iteration.resolve import train_policy
         from runtime.data import load_splits
 
         # DPO: a second step, whose reference (the starting policy) differs from the policy
-        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "grpo.mu=1",
-                                                "grpo.temperature=1.0", "grpo.rollout_questions=1",
-                                                "grpo.lr=1e-2", f"grpo.steps={1 + ('dpo' in kind)}"],
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "policy.mu=1",
+                                                "policy.temperature=1.0", "policy.rollout_questions=1",
+                                                "policy.lr=1e-2", f"policy.steps={1 + ('dpo' in kind)}"],
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
         train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
     elif kind == "grpo":
+        from iteration.resolve import method_spec, policy_stage
         from policy.algorithms import grpo as grpo_module
         from policy.math.losses import POLICY_LOSSES
         from runtime.data import load_splits
@@ -304,9 +306,9 @@ def main() -> None:
 
         POLICY_LOSSES["grpo"] = dataclasses.replace(spec, fn=recording)
         splits = load_splits(cfg.data, 0)
-        grpo_module.train_grpo(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger,
-                               "")
-        first_update = seen[:len(seen) // cfg.grpo.mu]  # the same tensors again for update 2
+        grpo_module.train_grpo(policy_stage(cfg), method_spec(cfg), out, base, ChunkStepReward(),
+                               splits.rl, splits.eval, logger, "")
+        first_update = seen[:len(seen) // cfg.policy.mu]  # the same tensors again for update 2
         torch.save(torch.cat(first_update), out / f"advantages-rank{rank}.pt")
     else:
         from process_supervision.formats import read_step_rows

@@ -22,6 +22,6 @@ def batch_rollout(lengths=LENGTHS, width=WIDTH, truncated=None) -> Rollout:
 
 def recipe_config(name, *extra):
     """The recipe over the tiny config, at this batch's sizes."""
-    return load_config("configs/tiny.yaml", ["grpo.supervision=outcome", "grpo.group_size=3",
-                                             "grpo.questions_per_step=2",
-                                             "grpo.max_new_tokens=4", *extra], recipe=name)
+    return load_config("configs/tiny.yaml", ["policy.supervision=outcome", "policy.group_size=3",
+                                             "policy.questions_per_step=2",
+                                             "policy.max_new_tokens=4", *extra], recipe=name)

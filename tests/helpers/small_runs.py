@@ -4,7 +4,7 @@ has signal), a recipe run on the small model, and a weight comparison."""
 import torch
 
 from configs import load_config
-from policy.algorithms import train_policy
+from iteration.resolve import train_policy
 from policy.rewards import Scores
 from runtime.data import load_splits
 from runtime.models import load_causal_lm
@@ -32,9 +32,9 @@ def run_recipe(tmp_path, recipe: str | None, *extra: str, reward=None):
     """`recipe` over the small config (outcome supervision, a save every step) from a tiny
     random model built once in `tmp_path/base`; returns (base, final export). Metrics go to
     `tmp_path/m.jsonl`."""
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "grpo.eval_every=0",
-                                            "run.wandb_mode=disabled", "grpo.supervision=outcome",
-                                            "grpo.save_every=1", *extra], recipe=recipe)
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.eval_every=0",
+                                            "run.wandb_mode=disabled", "policy.supervision=outcome",
+                                            "policy.save_every=1", *extra], recipe=recipe)
     splits = load_splits(cfg.data, 0)
     base = tmp_path / "base"
     if not (base / "config.json").exists():

@@ -31,9 +31,9 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1", "data.val_questions=4",
             "eval.max_new_tokens=6", "deepspeed.micro_batch_size=4"],
     "rm": ["rm.epochs=2", "rm.save_every=1", "rm.lm_weight=0"],  # tag rows alone, as on GPUs
-    "grpo": ["grpo.steps=2", "grpo.save_every=1", "grpo.mu=1", "grpo.temperature=1.0",
-             "grpo.rollout_questions=1"],
-    "ppo": ["grpo.steps=2", "grpo.save_every=1", "grpo.mu=1", "ppo.critic_lr=1e-3"],
+    "grpo": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "policy.temperature=1.0",
+             "policy.rollout_questions=1"],
+    "ppo": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "ppo.critic_lr=1e-3"],
 }
 PRECISION = {"fp32": [], "bf16": ["deepspeed.bf16=true", "model.dtype=bfloat16"]}
 
@@ -48,11 +48,13 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
 
     torch.manual_seed(0)
     if kind == "sft":
+        from iteration.resolve import policy_stage
         from policy.algorithms.sft import train_sft
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides])
         splits = load_splits(cfg.data, 0)
-        return train_sft(cfg, out, base, splits.sft[:64], splits.val, logger, "")
+        return train_sft(policy_stage(cfg), cfg.sft, out, base, splits.sft[:64], splits.val,
+                         logger, "")
     if kind == "rm":
         from process_supervision.formats import StepExample
         from reward_model.train import train_reward_model
@@ -62,7 +64,7 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
                                                              f"The answer is {i + 1 + i % 2}"),
                                 (float(i % 2 == 0),) * 2, f"row{i}") for i in range(8)]
         return train_reward_model(cfg, out / "rm", base, examples, logger, "")
-    from policy.algorithms import train_policy
+    from iteration.resolve import train_policy
 
     cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides],
                       recipe="ppo" if kind == "ppo" else None)

@@ -13,20 +13,19 @@ from typing import Callable
 
 import torch
 
-from configs.schema import Config, GRPOConfig, PPOConfig
+from configs.schema import PolicyConfig, PPOConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.kit import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
                         policy_engines, reference_logprobs, sampling_seed, step_questions)
-from policy.math.losses import policy_loss
 from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                                length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from policy.rewards import RewardFn, ValueSource
+from policy.stage import PolicyStage, PPOSpec
 from runtime.checkpoint import export
 from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gather_rows, global_sum, world
 from runtime.models import accelerator, load_causal_lm, load_tokenizer
-from runtime.prompts import prompt_format
 from runtime.tracking import MetricsLogger
 from runtime.training import Trainer, stage_done
 
@@ -50,7 +49,8 @@ def critic_from(lm, score: torch.Tensor | None = None):
     return critic
 
 
-def load_critic(cfg, policy_path, reward_fn: RewardFn, path: Path | None = None):
+def load_critic(stage: PolicyStage, spec: PPOSpec, policy_path, reward_fn: RewardFn,
+                path: Path | None = None):
     """The critic: a saved one (`path`: value pretraining's export), else built as
     `ppo.critic_init` says, from the starting policy or from the reward model GRPO is rewarded
     by (its head: the lm_head rows of '+' minus '-', so V starts as the RM's logit margin)."""
@@ -58,12 +58,13 @@ def load_critic(cfg, policy_path, reward_fn: RewardFn, path: Path | None = None)
 
     if path is not None:
         return AutoModelForTokenClassification.from_pretrained(
-            str(path), dtype=getattr(torch, cfg.model.dtype)).to(accelerator())
-    if cfg.ppo.critic_init == "policy":
-        return critic_from(load_causal_lm(policy_path, cfg.model, device="cpu")).to(accelerator())
+            str(path), dtype=getattr(torch, stage.model.dtype)).to(accelerator())
+    if not spec.critic_from_reward_model:
+        return critic_from(load_causal_lm(policy_path, stage.model, device="cpu")
+                           ).to(accelerator())
     if not isinstance(reward_fn, ValueSource):
         raise ValueError("ppo.critic_init=reward_model: the reward here is not a reward model "
-                         "(grpo.reward rule or step_oracle); use ppo.critic_init=policy, or "
+                         "(policy.reward rule or step_oracle); use ppo.critic_init=policy, or "
                          "`igrpo iterate`, whose GRPO is rewarded by the reward models")
     return critic_from(*reward_fn.value_init()).to(accelerator())
 
@@ -102,22 +103,22 @@ class Targets:
 
 
 def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, ref_logprobs,
-                values: torch.Tensor, cfg, lam_critic: float | None = None,
+                values: torch.Tensor, beta: float, spec: PPOSpec, lam_critic: float | None = None,
                 last_values: torch.Tensor | None = None,
                 loss_mask: torch.Tensor | None = None) -> Targets:
     """Token rewards (eq. 2), GAE advantages (whitened over the trained tokens) and critic
     targets. `lam_critic`: in place of `ppo.lam_critic` (value pretraining's 1.0);
     `last_values`: T-PPO's bootstrap for unfinished rows; `loss_mask`: the tokens trained
     (default: every completion token)."""
-    g, p = cfg.grpo, cfg.ppo
+    p = spec.settings
     mask = rollout.completion_mask.float()
     width = mask.shape[1]
-    if g.supervision == "process":
+    if spec.per_step:
         placed = step_end_rewards(scores.step_rewards, scores.step_mask, scores.step_end_index,
                                   width)
     else:
         placed = last_token_rewards(rewards, mask)
-    token_rewards = placed + kl_penalty_rewards(old_logprobs, ref_logprobs, mask, g.beta)
+    token_rewards = placed + kl_penalty_rewards(old_logprobs, ref_logprobs, mask, beta)
     lam = length_adaptive_lambda(rollout.lengths, p.length_adaptive_alpha) \
         if p.length_adaptive_alpha else p.lam_actor
     advantages, _ = gae(token_rewards, values, mask, p.gamma, lam, last_values)
@@ -154,8 +155,8 @@ def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p:
 
 
 def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torch.Tensor,
-               g: GRPOConfig, p: PPOConfig, plan, where: str) -> dict:
-    """One optimizer step of the policy: `grpo.loss`'s clipped surrogate on the GAE advantages
+               g: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
+    """One optimizer step of the policy: `policy.loss`'s clipped surrogate on the GAE advantages
     (no KL term: it is in the rewards), plus VAPO's LM loss on right samples."""
     engine, world_size = trainer.engine, world()[1]
     mask = targets.mask
@@ -167,16 +168,16 @@ def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torc
         logprobs = completion_logprobs(engine, rollout.input_ids[rows],
                                        rollout.attention_mask[rows], rollout.prompt_ids.shape[1])
         old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
-        result = policy_loss(g.loss, g.supervision).fn(
+        result = spec.loss(
             logprobs, old, None, targets.advantages[rows], mask[rows],
             clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=0.0,
             num_sequences=num_sequences, num_tokens=max(targets.num_tokens, 1.0),
             max_tokens=g.max_new_tokens)
         loss = result.loss
-        if p.positive_nll_weight:
+        if spec.settings.positive_nll_weight:
             nll = positive_nll(logprobs, mask[rows], right[rows], right_tokens)
             stats["nll"] += nll.item()
-            loss = loss + p.positive_nll_weight * nll
+            loss = loss + spec.settings.positive_nll_weight * nll
         share = float(mask[rows].sum()) / max(targets.num_tokens, 1.0)
         stats["loss"] += loss.item()
         stats["clip"] += result.clip_fraction.item() * share
@@ -200,16 +201,16 @@ def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, pla
 
 
 def train_passes(trainer: Trainer, critic, rollout: Rollout, targets: Targets,
-                 right: torch.Tensor, cfg, plan, where: str) -> dict:
-    """`grpo.mu` passes of one policy and one critic step each; their stats averaged."""
-    g, p = cfg.grpo, cfg.ppo
+                 right: torch.Tensor, g: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
+    """`policy.mu` passes of one policy and one critic step each; their stats averaged."""
     trainer.engine.train()
     critic.train()
     stats: dict = {}
     for update in range(g.mu):
         at = f"{where}, update {update + 1}"
-        for key, value in {**actor_step(trainer, rollout, targets, right, g, p, plan, at),
-                           **critic_step(trainer, critic, rollout, targets, p, plan, at)}.items():
+        for key, value in {**actor_step(trainer, rollout, targets, right, g, spec, plan, at),
+                           **critic_step(trainer, critic, rollout, targets, spec.settings, plan,
+                                         at)}.items():
             stats[key] = stats.get(key, 0.0) + value / g.mu
     return stats
 
@@ -266,21 +267,22 @@ class ValueStage:
     fmt: object
 
 
-def value_stage(cfg: Config, out: Path, desc: str, policy_path, reward_fn: RewardFn,
+def value_stage(stage: PolicyStage, spec: PPOSpec, out: Path, desc: str, policy_path,
+                reward_fn: RewardFn,
                 rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
                 reference_path=None, evaluate_ends: bool = True) -> ValueStage:
     """Build a value-based stage in `out`: the policy and reference engines, the critic (after
     VC-PPO's value pretraining where `ppo.value_pretrain_steps` asks for it), and a trainer
-    whose wall-clock budget (`grpo.max_minutes`) is what value pretraining left."""
-    g, p = cfg.grpo, cfg.ppo
-    tokenizer, plan, engine, reference = policy_engines(cfg, policy_path, reference_path)
-    sampler = Sampler(engine, None, cfg, policy_path)
-    pretrained = pretrain_values(cfg, out, sampler, policy_path, reward_fn, rl_records, plan) \
-        if p.value_pretrain_steps else None
-    critic = build_engine(load_critic(cfg, policy_path, reward_fn, pretrained), cfg.deepspeed,
-                          lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
+    whose wall-clock budget (`policy.max_minutes`) is what value pretraining left."""
+    g, p = stage.policy, spec.settings
+    tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
+    sampler = Sampler(engine, None, stage.vllm, policy_path)
+    pretrained = pretrain_values(stage, spec, out, sampler, policy_path, reward_fn, rl_records,
+                                 plan) if p.value_pretrain_steps else None
+    critic = build_engine(load_critic(stage, spec, policy_path, reward_fn, pretrained),
+                          stage.deepspeed, lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
-    fmt = prompt_format(cfg.data)
+    fmt = stage.prompts
     budget = g.max_minutes * 60
     if budget and pretrained is not None:
         budget = max(budget - pretrain_seconds(pretrained), 1e-3)
@@ -288,12 +290,13 @@ def value_stage(cfg: Config, out: Path, desc: str, policy_path, reward_fn: Rewar
                       companions={"critic": critic},
                       fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
-    evaluate = make_evaluator(cfg, sampler, tokenizer, eval_records, fmt, trainer, evaluate_ends)
+    evaluate = make_evaluator(stage.evaluation, sampler, tokenizer, eval_records, fmt, trainer,
+                              evaluate_ends)
     return ValueStage(tokenizer, plan, engine, reference, critic, trainer, sampler, evaluate, fmt)
 
 
 def end_value_step(stage: ValueStage, metrics: dict, timing: dict, started: float,
-                   g: GRPOConfig, evaluate_ends: bool) -> None:
+                   g: PolicyConfig, evaluate_ends: bool) -> None:
     """Close a step: its update's seconds, the optimizer step count, the metrics (with the
     evaluation due), and the state when a save is due."""
     trainer = stage.trainer
@@ -323,40 +326,40 @@ def pretrain_seconds(critic_path: Path) -> float:
     return json.loads((Path(critic_path).parent / "done.json").read_text()).get("seconds", 0.0)
 
 
-def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: RewardFn,
-                    rl_records: list[MathRecord], plan) -> Path:
+def pretrain_values(stage: PolicyStage, spec: PPOSpec, out: Path, sampler: Sampler, policy_path,
+                    reward_fn: RewardFn, rl_records: list[MathRecord], plan) -> Path:
     """VC-PPO's value pretraining (Yuan et al. 2025, §4.1): `ppo.value_pretrain_steps` critic
     steps on samples of the starting policy (`sampler`, not trained meanwhile), fit to lambda =
     1 targets (Monte Carlo returns). Its own resumable stage `<out>/value-pretrain`, on
     questions of a stream the PPO steps do not draw from; returns the critic's export."""
-    g, p = cfg.grpo, cfg.ppo
-    stage = out / "value-pretrain"
-    if stage_done(stage):
-        return stage / "critic"
+    g, p, seed = stage.policy, spec.settings, stage.seed
+    folder = out / "value-pretrain"
+    if stage_done(folder):
+        return folder / "critic"
     rank, world_size = world()
-    tokenizer = load_tokenizer(policy_path, cfg.model)
-    critic = build_engine(load_critic(cfg, policy_path, reward_fn), cfg.deepspeed,
+    tokenizer = load_tokenizer(policy_path, stage.model)
+    critic = build_engine(load_critic(stage, spec, policy_path, reward_fn), stage.deepspeed,
                           lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     # its metrics go to a file of its own: the PPO stage's logger rewinds to PPO's steps
-    own = MetricsLogger(stage / "metrics.jsonl", config={}, mode="disabled", project="",
+    own = MetricsLogger(folder / "metrics.jsonl", config={}, mode="disabled", project="",
                         name="value-pretrain")
-    trainer = Trainer(stage, critic, own, p.value_pretrain_steps, desc="value pretraining",
+    trainer = Trainer(folder, critic, own, p.value_pretrain_steps, desc="value pretraining",
                       max_seconds=g.max_minutes * 60, fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
-    fmt = prompt_format(cfg.data)
-    sample = make_sample(sampler, tokenizer, fmt, reward_fn, g, rank,
-                        g.questions_per_step // world_size, {"rollout": 0.0, "scoring": 0.0})
+    sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,
+                         g.questions_per_step // world_size, {"rollout": 0.0, "scoring": 0.0})
     while trainer.running():
         step = trainer.step
         sampled = sample(step_questions(rl_records, step, g.questions_per_step,
-                                        cfg.run.seed + 31_337),
-                         (trainer.state.get("sample_seed", cfg.run.seed), step))
+                                        seed + 31_337),
+                         (trainer.state.get("sample_seed", seed), step))
         sampler.rest()
         critic.eval()
         values = forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
         targets = ppo_targets(sampled.rollout, sampled.scores, sampled.rewards,
-                              torch.zeros_like(values), None, values, cfg, lam_critic=1.0)
+                              torch.zeros_like(values), None, values, g.beta, spec,
+                              lam_critic=1.0)
         critic.train()
         stats = critic_step(trainer, critic, sampled.rollout, targets, p, plan,
                             f"value pretraining step {step + 1}")
@@ -365,7 +368,7 @@ def pretrain_values(cfg, out: Path, sampler: Sampler, policy_path, reward_fn: Re
                      "critic/pretrain_grad_norm": stats["critic_grad_norm"]})
         if trainer.due(g.save_every):
             trainer.save()
-    trainer.finish(tokenizer, stage / "critic", "",
+    trainer.finish(tokenizer, folder / "critic", "",
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     own.close()
-    return stage / "critic"
+    return folder / "critic"
