@@ -141,7 +141,10 @@ class Session:
         from runtime.engine import broadcast_from_main, init_distributed, is_main
         from runtime.rundir import RunDir
 
+        from iteration.resolve import resolve
+
         self.cfg, self.stage = cfg, stage
+        self.wiring = resolve(cfg)  # the config's strings as objects, once
         os.environ.setdefault("WANDB_SILENT", "true")
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
@@ -238,43 +241,36 @@ def warm_start(session: Session, required: bool = True) -> Path:
 
 
 def run_sft(session: Session) -> Path:
-    from iteration.resolve import policy_stage
     from policy.algorithms.sft import train_sft
-    from runtime.data import run_splits
 
-    if not session.cfg.sft.enabled:
+    w = session.wiring
+    if not w.sft.enabled:
         raise ConfigError("sft.enabled=false: this config starts from model.policy_path as it "
                           "is; set sft.enabled=true to train a warm start")
-    splits = run_splits(session.cfg)
+    splits = w.splits()
     logger = session.logger("sft")
     try:
-        return train_sft(policy_stage(session.cfg), session.cfg.sft, session.run.path,
-                         base_policy(session), splits.sft, splits.val, logger,
-                         session.config_yaml)
+        return train_sft(w.stage, w.sft, session.run.path, base_policy(session), splits.sft,
+                         splits.val, logger, session.config_yaml)
     finally:
         logger.close()
 
 
 def run_grpo(session: Session) -> Path:
-    from iteration import stages
-    from iteration.resolve import train_policy
-    from runtime.data import run_splits
+    from iteration.resolve import grpo_reward_problem, make_reward
     from runtime.models import load_tokenizer
 
-    cfg = session.cfg
-    if cfg.policy.reward == "rm" and not cfg.rm.path:
-        raise ConfigError("policy.reward=rm: name the reward model with rm.path (any family); "
-                          "`igrpo iterate` rewards with the reward models it trains")
-    if cfg.policy.supervision == "process" and cfg.policy.reward == "rule":
-        raise ConfigError("policy.supervision=process needs step rewards: set policy.reward="
-                          "step_oracle, or run `igrpo iterate` (which rewards with the PRM)")
-    splits = run_splits(cfg)
+    w = session.wiring
+    problem = grpo_reward_problem(w)
+    if problem:
+        raise ConfigError(problem)
+    splits = w.splits()
     start = warm_start(session)
-    reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), cfg.policy.reward)
+    reward = make_reward(w, load_tokenizer(start, w.stage.model), w.reward)
     logger = session.logger("grpo")
     try:
-        return train_policy(cfg, session.run.path, start, reward, splits.rl, splits.eval, logger,
-                            session.config_yaml)
+        return w.train_policy(session.run.path, start, reward, splits.rl, splits.eval, logger,
+                              session.config_yaml)
     finally:
         logger.close()
 
@@ -288,7 +284,6 @@ def newest_export(run: Path, patterns: tuple[str, ...]) -> Path | None:
 
 def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     from iteration import stages
-    from runtime.data import run_splits
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
@@ -297,8 +292,9 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
             session.run.path, ("grpo/final", "grpo/iteration-*/final", "sft/best"))
     if checkpoint is None:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
-    model, tokenizer = stages.load_policy(cfg, checkpoint)
-    metrics = stages.evaluate(cfg, model, tokenizer, run_splits(cfg).eval)
+    w = session.wiring
+    model, tokenizer = stages.load_policy(w, checkpoint)
+    metrics = stages.evaluate(w, model, tokenizer, w.splits().eval)
     metrics["checkpoint"] = str(checkpoint)
     folder = Path(checkpoint).parent
     name = f"{folder.parent.name}-{folder.name}" if folder.name.startswith("iteration-") \
@@ -314,15 +310,13 @@ def run_label(session: Session) -> Path:
     from iteration import stages
     from process_supervision.formats import write_math_shepherd_jsonl
     from process_supervision.label import label_statistics
-    from runtime.data import run_splits
     from runtime.engine import is_main
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
     out = session.run.child("labels")
-    questions = stages.label_questions(run_splits(cfg).rl,
-                                       cfg.label.questions, 0)
-    labelled = stages.label(cfg, warm_start(session), questions, out)
+    questions = stages.label_questions(session.wiring.splits().rl, cfg.label.questions, 0)
+    labelled = stages.label(session.wiring, warm_start(session), questions, out)
     dataset = out / "math_shepherd.jsonl"
     if is_main():
         write_math_shepherd_jsonl(dataset, [x.example(soft=False) for x in labelled],
@@ -337,20 +331,19 @@ def rm_init(session: Session) -> str | Path:
     """The backbone a reward model starts from: `rm.init_path`, else the run's warm start (the
     tiny base model where no SFT ran)."""
     from iteration import stages
-    return stages.rm_backbone(session.cfg, warm_start(session, required=False))
+    return stages.rm_backbone(session.wiring, warm_start(session, required=False))
 
 
 def run_train_rm(session: Session) -> Path:
     from reward_model.examples import training_examples
     from reward_model.train import train_reward_model
-    from runtime.data import run_splits
 
     cfg = session.cfg
-    splits = run_splits(cfg)
+    splits = session.wiring.splits()
     examples = training_examples(cfg.rm, splits.rl, cfg.run.seed, cfg.label.soft)
     logger = session.logger(f"rm-{cfg.rm.kind}")
     try:
-        return train_reward_model(cfg, session.run.child(f"rm-{cfg.rm.kind}"), rm_init(session),
+        return train_reward_model(session.wiring.rm, session.run.child(f"rm-{cfg.rm.kind}"), rm_init(session),
                                   examples, logger, session.config_yaml)
     finally:
         logger.close()
@@ -361,26 +354,24 @@ def run_eval_rm(session: Session) -> dict:
     (rm-orm, rm-prm, `iterate`'s included): step metrics on held-out labelled solutions, the PRM
     on `eval.prm_benchmark`, and best-of-N among the warm start's samples."""
     from iteration import stages
-    from runtime.data import run_splits
     from runtime.rundir import atomic_write_json
 
-    cfg = session.cfg
-    if cfg.eval.prm_benchmark:
-        stages.prm_benchmark(cfg)  # a bad file stops here, before any model loads
+    cfg, w = session.cfg, session.wiring
+    if cfg.eval.prm_benchmark:  # a bad file stops here, before any model loads
+        stages.prm_benchmark(cfg.eval.prm_benchmark)
     if cfg.rm.path:
         paths = {cfg.rm.kind: Path(cfg.rm.path)}
     else:
         paths = {kind: newest_export(session.run.path, (f"rm-{kind}/final",
                                                         f"rm-{kind}/iteration-*/final"))
                  for kind in stages.KINDS}
-    scorers = {kind: stages.load_scorer(cfg, path) for kind, path in paths.items() if path}
+    scorers = {kind: stages.load_scorer(w, path) for kind, path in paths.items() if path}
     if not scorers:
         raise SystemExit(f"no reward model in {session.run.path}: run `igrpo train-rm` first, "
                          "or name one with rm.path")
-    model, tokenizer = stages.load_policy(cfg, warm_start(session)) \
+    model, tokenizer = stages.load_policy(w, warm_start(session)) \
         if cfg.rm.bon_questions else (None, None)
-    report = stages.reward_model_report(cfg, scorers, model, tokenizer,
-                                        run_splits(cfg).eval)
+    report = stages.reward_model_report(w, scorers, model, tokenizer, w.splits().eval)
     report = {**report["rm"], **report.get("benchmark", {}),
               **{f"bon/{key}": v for key, v in report["bon"].items()}}
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)
@@ -392,12 +383,9 @@ def run_iterate(session: Session) -> list[dict]:
     """DeepSeekMath's Algorithm 1 end to end (iteration/loop.py); resumes an existing run."""
     from iteration.loop import IterationRun
     from iteration.summary import table
-    from runtime.data import run_splits
 
-    cfg = session.cfg
-    splits = run_splits(cfg)
-    loop = IterationRun(cfg, session.run.path, base_policy(session), splits, session.logger,
-                        session.config_yaml)
+    loop = IterationRun(session.wiring, session.run.path, base_policy(session),
+                        session.wiring.splits(), session.logger, session.config_yaml)
     iterations = loop.run_all()
     print("\n" + table(iterations))
     print(f"\nsummary: {session.run.path / 'summary.json'}")

@@ -62,7 +62,7 @@ template = _load("configs/tiny.yaml").data.prompt_template
 result = {}
 if side == "ours":
     from configs import load_config
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from runtime.tracking import MetricsLogger, read_metrics
     cfg = load_config("configs/tiny.yaml", [
@@ -75,7 +75,7 @@ if side == "ours":
         + (["model.dtype=bfloat16", "deepspeed.bf16=true"] if bf16 else []))
     logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="",
                            enabled=RANK == 0)
-    train_policy(cfg, Path(out), policy, RuleReward(), records, records[:1], logger, "")
+    resolve(cfg).train_policy(Path(out), policy, RuleReward(), records, records[:1], logger, "")
     if RANK == 0:  # the step's metrics cover every rank's samples
         rows = [r for r in read_metrics(Path(out) / "m.jsonl") if "time/step" in r][1:]
         med = lambda k: statistics.median(r[k] for r in rows)

@@ -34,7 +34,7 @@ torch.set_num_threads(2)
 recipe, policy, steps, out = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 from pathlib import Path
 from configs import load_config
-from iteration.resolve import train_policy
+from iteration.resolve import resolve
 from policy.rewards import RuleReward
 from runtime.data import load_splits
 from runtime.tracking import MetricsLogger, read_metrics
@@ -45,7 +45,7 @@ cfg = load_config("configs/tiny.yaml", [
     "run.threads=2", "policy.beta=0.04"], recipe=recipe)
 splits = load_splits(cfg.data, 0)
 logger = MetricsLogger(Path(out) / "m.jsonl", config={}, mode="disabled", project="", name="")
-train_policy(cfg, Path(out), policy, RuleReward(), splits.rl, splits.eval, logger, "",
+resolve(cfg).train_policy(Path(out), policy, RuleReward(), splits.rl, splits.eval, logger, "",
            evaluate_ends=False)
 rows = read_metrics(Path(out) / "m.jsonl")[1:]
 peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def point(base: Path, group: int, length: int, questions: int, steps: int) -> dict:
     from configs import load_config
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from runtime.data import synthetic_records
     from runtime.tracking import MetricsLogger, read_metrics
@@ -36,7 +36,7 @@ def point(base: Path, group: int, length: int, questions: int, steps: int) -> di
         "deepspeed.micro_batch_size=64", "run.wandb_mode=disabled"])
     records = synthetic_records(5, questions * steps, 2, 4)
     logger = MetricsLogger(out / "m.jsonl", config={}, mode="disabled", project="", name="")
-    train_policy(cfg, out, base, RuleReward(), records, records[:1], logger, "")
+    resolve(cfg).train_policy(out, base, RuleReward(), records, records[:1], logger, "")
     rows = [r for r in read_metrics(out / "m.jsonl") if "time/step" in r][1:]
     tokens = statistics.median(r["rollout/length_mean"] for r in rows) * questions * group
     return {"G": group, "length": length, "tokens": tokens,

@@ -35,7 +35,7 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
 
 def measure(name: str, path: str, repeats: int, solutions: int) -> list[str]:
     from configs import load_config
-    from iteration.resolve import policy_stage
+    from iteration.resolve import resolve
     from policy.generation.rollout import generate_groups
     from policy.generation.vllm import engine_for
     from process_supervision.label import Labeller, Solution
@@ -52,7 +52,7 @@ def measure(name: str, path: str, repeats: int, solutions: int) -> list[str]:
                  for r in synthetic_records(7, solutions, 2, 4)]
     hf = load_causal_lm(path).eval()
     started = time.perf_counter()
-    engine = engine_for(policy_stage(cfg).vllm, path)
+    engine = engine_for(resolve(cfg).stage.vllm, path)
     start_up = time.perf_counter() - started
     rows = []
     rates = {}

@@ -150,14 +150,14 @@ def _apply_recipe(cfg: DictConfig, name: str) -> DictConfig:
     return cfg
 
 
-def _recipe_name(cfg: DictConfig, overrides, recipe: str | None) -> str:
-    """--recipe, else a `run.recipe=` override, else the config file's run.recipe."""
+def _recipe_name(file_recipe: str, overrides, recipe: str | None) -> str:
+    """--recipe, else a `run.recipe=` override, else the config file's (`file_recipe`)."""
     if recipe:
         return recipe
     for o in overrides:
         if o.split("=", 1)[0].lstrip("+") == "run.recipe":
             return o.split("=", 1)[1]
-    return cfg.run.recipe
+    return file_recipe
 
 
 # Model folders shipped in runtime/bundled, named `bundled:<name>` in a config.
@@ -247,7 +247,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         where = "command-line overrides"
         overrides = renamed_overrides(overrides, where)
         check_keys(_override_keys(overrides), where)
-        name = _recipe_name(cfg, overrides, recipe)
+        name = _recipe_name(cfg.run.recipe, overrides, recipe)
         if name:
             where = f"recipe {name}"
             cfg = _apply_recipe(cfg, name)
@@ -267,8 +267,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{where}: key {key!r} = {value!r}; expected one of {allowed}")
-    _check_lengths(cfg, where)
-    _check_value_family(cfg, where)
+    _check_lengths(cfg.data, cfg.policy, cfg.label, cfg.rm, where)
+    _check_value_family(cfg.policy, cfg.ppo, cfg.rollout.backend, where)
     _check_mini_batches(cfg.policy, cfg.grpo.token_budget_share, where)
     _check_algorithm_options(cfg.policy, cfg.grpo, where)
     _check_reward_family(cfg.rm, where)
@@ -290,9 +290,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return cfg
 
 
-def _check_value_family(cfg, where: str) -> None:
-    """What the PPO family cannot combine with (checked before any work starts)."""
-    g, p = cfg.policy, cfg.ppo
+def _check_value_family(g, p, backend: str, where: str) -> None:
+    """What the PPO family cannot combine with (checked before any work starts): `g` the
+    policy section, `p` ppo's, `backend` the rollout's."""
     if g.algorithm not in ("ppo", "t_ppo"):
         return
     if g.supervision == "rft":
@@ -302,10 +302,10 @@ def _check_value_family(cfg, where: str) -> None:
         raise ConfigError(f"{where}: policy.algorithm={g.algorithm} with ppo.window_share="
                           f"{p.window_share}: T-PPO (policy.algorithm=t_ppo) needs a window "
                           "share above 0, PPO (ppo) generates whole responses (0)")
-    if p.window_share > 0 and (g.supervision != "outcome" or cfg.rollout.backend != "hf"):
+    if p.window_share > 0 and (g.supervision != "outcome" or backend != "hf"):
         raise ConfigError(f"{where}: ppo.window_share={p.window_share} (T-PPO) runs with "
                           "policy.supervision=outcome and rollout.backend=hf; got "
-                          f"{g.supervision} / {cfg.rollout.backend}")
+                          f"{g.supervision} / {backend}")
     if not 0.0 <= p.lam_actor <= 1.0 or not 0.0 <= p.lam_critic <= 1.0:
         raise ConfigError(f"{where}: ppo.lam_actor / lam_critic = {p.lam_actor} / "
                           f"{p.lam_critic}; expected values in [0, 1]")
@@ -366,19 +366,18 @@ def _check_reward_family(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
 
 
-def _check_lengths(cfg, where: str) -> None:
+def _check_lengths(data, g, lab, rm, where: str) -> None:
     """Lengths that must agree: Math-Shepherd continuations as long as the policy's solutions,
     and reward-model inputs that hold a whole prompt plus solution (else the late steps get no
     score and the ORM scores a cut solution)."""
     from runtime.prompts import resolve_template
 
     try:
-        resolve_template(cfg.data.prompt_template)
+        resolve_template(data.prompt_template)
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from err
-    if not cfg.data.step_separator:
+    if not data.step_separator:
         raise ConfigError(f"{where}: data.step_separator is empty")
-    g, lab, rm, data = cfg.policy, cfg.label, cfg.rm, cfg.data
     if lab.max_new_tokens < g.max_new_tokens:
         raise ConfigError(f"{where}: label.max_new_tokens={lab.max_new_tokens} < "
                           f"policy.max_new_tokens={g.max_new_tokens}: Math-Shepherd continuations "

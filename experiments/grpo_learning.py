@@ -85,7 +85,7 @@ def main() -> None:
 def run_variant(root: str, seed: int, name: str, extra: list[str]) -> float:
     """GRPO from the seed's warm start into `<run>/<name>` (the stage folder name)."""
     from configs import load_config
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.tracking import MetricsLogger
@@ -98,7 +98,7 @@ def run_variant(root: str, seed: int, name: str, extra: list[str]) -> float:
     logger = MetricsLogger(run_path / name / "metrics.jsonl", config={}, mode="disabled",
                            project="", name=name)
     started = time.perf_counter()
-    train_policy(cfg, run_path, run_path / "sft" / "best", RuleReward(), splits.rl, splits.eval,
+    resolve(cfg).train_policy(run_path, run_path / "sft" / "best", RuleReward(), splits.rl, splits.eval,
                logger, "", out_name=name)
     return (time.perf_counter() - started) / 60
 

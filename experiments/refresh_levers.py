@@ -80,14 +80,13 @@ def copy_run(run: Path, out: Path, relabel: bool) -> None:
 def refresh(run: Path, seed: int, overrides: list[str]) -> dict:
     """The refresh units of iteration 1 in `run` under `overrides`; the refresh check."""
     from iteration.loop import IterationRun
-    from runtime.data import run_splits
 
     cfg = igrpo.load_config("configs/tiny.yaml", [f"run.root={run.parent}", f"run.name={run.name}",
                                                   f"run.seed={seed}", "run.wandb_mode=disabled",
                                                   *overrides])
     session = igrpo.Session(cfg, "iterate")
-    loop = IterationRun(cfg, run, Path(cfg.model.policy_path), run_splits(cfg), session.logger,
-                        session.config_yaml)
+    loop = IterationRun(session.wiring, run, Path(cfg.model.policy_path),
+                        session.wiring.splits(), session.logger, session.config_yaml)
     policy = loop._abs(loop.manifest.outputs("grpo/1")["policy"])
     plan = loop.plan()
     loop.manifest.run("label/1", lambda: loop.label(1, policy), plan)

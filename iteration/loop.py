@@ -26,7 +26,7 @@ from typing import Callable
 from iteration import stages
 from iteration.manifest import Manifest
 from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
-from iteration.resolve import policy_stage, train_policy
+from iteration.resolve import Wiring, make_reward
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, write_summary
 from policy.algorithms.sft import train_sft
@@ -42,22 +42,23 @@ from runtime.tracking import MetricsLogger, read_metrics
 class IterationRun:
     """The units of Algorithm 1 over one run folder; each returns JSON-able outputs."""
 
-    def __init__(self, cfg, run_path: Path, base_policy: Path, splits: Splits,
+    def __init__(self, w: Wiring, run_path: Path, base_policy: Path, splits: Splits,
                  make_logger: Callable[[str], MetricsLogger], config_yaml: str):
-        """`make_logger(stage)` opens the metrics logger (JSONL + wandb) of a training stage."""
-        self.cfg, self.run, self.base = cfg, run_path, base_policy
+        """`w`: the resolved config; `make_logger(stage)` opens the metrics logger (JSONL +
+        wandb) of a training stage."""
+        self.w, self.run, self.base = w, run_path, base_policy
         self.splits, self.make_logger, self.config_yaml = splits, make_logger, config_yaml
-        self.manifest = Manifest(run_path / "manifest.json", cfg.run.seed, write=is_main())
-        if cfg.eval.prm_benchmark:  # a bad benchmark file stops the run before any work
-            stages.prm_benchmark(cfg)
+        self.manifest = Manifest(run_path / "manifest.json", w.seed, write=is_main())
+        if w.evals.prm_benchmark:  # a bad benchmark file stops the run before any work
+            stages.prm_benchmark(w.evals.prm_benchmark)
 
     # -- units -----------------------------------------------------------------------------
     def warm_start(self) -> dict:
-        if not self.cfg.sft.enabled:  # Algorithm 1 proper: the given (instruct) policy as it is
+        if not self.w.sft.enabled:  # Algorithm 1 proper: the given (instruct) policy as it is
             return {"policy": self._rel(self.base)}
         logger = self.make_logger("sft")
         try:
-            best = train_sft(policy_stage(self.cfg), self.cfg.sft, self.run, self.base,
+            best = train_sft(self.w.stage, self.w.sft, self.run, self.base,
                              self.splits.sft, self.splits.val, logger, self.config_yaml)
         finally:
             logger.close()
@@ -65,38 +66,38 @@ class IterationRun:
 
     def label(self, k: int, policy: str) -> dict:
         """Sample `policy` on this iteration's RM questions; label for the ORM and the PRM."""
-        cfg = self.cfg
+        w = self.w
         with memory_phase("labelling"):
-            labelled = stages.label(cfg, policy, self._rm_questions(k),
+            labelled = stages.label(w, policy, self._rm_questions(k),
                                     self.run / "labels" / f"iteration-{k}", k)
-        prm_examples = [x.example(soft=cfg.label.soft) for x in labelled]
+        prm_examples = [x.example(soft=w.label.soft) for x in labelled]
         save_iteration(self.run / "replay" / "prm", k, prm_examples)
         save_iteration(self.run / "replay" / "orm", k,
-                       as_orm([x.example(soft=False) for x in labelled], cfg.data.step_separator))
+                       as_orm([x.example(soft=False) for x in labelled], w.data.step_separator))
         return label_statistics(labelled)
 
     def reward_model(self, kind: str, k: int) -> dict:
         """Train (k = 0) or refresh (k > 0, continuing from RM_{k-1}) on new data + replay."""
-        it = self.cfg.iterate
+        it = self.w.iterate
         init = self.base_rm_init() if k == 0 or it.refresh_from == "base" else \
             self._abs(self.manifest.outputs(f"rm-{kind}/{k - 1}")["path"])
         # The first training also reads worked solutions of the SFT set (`rm.worked_solutions`):
         # true labels that teach a small backbone the tagged layout. A refresh draws its 10%
         # replay from earlier iterations' samples and `iterate.refresh_worked_solutions` of
         # those worked solutions together (iteration/replay.py).
-        n_worked = self.cfg.rm.worked_solutions if k == 0 else it.refresh_worked_solutions
+        n_worked = self.w.rm.rm.worked_solutions if k == 0 else it.refresh_worked_solutions
         worked = self._worked(kind, n_worked)
         if k == 0:
             rows = load_iteration(self.run / "replay" / kind, 0) + [(WORKED, ex) for ex in worked]
         else:
             rows = refresh_set(self.run / "replay" / kind, k, it.replay_fraction,
-                               self.cfg.run.seed, worked)
+                               self.w.seed, worked)
         out = self.run / f"rm-{kind}" / f"iteration-{k}"
         epochs = it.refresh_epochs if k > 0 and it.refresh_epochs else None
         logger = self.make_logger(f"rm-{kind}/iteration-{k}")
         try:
             with memory_phase("reward models"):
-                path = train_reward_model(self.cfg, out, init, [ex for _, ex in rows], logger,
+                path = train_reward_model(self.w.rm, out, init, [ex for _, ex in rows], logger,
                                           self.config_yaml, epochs=epochs)
         finally:
             logger.close()
@@ -109,17 +110,16 @@ class IterationRun:
             return []
         records = self.splits.sft[:n]
         if kind == "orm":
-            return worked_orm_examples(records, self.cfg.eval.grade_timeout_s,
-                                       self.cfg.data.step_separator)
+            return worked_orm_examples(records, self.w.evals.grade_timeout_s,
+                                       self.w.data.step_separator)
         return worked_examples(records)
 
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
         """GRPO from `policy` with the reference reset to it, rewarded by the current RMs."""
-        cfg = self.cfg
-        tokenizer = load_tokenizer(policy, cfg.model)
+        tokenizer = load_tokenizer(policy, self.w.stage.model)
         logger = self.make_logger(f"grpo/iteration-{k}")
         try:
-            final = train_policy(cfg, self.run, policy, self._reward(tokenizer, rm_iteration),
+            final = self.w.train_policy(self.run, policy, self._reward(tokenizer, rm_iteration),
                                  self.splits.rl, self.splits.eval, logger, self.config_yaml,
                                  out_name=f"grpo/iteration-{k}", reference_path=policy,
                                  evaluate_ends=False)  # eval/{k-1} and eval/k do that
@@ -130,17 +130,17 @@ class IterationRun:
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N:
         the questions spread over the ranks, the same entry on every rank."""
-        cfg = self.cfg
+        w = self.w
         with memory_phase("evaluation: sampling"):
-            model, tokenizer = stages.load_policy(cfg, policy)
-            metrics = stages.evaluate(cfg, model, tokenizer, self.splits.eval,
+            model, tokenizer = stages.load_policy(w, policy)
+            metrics = stages.evaluate(w, model, tokenizer, self.splits.eval,
                                       progress=is_main(),
                                       outcomes_path=self.run / "eval" / f"iteration-{k}.json")
         entry = {"iteration": k, "policy": self._rel(policy),
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
-                 **stages.reward_model_report(cfg, self._scorers(rm_iteration), model,
+                 **stages.reward_model_report(w, self._scorers(rm_iteration), model,
                                               tokenizer, self.splits.eval)}
-        if k > 1 and cfg.iterate.refresh and cfg.rm.bon_questions:
+        if k > 1 and w.iterate.refresh and w.rm.rm.bon_questions:
             entry["refresh"] = self.manifest.outputs(f"refresh-check/{k - 1}")
         # What the reward models that judged this iteration trained on: new, replayed, worked.
         entry["reward_model_data"] = {
@@ -161,22 +161,21 @@ class IterationRun:
         samples of the policy they will judge next (`policy`, at GRPO's temperature): in-group
         AUROC, best-of-N pick, and (synthetic task) step accuracy against the step oracle; the
         same samples for both (`rm.bon_questions` held-out questions x `rm.bon_samples`)."""
-        cfg = self.cfg
-        model, tokenizer = stages.load_policy(cfg, policy)
+        model, tokenizer = stages.load_policy(self.w, policy)
         previous, refreshed = self._scorers(k - 1), self._scorers(k)
-        return stages.refresh_report(cfg, previous, refreshed, model, tokenizer,
+        return stages.refresh_report(self.w, previous, refreshed, model, tokenizer,
                                      self.splits.eval)
 
     # -- the loop ----------------------------------------------------------------------------
     def units(self) -> list[tuple[str, Callable[[], dict]]]:
         """(name, work) of every unit of the run, in the order `run_all` runs them. A unit reads
         the policy it starts from out of the manifest when it runs (`_policy_after`)."""
-        refresh = self.cfg.iterate.refresh
+        refresh = self.w.iterate.refresh
         units = [("sft", self.warm_start),
                  ("label/0", lambda: self.label(0, self._policy_after(0))),
                  *((f"rm-{kind}/0", partial(self.reward_model, kind, 0)) for kind in KINDS),
                  ("eval/0", lambda: self.evaluate(0, self._policy_after(0), 0))]
-        for k in range(1, self.cfg.iterate.iterations + 1):
+        for k in range(1, self.w.iterate.iterations + 1):
             if k > 1 and refresh:
                 units += [(f"label/{k - 1}", partial(self._label_after, k - 1)),
                           *((f"rm-{kind}/{k - 1}", partial(self.reward_model, kind, k - 1))
@@ -221,21 +220,21 @@ class IterationRun:
 
     # -- helpers -----------------------------------------------------------------------------
     def base_rm_init(self) -> str:
-        return stages.rm_backbone(self.cfg, self._abs(self.manifest.outputs("sft")["policy"]))
+        return stages.rm_backbone(self.w, self._abs(self.manifest.outputs("sft")["policy"]))
 
     def _rm_questions(self, k: int):
-        return stages.label_questions(self.splits.rl, self.cfg.label.questions, k)
+        return stages.label_questions(self.splits.rl, self.w.label.questions, k)
 
     def _scorers(self, rm_iteration: int, kinds=KINDS) -> dict:
         return {kind: stages.load_scorer(
-            self.cfg, self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]))
+            self.w, self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]))
             for kind in kinds}
 
     def _reward(self, policy_tokenizer, rm_iteration: int):
-        choice = self.cfg.iterate.reward
-        kind = "prm" if self.cfg.policy.supervision == "process" else "orm"
-        return stages.make_reward(self.cfg, policy_tokenizer, choice,
-                                  None if choice == "rule" else self._scorers(rm_iteration, [kind]))
+        """GRPO's reward in the loop (`iterate.reward`): the reward model of its supervision
+        (RM_{rm_iteration}), or the rule."""
+        return make_reward(self.w, policy_tokenizer, self.w.iterate.reward,
+                           lambda kinds: self._scorers(rm_iteration, kinds))
 
     def _grpo_means(self, k: int) -> dict:
         """GRPO metrics averaged over iteration k's steps."""

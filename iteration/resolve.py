@@ -6,22 +6,30 @@ nowhere else: a loop receives the function or the flag, never the name. The comm
 allowed values come from the same tables (`configs/loader.py` `CHOICES`, checked against them
 by tests/test_architecture.py).
 
-    stage = policy_stage(cfg)             # PolicyStage: what every policy method reads
-    train = policy_trainer(cfg)           # the method's trainer with its stage and spec bound
-    train(run_path, policy_path, reward_fn, rl, held_out, logger, config_yaml)
+    wiring = resolve(cfg)                 # once, at start-up
+    wiring.stage                          # PolicyStage: what every policy method reads
+    wiring.train_policy(run_path, policy_path, reward_fn, rl, held_out, logger, config_yaml)
+    wiring.rm                             # RMSpec: what reward-model training reads
+
+The stages (iteration/stages.py) and the outer loop (iteration/loop.py) take the `Wiring`;
+below them, every function takes its explicit arguments.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
+
+from configs.schema import DataConfig, EvalConfig, IterateConfig, LabelConfig, SFTConfig
 
 from policy.algorithms import TRAINERS
 from policy.math.advantages import ADVANTAGE_ESTIMATORS, PROCESS_CREDIT, GroupNorm
 from policy.math.losses import POLICY_LOSSES, PolicyLoss
 from policy.stage import (DPOSpec, Evaluation, GRPOSpec, PolicyStage, PPOSpec, RFTSpec, Shaping,
                           VLLMSettings)
-from runtime.data import step_oracle
+from reward_model.train import RMSpec
+from runtime.data import Splits, load_splits, step_oracle
 from runtime.prompts import prompt_format
 
 
@@ -58,7 +66,7 @@ def grpo_spec(policy, grpo, controls) -> GRPOSpec:
         token_budget=budget, zero_advantages=controls.zero_advantages)
 
 
-def method_spec(cfg):
+def _method_spec(cfg):
     """The spec of the method `policy.algorithm` names."""
     p, name = cfg.policy, cfg.policy.algorithm
     if name == "grpo":
@@ -89,27 +97,102 @@ def evaluation(evals, data, seed: int) -> Evaluation:
                       evals.grade_timeout_s, seed, step_oracle(data), data.step_separator)
 
 
-def policy_stage(cfg) -> PolicyStage:
-    """What every policy method reads, from the config."""
-    p = cfg.policy
-    return PolicyStage(
-        seed=cfg.run.seed, policy=p, model=cfg.model, deepspeed=cfg.deepspeed,
+def rm_spec(rm, model, deepspeed, seed: int, run_name: str) -> RMSpec:
+    """What reward-model training reads; `igrpo train-rm` trains the tag LM and the
+    token-classification families (a sequence classifier is only read)."""
+    if rm.family not in ("", "tag_lm", "token_classification"):
+        raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
+                         "token_classification families")
+    return RMSpec(rm, model, deepspeed, seed, run_name,
+                  token_classifier=rm.family == "token_classification")
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The config resolved once: what the stages of Algorithm 1 and the outer loop read. The
+    policy side's objects (`stage`, `method`, `train_policy`) and the reward models' (`rm`),
+    the switches decided here (`per_step`: process supervision), and the sections the stages
+    read as they are."""
+    seed: int
+    run_name: str
+    stage: PolicyStage
+    method: object
+    """The spec of `policy.algorithm` (GRPOSpec, PPOSpec, RFTSpec, DPOSpec)."""
+    train_policy: Callable
+    """train(run_path, policy_path, reward_fn, rl_records, eval_records, logger, config_yaml,
+    **options): that method's trainer with `stage` and `method` bound."""
+    per_step: bool
+    reward: str
+    """`policy.reward` (`igrpo grpo`'s reward: rule, step_oracle, rm; see `make_reward`)."""
+    rm: RMSpec
+    data: DataConfig
+    evals: EvalConfig
+    label: LabelConfig
+    sft: SFTConfig
+    iterate: IterateConfig
+
+    @property
+    def worked_questions(self) -> int:
+        """Real data: the training questions that leave the RL pool as worked solutions,
+        `data.sft_questions` with an SFT stage, else the first reward models'
+        `rm.worked_solutions` (0 by default): a run from an instruct model keeps every one."""
+        return self.data.sft_questions if self.sft.enabled else self.rm.rm.worked_solutions
+
+    def splits(self) -> Splits:
+        """The run's splits (`runtime.data.load_splits`), `worked_questions` out of RL's."""
+        return load_splits(self.data, self.seed, worked_questions=self.worked_questions)
+
+
+def resolve(cfg) -> Wiring:
+    """The config's strings turned into objects, once."""
+    p, seed = cfg.policy, cfg.run.seed
+    stage = PolicyStage(
+        seed=seed, policy=p, model=cfg.model, deepspeed=cfg.deepspeed,
         vllm=vllm_settings(cfg.model, cfg.rollout, cfg.data, (
-            p.max_new_tokens, cfg.eval.max_new_tokens, cfg.label.max_new_tokens), cfg.run.seed),
-        prompts=prompt_format(cfg.data), evaluation=evaluation(cfg.eval, cfg.data, cfg.run.seed),
+            p.max_new_tokens, cfg.eval.max_new_tokens, cfg.label.max_new_tokens), seed),
+        prompts=prompt_format(cfg.data), evaluation=evaluation(cfg.eval, cfg.data, seed),
         shaping=Shaping(round(cfg.grpo.overlong_buffer_share * p.max_new_tokens),
                         cfg.grpo.overlong_penalty, cfg.controls.shuffle_rewards),
         inspect=cfg.inspect)
+    method = _method_spec(cfg)
+    return Wiring(seed, cfg.run.name, stage, method,
+                  partial(TRAINERS[p.algorithm], stage, method), per_step(p.supervision),
+                  p.reward, rm_spec(cfg.rm, cfg.model, cfg.deepspeed, seed, cfg.run.name),
+                  cfg.data, cfg.eval, cfg.label, cfg.sft, cfg.iterate)
 
 
-def policy_trainer(cfg) -> Callable:
-    """train(run_path, policy_path, reward_fn, rl_records, eval_records, logger, config_yaml,
-    **options): the trainer `policy.algorithm` names, with its stage and spec bound."""
-    return partial(TRAINERS[cfg.policy.algorithm], policy_stage(cfg), method_spec(cfg))
+def make_reward(w: Wiring, policy_tokenizer, choice: str,
+                load_scorers: Callable[[list[str]], dict] | None = None):
+    """The GRPO reward callable `choice` names: `rule` (the final answer against the gold
+    one), `step_oracle` (synthetic task: each step's true correctness), or `rm`: the PRM's step
+    scores under process supervision, else the ORM's. `load_scorers(kinds)` gives the reward
+    models ({kind: scorer of any family}); without it, `rm.path`'s."""
+    from policy.rewards import RuleReward
+    from process_supervision.oracle import StepOracleReward
+    from reward_model.families import load_reward_model
+    from reward_model.score import ORMReward, PRMReward
+
+    timeout = w.evals.grade_timeout_s
+    if choice == "rule":
+        return RuleReward(timeout)
+    if choice == "step_oracle":
+        return StepOracleReward(policy_tokenizer, timeout)
+    kind = "prm" if w.per_step else "orm"
+    scorer = load_scorers([kind])[kind] if load_scorers is not None else \
+        load_reward_model(w.rm.rm.path, w.rm.rm, w.stage.model)
+    if w.per_step:
+        return PRMReward(scorer, policy_tokenizer, w.rm.rm.aggregate, timeout,
+                         w.data.step_separator)
+    return ORMReward(scorer, timeout)
 
 
-def train_policy(cfg, run_path, policy_path, reward_fn, rl_records, eval_records, logger,
-                 config_yaml: str, **options):
-    """Resolve the config and run the policy method it names (train_grpo's contract)."""
-    return policy_trainer(cfg)(run_path, policy_path, reward_fn, rl_records, eval_records, logger,
-                               config_yaml, **options)
+def grpo_reward_problem(w: Wiring) -> str | None:
+    """Why `igrpo grpo`'s reward (`policy.reward`) cannot train this config, or None (the outer
+    loop rewards with the reward models it trains, `iterate.reward`)."""
+    if w.reward == "rm" and not w.rm.rm.path:
+        return ("policy.reward=rm: name the reward model with rm.path (any family); "
+                "`igrpo iterate` rewards with the reward models it trains")
+    if w.per_step and w.reward == "rule":
+        return ("policy.supervision=process needs step rewards: set policy.reward=step_oracle, "
+                "or run `igrpo iterate` (which rewards with the PRM)")
+    return None

@@ -1,13 +1,12 @@
-"""The stages of Algorithm 1 as functions of the config: the one API the command line (igrpo.py)
-and the outer loop (iteration/loop.py) both call, so that a stage run alone computes what the
-same stage computes inside `igrpo iterate`.
+"""The stages of Algorithm 1 as functions of the resolved config (`iteration.resolve.Wiring`):
+the one API the command line (igrpo.py) and the outer loop (iteration/loop.py) both call, so
+that a stage run alone computes what the same stage computes inside `igrpo iterate`.
 
     load_policy       a policy checkpoint (or a vLLM engine over it) and its tokenizer
     label_questions   the RL questions whose samples iteration k labels
     label             sample a policy, label every step Math-Shepherd style
     rm_backbone       what a first reward model trains from
     load_scorer       a reward model, read at its tags
-    make_reward       the GRPO reward: rule, step oracle, or the ORM/PRM
     evaluate          held-out greedy, mean@k, maj@k, pass@k, and with a step oracle trace
                       accuracy and the lucky-answer rate (with intervals)
     reward_model_report   step metrics on known first errors, and best-of-N on policy samples
@@ -18,31 +17,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from iteration.resolve import per_step, policy_stage
+from iteration.resolve import Wiring
 from policy.generation.rollout import rest
 from process_supervision.label import Labeller, label_in_shards
 from process_supervision.sampling import sample_solutions
 from reward_model.examples import as_orm, synthetic_step_examples
 from reward_model.report import best_of_n_report, labelled_report
-from runtime.data import MathRecord, step_oracle
+from runtime.data import MathRecord
 from runtime.engine import is_main
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import prompt_format
 
 KINDS = ("orm", "prm")
 
 
-def load_policy(cfg, path: str | Path):
+def load_policy(w: Wiring, path: str | Path):
     """(sampler, tokenizer) of a checkpoint, for the stages that only generate from it
     (labelling, evaluation, best-of-N): the model in eval mode, loaded with the config's model
     options (dtype, attention, trust_remote_code), or with `rollout.backend=vllm` a vLLM engine
     over it (both go through policy.generation.rollout.generate_groups)."""
-    settings = policy_stage(cfg).vllm
-    if settings is not None:
+    model = w.stage.model
+    if w.stage.vllm is not None:
         from policy.generation.vllm import engine_for
 
-        return engine_for(settings, path), load_tokenizer(path, cfg.model)
-    return load_causal_lm(path, cfg.model).eval(), load_tokenizer(path, cfg.model)
+        return engine_for(w.stage.vllm, path), load_tokenizer(path, model)
+    return load_causal_lm(path, model).eval(), load_tokenizer(path, model)
 
 
 def label_questions(rl: list[MathRecord], per_iteration: int, k: int) -> list[MathRecord]:
@@ -51,86 +49,61 @@ def label_questions(rl: list[MathRecord], per_iteration: int, k: int) -> list[Ma
     return rl[len(rl) - (k + 1) * per_iteration:len(rl) - k * per_iteration]
 
 
-def label(cfg, policy: str | Path, questions: list[MathRecord], out: Path, k: int = 0):
+def label(w: Wiring, policy: str | Path, questions: list[MathRecord], out: Path, k: int = 0):
     """Sample `policy` on `questions` (`label.samples_per_question` each) and label every step
     prefix Math-Shepherd style with `label.completer` (default: the same policy). Shards are
     kept in `out`, so an interrupted run resumes them. Returns the labelled solutions."""
-    lab = cfg.label
-    model, tokenizer = load_policy(cfg, policy)
-    fmt = prompt_format(cfg.data)
+    lab, fmt = w.label, w.stage.prompts
+    model, tokenizer = load_policy(w, policy)
     solutions = sample_solutions(model, tokenizer, questions, fmt, lab.samples_per_question,
                                  lab.max_new_tokens, lab.temperature, out / "solutions.jsonl",
-                                 seed=cfg.run.seed * 101 + k)
+                                 seed=w.seed * 101 + k)
     if lab.completer:
-        model, tokenizer = load_policy(cfg, lab.completer)
+        model, tokenizer = load_policy(w, lab.completer)
     labeller = Labeller(model, tokenizer, fmt, lab.num_completions, lab.max_new_tokens,
-                        lab.temperature, cfg.eval.grade_timeout_s, lab.prefixes_per_batch)
+                        lab.temperature, w.evals.grade_timeout_s, lab.prefixes_per_batch)
     labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                               progress=is_main(), seed=cfg.run.seed * 101 + k)
+                               progress=is_main(), seed=w.seed * 101 + k)
     rest(model)  # what runs next (reward-model training) has the GPU without vLLM's pool
     return labelled
 
 
-def rm_backbone(cfg, warm_start: str | Path) -> str | Path:
+def rm_backbone(w: Wiring, warm_start: str | Path) -> str | Path:
     """A first reward model trains from `rm.init_path`, else from the warm start (the paper
     initialises its reward models from the SFT model)."""
-    return cfg.rm.init_path or warm_start
+    return w.rm.rm.init_path or warm_start
 
 
-def load_scorer(cfg, path: str | Path):
+def load_scorer(w: Wiring, path: str | Path):
     """The reward model in `path`, of any family (`reward_model/families.py`)."""
     from reward_model.families import load_reward_model
 
-    return load_reward_model(path, cfg.rm, cfg.model)
+    return load_reward_model(path, w.rm.rm, w.stage.model)
 
 
-def make_reward(cfg, policy_tokenizer, choice: str, scorers: dict | None = None):
-    """The GRPO reward callable: `rule` (the final answer against the gold one), `step_oracle`
-    (synthetic task: each step's true correctness), or `rm`: the PRM's step scores for process
-    supervision, else the ORM's (`scorers[kind]` a scorer of any family)."""
-    from policy.rewards import RuleReward
-    from process_supervision.oracle import StepOracleReward
-    from reward_model.score import ORMReward, PRMReward
-
-    timeout = cfg.eval.grade_timeout_s
-    if choice == "rule":
-        return RuleReward(timeout)
-    if choice == "step_oracle":
-        return StepOracleReward(policy_tokenizer, timeout)
-    if scorers is None:  # `igrpo grpo policy.reward=rm`: the reward model in rm.path
-        scorers = {"prm" if per_step(cfg.policy.supervision) else "orm":
-                   load_scorer(cfg, cfg.rm.path)}
-    if per_step(cfg.policy.supervision):
-        return PRMReward(scorers["prm"], policy_tokenizer, cfg.rm.aggregate, timeout,
-                         cfg.data.step_separator)
-    return ORMReward(scorers["orm"], timeout)
-
-
-def evaluate(cfg, model, tokenizer, records: list[MathRecord], outcomes_path: Path | None = None,
-             progress: bool = True) -> dict:
+def evaluate(w: Wiring, model, tokenizer, records: list[MathRecord],
+             outcomes_path: Path | None = None, progress: bool = True) -> dict:
     """`eval/*` metrics of the policy on `records` at the config's k and temperature. Data
     without a step oracle has no trace metrics, and `eval/trace_metrics` says so."""
     from policy.evaluate import evaluate_policy
 
-    oracle = step_oracle(cfg.data)
+    e = w.stage.evaluation
     metrics = evaluate_policy(
-        model, tokenizer, records, prompt_format(cfg.data), k=cfg.eval.k,
-        temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-        batch_size=cfg.eval.batch_size, timeout_s=cfg.eval.grade_timeout_s, progress=progress,
-        outcomes_path=outcomes_path, seed=cfg.run.seed, step_oracle=oracle,
-        step_separator=cfg.data.step_separator)
+        model, tokenizer, records, w.stage.prompts, k=e.k, temperature=e.temperature,
+        max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, timeout_s=e.timeout_s,
+        progress=progress, outcomes_path=outcomes_path, seed=e.seed, step_oracle=e.step_oracle,
+        step_separator=e.step_separator)
     rest(model)  # what runs next (the reward models' reports) has the GPU without vLLM's pool
-    if oracle is None:
+    if e.step_oracle is None:
         metrics["eval/trace_metrics"] = "no step oracle"
     return metrics
 
 
-def prm_benchmark(cfg):
-    """`eval.prm_benchmark`'s rows (read once a process: a run reads them at its start, so that a
-    bad file stops it before any work)."""
+def prm_benchmark(path: str):
+    """The rows of `eval.prm_benchmark`'s file (read once a process: a run reads them at its
+    start, so that a bad file stops it before any work)."""
     from process_supervision.benchmarks import read_benchmark
 
-    path = cfg.eval.prm_benchmark
     if path not in _BENCHMARKS:
         _BENCHMARKS[path] = read_benchmark(path)
     return _BENCHMARKS[path]
@@ -139,7 +112,7 @@ def prm_benchmark(cfg):
 _BENCHMARKS: dict = {}
 
 
-def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
+def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
                    eval_records: list[MathRecord]) -> dict:
     """Each kind's refreshed reward model beside the one it replaces, on the same samples of
     the policy they will judge (`rm.bon_questions` held-out questions x `rm.bon_samples` at
@@ -148,19 +121,19 @@ def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
     "pick": refreshed - previous with a paired 95% bootstrap interval over the questions (the
     AUROC's over those with right and wrong samples: None without any)}}};
     {} at rm.bon_questions=0."""
-    if not cfg.rm.bon_questions:
+    rm, p = w.rm.rm, w.stage.policy
+    if not rm.bon_questions:
         return {}
     from runtime.stats import paired_difference
 
     scorers = {f"{kind}/{age}": (scorer, kind) for age, found in
                (("previous", previous), ("refreshed", refreshed)) for kind, scorer in found.items()}
     found = best_of_n_report(
-        model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data), scorers,
-        cfg.rm.aggregate, cfg.rm.bon_samples, cfg.policy.temperature, cfg.policy.max_new_tokens,
-        cfg.eval.grade_timeout_s, seed=cfg.run.seed + 7,
-        oracle=step_oracle(cfg.data))
-    out: dict = {"questions": min(len(eval_records), cfg.rm.bon_questions),
-                 "samples": cfg.rm.bon_samples, "temperature": cfg.policy.temperature}
+        model, tokenizer, eval_records[:rm.bon_questions], w.stage.prompts, scorers,
+        rm.aggregate, rm.bon_samples, p.temperature, p.max_new_tokens,
+        w.evals.grade_timeout_s, seed=w.seed + 7, oracle=w.stage.evaluation.step_oracle)
+    out: dict = {"questions": min(len(eval_records), rm.bon_questions),
+                 "samples": rm.bon_samples, "temperature": p.temperature}
     for name in scorers:
         kind, age = name.split("/")
         out.setdefault(kind, {})[age] = {
@@ -176,30 +149,31 @@ def refresh_report(cfg, previous: dict, refreshed: dict, model, tokenizer,
     return out
 
 
-def reward_model_report(cfg, scorers: dict, model, tokenizer,
+def reward_model_report(w: Wiring, scorers: dict, model, tokenizer,
                         eval_records: list[MathRecord]) -> dict:
     """{"rm": step metrics of each reward model on held-out synthetic solutions whose first
     wrong step is known (synthetic task only), "benchmark": the PRM on `eval.prm_benchmark`
     (where set), "bon": best-of-N among the policy's samples (none at rm.bon_questions=0)}."""
     report: dict = {"rm": {}}
-    if cfg.data.source == "synthetic":
-        held_out = synthetic_step_examples(eval_records[:cfg.rm.eval_solutions], cfg.run.seed + 1)
+    rm = w.rm.rm
+    if w.stage.evaluation.step_oracle is not None:  # the synthetic task: first errors known
+        held_out = synthetic_step_examples(eval_records[:rm.eval_solutions], w.seed + 1)
         for kind, scorer in scorers.items():
             examples = as_orm(held_out) if kind == "orm" else held_out
             report["rm"].update({f"{kind}/{key}": v for key, v in
                                  labelled_report(scorer, examples).items()})
-    if cfg.eval.prm_benchmark and "prm" in scorers:
+    if w.evals.prm_benchmark and "prm" in scorers:
         from reward_model.report import benchmark_report
 
-        found = benchmark_report(scorers["prm"], prm_benchmark(cfg))
+        found = benchmark_report(scorers["prm"], prm_benchmark(w.evals.prm_benchmark))
         report["benchmark"] = {**found, "score": found.get("processbench/average_f1",
                                                            found.get("prmbench/prm_score"))}
-    if not cfg.rm.bon_questions:
+    if not rm.bon_questions:
         report["bon"] = {}
         return report
+    e = w.stage.evaluation
     report["bon"] = best_of_n_report(
-        model, tokenizer, eval_records[:cfg.rm.bon_questions], prompt_format(cfg.data),
-        {kind: (scorer, kind) for kind, scorer in scorers.items()}, cfg.rm.aggregate,
-        cfg.rm.bon_samples, cfg.eval.temperature, cfg.eval.max_new_tokens,
-        cfg.eval.grade_timeout_s, seed=cfg.run.seed)
+        model, tokenizer, eval_records[:rm.bon_questions], w.stage.prompts,
+        {kind: (scorer, kind) for kind, scorer in scorers.items()}, rm.aggregate,
+        rm.bon_samples, e.temperature, e.max_new_tokens, e.timeout_s, seed=w.seed)
     return report

@@ -64,9 +64,10 @@ def added_layer_parameters(model) -> list:
         if count else []
 
 
-def heldout_lm(path, cfg, questions: int = 100) -> dict:
+def heldout_lm(path, data, seed: int, questions: int = 100) -> dict:
     """Teacher-forced next-token loss and accuracy of the model in `path` on the solution tokens
-    (as SFT lays them out) of the first `questions` held-out questions of `cfg`'s synthetic task:
+    (as SFT lays them out) of the first `questions` held-out questions of the synthetic task of
+    the `data` section (drawn from `seed`):
     on their right solutions, and on the slipping student's where it slips (one row at a time,
     no padding: the same numbers on any batch size). The reward-model base's recorded numbers
     (scripts/build_rm_base.py)."""
@@ -75,25 +76,25 @@ def heldout_lm(path, cfg, questions: int = 100) -> dict:
     from runtime import synthetic
     from runtime.data import load_splits
 
-    held = load_splits(cfg.data, cfg.run.seed).eval[:questions]
+    held = load_splits(data, seed).eval[:questions]
     slipped = [dataclasses.replace(r, solution_steps=steps) for r in held
                if (steps := synthetic.carry_slip_solution(synthetic.Problem(
                    r.question, r.solution_steps, int(r.answer)))) != r.solution_steps]
     from runtime.models import load_causal_lm, load_tokenizer
+    from runtime.prompts import prompt_format
 
     # On the CPU wherever it runs: the recorded numbers are CPU float32.
     model, tokenizer = load_causal_lm(path, device="cpu").eval(), load_tokenizer(path)
-    return {"right": _lm_numbers(model, tokenizer, held, cfg),
-            "slipped": _lm_numbers(model, tokenizer, slipped, cfg)}
+    fmt = prompt_format(data)
+    return {"right": _lm_numbers(model, tokenizer, held, fmt),
+            "slipped": _lm_numbers(model, tokenizer, slipped, fmt)}
 
 
-def _lm_numbers(model, tokenizer, records, cfg) -> dict:
+def _lm_numbers(model, tokenizer, records, fmt) -> dict:
     import torch
 
     from policy.supervised import sft_tensors
-    from runtime.prompts import prompt_format
 
-    fmt = prompt_format(cfg.data)
     nll, right, tokens = 0.0, 0, 0
     with torch.no_grad():
         for record in records:

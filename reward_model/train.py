@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from configs.batching import plan_batch
+from configs.schema import DeepSpeedConfig, ModelConfig, RewardModelConfig
 from process_supervision.formats import StepExample, StepRows
 from reward_model.backbone import added_layer_parameters, deepen
 from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_calibration
@@ -72,32 +73,46 @@ def split_validation(examples: list[StepExample], fraction: float, seed: int, ca
     return [examples[i] for i in train], [examples[i] for i in val]
 
 
-def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExample], logger,
-                       config_yaml: str, epochs: float | None = None) -> Path:
+@dataclass(frozen=True)
+class RMSpec:
+    """What reward-model training reads, resolved once from the config
+    (iteration/resolve.py): the `rm` section, the model's loading options, the engine's
+    settings, the run's seed and name (its wandb artifact), and whether the family trained is a
+    token classifier (TRL's layout) or the tag LM."""
+    rm: RewardModelConfig
+    model: ModelConfig
+    deepspeed: DeepSpeedConfig
+    seed: int
+    run_name: str
+    token_classifier: bool = False
+
+
+def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list[StepExample],
+                       logger, config_yaml: str, epochs: float | None = None) -> Path:
     """Train on `examples` (validation split off by `rm.val_fraction`) for `epochs` (default
     `rm.epochs`; a refresh passes `iterate.refresh_epochs`); returns `<out>/final`."""
-    rm = cfg.rm
+    rm, seed = spec.rm, spec.seed
     final_dir = out / "final"
     if stage_done(out):
         return final_dir
     rank, world_size = world()
-    train, val = split_validation(examples, rm.val_fraction, cfg.run.seed, rm.val_rows)
-    plan = plan_batch(rm.batch_size, cfg.deepspeed.micro_batch_size, world_size,
+    train, val = split_validation(examples, rm.val_fraction, seed, rm.val_rows)
+    plan = plan_batch(rm.batch_size, spec.deepspeed.micro_batch_size, world_size,
                       f"rm.batch_size={rm.batch_size}")
-    tokenizer, engine, read = _reward_model_engine(cfg, out, init, plan)
+    tokenizer, engine, read = _reward_model_engine(spec, out, init, plan)
     epochs = rm.epochs if epochs is None else epochs
     trainer = Trainer(out, engine, logger, math.ceil(
         epochs * max(1, len(train) // plan.global_sequences)), desc=out.name)
     state = trainer.state
     if "calibration" in state:  # the weights fitted before the interruption
         set_calibration(engine.module, state["calibration"])
-    check = _Checks(cfg, engine, read, train, val, state)
+    check = _Checks(rm, seed, engine, read, train, val, state)
     groups = question_groups(train) if rm.group_by_question else None
     lengths = example_lengths(train) if rm.group_by_length else None
     checked = (None, {})  # (step, validation metrics) of the last check
     while trainer.running():
         epoch, batch_ids = epoch_slice(len(train), state["step"], plan.global_sequences,
-                                       cfg.run.seed * 31, groups, lengths)
+                                       seed * 31, groups, lengths)
         mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
                                             (rank + 1) * plan.rank_sequences]]
         batch = read.encode(mine)
@@ -130,7 +145,7 @@ def train_reward_model(cfg, out: Path, init: str | Path, examples: list[StepExam
         final_metrics = check.validate()
     trainer.finish(tokenizer, final_dir, config_yaml, {"steps": state["step"], **final_metrics})
     if is_main():
-        logger.log_checkpoint(final_dir, f"{cfg.run.name}-{out.parent.name}-{out.name}")
+        logger.log_checkpoint(final_dir, f"{spec.run_name}-{out.parent.name}-{out.name}")
     return final_dir
 
 
@@ -146,15 +161,15 @@ class _Read:
     tags: object = None
 
 
-def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
+def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
     """The tokenizer, the engine over the (possibly deepened) backbone, and how the family
     (`rm.family`: the tag LM, or a token-classification PRM) is fed and read."""
-    rm = cfg.rm
-    tokenizer = load_tokenizer(init, cfg.model)
+    rm = spec.rm
+    tokenizer = load_tokenizer(init, spec.model)
     tokenizer.padding_side = "right"
-    if rm.family == "token_classification":
-        model = _token_classifier(init, cfg)
-        engine = build_engine(model, cfg.deepspeed, lr=rm.lr,
+    if spec.token_classifier:
+        model = _token_classifier(init, spec.model, spec.seed)
+        engine = build_engine(model, spec.deepspeed, lr=rm.lr,
                               micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
         reading = Reading.of(rm)
 
@@ -162,10 +177,7 @@ def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
             return TokenClassScorer(module, tokenizer, rm.max_length, reading)
         reader = scorer(None)  # (its encoding and read-out need no model of their own)
         return tokenizer, engine, _Read(reader.encode, reader.margins, scorer)
-    if rm.family not in ("", "tag_lm"):
-        raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
-                         "token_classification families")
-    model = load_causal_lm(init, cfg.model, train=True)
+    model = load_causal_lm(init, spec.model, train=True)
     added = deepen(model, list(rm.extra_layers_from))  # (a refresh's RM is deep already)
     if added and is_main():
         print(f"[igrpo] {out.name}: {added} zero-output layers added on top of {init}")
@@ -174,7 +186,7 @@ def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
               f"token {len(tokenizer) - 1}")
     fresh = {id(p): rm.new_layer_lr for p in added_layer_parameters(model)} \
         if rm.new_layer_lr else None
-    engine = build_engine(model, cfg.deepspeed, lr=rm.lr, micro_batch_size=plan.micro_batch_size,
+    engine = build_engine(model, spec.deepspeed, lr=rm.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum, lr_by_param=fresh)
     tags = tag_tokens(tokenizer, rm.step_tag)
     return tokenizer, engine, _Read(
@@ -184,7 +196,7 @@ def _reward_model_engine(cfg, out: Path, init: str | Path, plan):
         lambda module: TagScorer(module, tokenizer, rm.step_tag, rm.max_length), tags)
 
 
-def _token_classifier(init: str | Path, cfg):
+def _token_classifier(init: str | Path, model_cfg: ModelConfig, seed: int):
     """A 2-label token classifier from `init`: a causal LM's backbone under a fresh head (the
     layout TRL's PRMTrainer trains and saves), or a token-classification PRM to refresh. A
     fresh head is drawn from `run.seed`, the same on every rank (ZeRO-3 partitions each rank's
@@ -196,10 +208,10 @@ def _token_classifier(init: str | Path, cfg):
     from runtime.shards import seeded
 
     config = AutoConfig.from_pretrained(str(init), num_labels=2,
-                                        trust_remote_code=bool(cfg.model.trust_remote_code))
+                                        trust_remote_code=bool(model_cfg.trust_remote_code))
     config.classifier_dropout = 0.0  # (not a field of decoder configs: kwargs would drop it)
-    with seeded("token-classification head", cfg.run.seed):
-        model = load_model(init, AutoModelForTokenClassification, cfg.model, train=True,
+    with seeded("token-classification head", seed):
+        model = load_model(init, AutoModelForTokenClassification, model_cfg, train=True,
                            config=config)
     model.config.pad_token_id = model.config.pad_token_id if model.config.pad_token_id \
         is not None else model.config.eos_token_id
@@ -260,8 +272,8 @@ class _Checks:
     the same steps): under ZeRO-3 each rank scores with the gathered weights, so no forward
     needs the others."""
 
-    def __init__(self, cfg, engine, read: _Read, train, val, state):
-        self.cfg, self.engine, self.read = cfg, engine, read
+    def __init__(self, rm: RewardModelConfig, seed: int, engine, read: _Read, train, val, state):
+        self.rm, self.seed, self.engine, self.read = rm, seed, engine, read
         self.train, self.val, self.state = train, val, state
 
     def _scorer(self, module):
@@ -283,10 +295,10 @@ class _Checks:
         (`likelihood_feature.refit_or_keep`, on the main rank; every rank records the choice in
         its model config, which the export saves, and in the training state, which a resume
         restores)."""
-        rm = self.cfg.rm
+        rm = self.rm
         if not rm.likelihood_feature:
             return {}
-        sample = random.Random(self.cfg.run.seed).sample(
+        sample = random.Random(self.seed).sample(
             self.train, min(len(self.train), rm.calibration_examples))
         with gathered_for_generation(self.engine) as module:
             scorer = self._scorer(module)

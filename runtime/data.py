@@ -246,14 +246,6 @@ class Splits:
     """Questions for choosing the SFT checkpoint (`data.val_questions`; the held-out ones if 0)."""
 
 
-def run_splits(cfg) -> Splits:
-    """The splits of a run (`Config`): on real data only the worked solutions the run trains on
-    leave the RL pool, `data.sft_questions` with an SFT stage, else the first reward models'
-    `rm.worked_solutions` (0 by default): a run from an instruct model keeps every question."""
-    worked = cfg.data.sft_questions if cfg.sft.enabled else cfg.rm.worked_solutions
-    return load_splits(cfg.data, cfg.run.seed, worked_questions=worked)
-
-
 def step_oracle(data):
     """The step oracle of a `DataConfig`'s questions, (question, steps) -> is each step still
     on the true path: the synthetic task's `synthetic.step_correctness`; None for data without
@@ -264,7 +256,7 @@ def step_oracle(data):
 def load_splits(data, seed: int, worked_questions: int | None = None) -> Splits:
     """The three disjoint splits a run uses, from a `DataConfig`. Real data: the first
     `worked_questions` (default `data.sft_questions`) training questions form the SFT split and
-    stay out of the RL pool (`run_splits` sets it from the run's config)."""
+    stay out of the RL pool (`iteration.resolve.Wiring.splits` sets it from the run's config)."""
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
         ops = data.operations

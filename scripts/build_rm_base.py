@@ -98,7 +98,8 @@ def main() -> int:
     run = args.run / "lm" / "sft"
     final = run / "final"  # the language model at its end (`best` is chosen by greedy accuracy)
     cfg = load_config(CONFIG, [])
-    numbers = {"warm_start": heldout_lm(WARM, cfg), "base": heldout_lm(final, cfg)}
+    numbers = {"warm_start": heldout_lm(WARM, cfg.data, cfg.run.seed),
+               "base": heldout_lm(final, cfg.data, cfg.run.seed)}
     if args.check:
         shipped = json.loads((BUNDLE / "recipe.json").read_text())["heldout_lm"]["base"]
         for text in ("right", "slipped"):

@@ -32,7 +32,7 @@ from configs import load_config  # noqa: E402
 from iteration import stages  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from policy.math.advantages import PROCESS_CREDIT, GroupNorm  # noqa: E402
-from runtime.data import run_splits  # noqa: E402
+from iteration.resolve import make_reward, resolve  # noqa: E402
 from runtime import synthetic  # noqa: E402
 from runtime.prompts import prompt_format  # noqa: E402
 
@@ -60,8 +60,9 @@ def step_position_means(advantages: torch.Tensor, step_mask: torch.Tensor,
 def sample_and_score(cfg, prm: str, records) -> tuple:
     """(step_rewards, step_mask, step_end_index [N, S], correct [N], completion width T): the
     policy's G samples of each record, scored by the PRM as GRPO's process reward scores them."""
-    model, tokenizer = stages.load_policy(cfg, cfg.model.policy_path)
-    reward = stages.make_reward(cfg, tokenizer, "rm", {"prm": stages.load_scorer(cfg, prm)})
+    w = resolve(cfg)
+    model, tokenizer = stages.load_policy(w, cfg.model.policy_path)
+    reward = make_reward(w, tokenizer, "rm", lambda kinds: {"prm": stages.load_scorer(w, prm)})
     g, fmt = cfg.policy, prompt_format(cfg.data)
     found: dict = {}
     for start in range(0, len(records), 2):
@@ -99,7 +100,7 @@ def main() -> int:
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads)
     g, p = cfg.grpo, cfg.policy
-    records = run_splits(cfg).rl
+    records = resolve(cfg).splits().rl
     if args.no_carry:
         records = [r for r in records if not any(
             synthetic.carries(v, op, n) for v, op, n, _ in synthetic.true_chain(r.question))]

@@ -232,7 +232,7 @@ def speed_check(args) -> dict:
     import torch
 
     from configs import load_config
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.models import accelerator
@@ -264,7 +264,7 @@ def speed_check(args) -> dict:
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(work / "metrics.jsonl", config={}, mode="disabled", project="", name="")
     started = time.perf_counter()
-    train_policy(cfg, work, work / "model", RuleReward(), splits.rl, splits.eval[:2], logger, "",
+    resolve(cfg).train_policy(work, work / "model", RuleReward(), splits.rl, splits.eval[:2], logger, "",
                evaluate_ends=False)
     rows = [r for r in read_metrics(work / "metrics.jsonl") if "time/step" in r][1:] or \
         [r for r in read_metrics(work / "metrics.jsonl") if "time/step" in r]

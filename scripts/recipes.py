@@ -54,14 +54,16 @@ def arm_config(root: Path, arm: str, seed: int, minutes: float, extra: list[str]
 def _evaluate(cfg, policy, out: Path) -> dict:
     """Held-out metrics of `policy` into `out`/metrics.json (outcomes beside it), once."""
     from iteration import stages
+    from iteration.resolve import resolve
     from runtime.data import load_splits
     from runtime.rundir import atomic_write_json
 
     done = out / "metrics.json"
     if done.exists():
         return json.loads(done.read_text())
-    model, tokenizer = stages.load_policy(cfg, policy)
-    metrics = stages.evaluate(cfg, model, tokenizer, load_splits(cfg.data, cfg.run.seed).eval,
+    w = resolve(cfg)
+    model, tokenizer = stages.load_policy(w, policy)
+    metrics = stages.evaluate(w, model, tokenizer, load_splits(cfg.data, cfg.run.seed).eval,
                               outcomes_path=out / "outcomes.json", progress=False)
     atomic_write_json(done, metrics)
     return metrics
@@ -71,8 +73,7 @@ def run_arm(root: Path, arm: str, seed: int, minutes: float, extra: list[str]) -
     """Train one arm within its budget (or evaluate the warm start: arm `warm-start`)."""
     import torch
 
-    from iteration import stages
-    from iteration.resolve import train_policy
+    from iteration.resolve import make_reward, resolve
     from runtime.data import load_splits
     from runtime.models import load_tokenizer
     from runtime.tracking import MetricsLogger
@@ -90,9 +91,10 @@ def run_arm(root: Path, arm: str, seed: int, minutes: float, extra: list[str]) -
     logger = MetricsLogger(run / "grpo" / "metrics.jsonl", config={}, mode="disabled",
                            project="", name=cfg.run.name)
     try:
-        reward = stages.make_reward(cfg, load_tokenizer(start, cfg.model), "rule")
-        final = train_policy(cfg, run, start, reward, splits.rl, splits.eval, logger, to_yaml(cfg),
-                           evaluate_ends=False)
+        w = resolve(cfg)
+        reward = make_reward(w, load_tokenizer(start, cfg.model), "rule")
+        final = w.train_policy(run, start, reward, splits.rl, splits.eval, logger, to_yaml(cfg),
+                               evaluate_ends=False)
     finally:
         logger.close()
     _evaluate(cfg, final, run / "eval")

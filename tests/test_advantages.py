@@ -9,7 +9,7 @@ import torch
 
 from configs import load_config
 from configs.loader import ConfigError
-from iteration.resolve import method_spec
+from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step, compute_advantages
 from policy.math.advantages import (PROCESS_CREDIT, GroupNorm, min_form_values,
                                     outcome_advantages, process_advantages,
@@ -107,7 +107,7 @@ def test_c3po_selection_and_normaliser_by_hand():
     cfg = recipe_config("c3po", "grpo.token_budget_share=0.25")
     rewards = torch.tensor(REWARDS)
     batch = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
-                           batch_rollout(), method_spec(cfg), cfg.policy.group_size, seed=3)
+                           batch_rollout(), resolve(cfg).method, cfg.policy.group_size, seed=3)
     assert batch.loss_mask.sum() == 6 and batch.num_tokens == 6
     order = torch.randperm(6, generator=torch.Generator().manual_seed(3))
     expected = token_budget_mask(torch.tensor(LENGTHS), 6, order)
@@ -194,7 +194,7 @@ def test_credit_forms_through_the_step_mask_completion_padding():
     for name in ("sum", "min", "anchored"):
         cfg = load_config("configs/tiny.yaml", ["policy.group_size=3", "grpo.std_eps=0",
                                                 f"grpo.process_credit={name}"])
-        adv, _ = compute_advantages(scores, scores.rewards, rollout, method_spec(cfg))
+        adv, _ = compute_advantages(scores, scores.rewards, rollout, resolve(cfg).method)
         expected = _credit(name)[0] * rollout.completion_mask
         assert torch.equal(adv, expected), name
         assert (adv[0, 4:] == 0).all() and adv[2, 5] == 0
@@ -211,7 +211,7 @@ def test_the_default_config_takes_the_sum_form_through_the_production_path():
     rollout = batch_rollout(lengths=[6, 6, 6], width=6)
     scores = Scores(rewards=torch.zeros(3), step_rewards=STEPS, step_mask=STEP_MASK,
                     step_end_index=STEP_END)
-    adv, _ = compute_advantages(scores, scores.rewards, rollout, method_spec(cfg))
+    adv, _ = compute_advantages(scores, scores.rewards, rollout, resolve(cfg).method)
     by_hand = process_advantages(STEPS, STEP_MASK, STEP_END, 6, 3, eps=g.std_eps)
     assert torch.equal(adv, by_hand)
 

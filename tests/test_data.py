@@ -154,13 +154,13 @@ def test_without_sft_no_question_leaves_the_rl_pool():
     """GSM8K train's first `data.sft_questions` (2,000 by default) are the SFT split only when an
     SFT stage trains on them; a run from an instruct model keeps all 7,473 for RL (and the first
     reward models' worked solutions where it asks for some)."""
-    from runtime.data import run_splits
+    from iteration.resolve import resolve
 
     base = ["data.source=gsm8k", "data.val_questions=0", "data.eval_questions=10"]
-    without = run_splits(load_config(None, [*base, "sft.enabled=false"]))
-    with_sft = run_splits(load_config(None, [*base, "sft.enabled=true"]))
-    worked = run_splits(load_config(None, [*base, "sft.enabled=false",
-                                           "rm.worked_solutions=100"]))
+    without = resolve(load_config(None, [*base, "sft.enabled=false"])).splits()
+    with_sft = resolve(load_config(None, [*base, "sft.enabled=true"])).splits()
+    worked = resolve(load_config(None, [*base, "sft.enabled=false",
+                                        "rm.worked_solutions=100"])).splits()
     assert (len(without.sft), len(without.rl)) == (0, 7473)
     assert (len(with_sft.sft), len(with_sft.rl)) == (2000, 5473)
     assert (len(worked.sft), len(worked.rl)) == (100, 7373)

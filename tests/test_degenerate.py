@@ -10,7 +10,7 @@ from configs import load_config
 from configs.schema import DeepSpeedConfig
 from policy.math.advantages import outcome_advantages, process_advantages
 from policy.kit import drop_nonfinite
-from iteration.resolve import train_policy
+from iteration.resolve import resolve
 from policy.math.losses import POLICY_LOSSES, k3_kl
 from policy.rewards import Scores
 from runtime.data import load_splits
@@ -126,7 +126,7 @@ def _small_run(tmp_path, *extra):
 
 def test_grpo_survives_a_nan_reward_model(tmp_path):
     cfg, splits, base, logger = _small_run(tmp_path)
-    final = train_policy(cfg, tmp_path, base, _NaNForFirstGroup(cfg.policy.group_size), splits.rl,
+    final = resolve(cfg).train_policy(tmp_path, base, _NaNForFirstGroup(cfg.policy.group_size), splits.rl,
                        splits.eval[:2], logger, "")
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
     assert [r["reward/nonfinite_groups"] for r in rows] == [1.0, 1.0]
@@ -149,11 +149,11 @@ def test_nan_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
     monkeypatch.setitem(POLICY_LOSSES, "grpo",
                         dataclasses.replace(spec, fn=nan_at_second_step))
     with pytest.raises(FloatingPointError, match="grpo step 2, update 1, micro-batch 1"):
-        train_policy(cfg, tmp_path, base, _NaNForFirstGroup(cfg.policy.group_size), splits.rl,
+        resolve(cfg).train_policy(tmp_path, base, _NaNForFirstGroup(cfg.policy.group_size), splits.rl,
                    splits.eval[:2], logger, "")
     # Step 1's checkpoint is intact and the run resumes from it (step 2 only is redone).
     monkeypatch.setitem(POLICY_LOSSES, "grpo", spec)
-    train_policy(cfg, tmp_path, base, _NaNForFirstGroup(cfg.policy.group_size), splits.rl,
+    resolve(cfg).train_policy(tmp_path, base, _NaNForFirstGroup(cfg.policy.group_size), splits.rl,
                splits.eval[:2], logger, "")
     steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
     assert steps == [1, 2]

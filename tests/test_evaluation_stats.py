@@ -193,6 +193,7 @@ def test_evaluation_without_a_step_oracle_has_no_trace_keys(monkeypatch):
     import policy.evaluate as evaluate_module
     from configs.loader import load_config
     from iteration import stages
+    from iteration.resolve import resolve
     from runtime.synthetic import step_correctness
 
     rights, traces = _hand_built_outcomes(None)
@@ -207,9 +208,9 @@ def test_evaluation_without_a_step_oracle_has_no_trace_keys(monkeypatch):
         return {"eval/mean_at_k": 0.5}
 
     monkeypatch.setattr(evaluate_module, "evaluate_policy", fake_evaluate_policy)
-    synthetic = stages.evaluate(load_config("configs/tiny.yaml", []), None, None, [])
+    synthetic = stages.evaluate(resolve(load_config("configs/tiny.yaml", [])), None, None, [])
     assert seen["oracle"] is step_correctness and "eval/trace_metrics" not in synthetic
-    gsm8k = stages.evaluate(load_config("configs/tiny.yaml", ["data.source=gsm8k"]), None,
+    gsm8k = stages.evaluate(resolve(load_config("configs/tiny.yaml", ["data.source=gsm8k"])), None,
                             None, [])
     assert seen["oracle"] is None and gsm8k["eval/trace_metrics"] == "no step oracle"
 

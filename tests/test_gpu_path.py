@@ -75,7 +75,7 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     CPU rollout, or reading its value, fails. (Only the reward callable, which builds its
     scores from Python numbers, runs outside: `score_step` moves them.)"""
     from policy.algorithms.grpo import advantage_step, log_step, update_step
-    from iteration.resolve import method_spec, policy_stage
+    from iteration.resolve import resolve
     from policy.kit import policy_engines
     from runtime.training import Trainer
     from runtime.tracking import MetricsLogger
@@ -83,7 +83,7 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", "policy.group_size=4",
                                             "policy.max_new_tokens=12", "policy.supervision=outcome",
                                             "deepspeed.micro_batch_size=4", "policy.mu=2"])
-    g, stage, spec = cfg.policy, policy_stage(cfg), method_spec(cfg)
+    g, stage, spec = cfg.policy, resolve(cfg).stage, resolve(cfg).method
     tokenizer, plan, engine, reference = policy_engines(stage, warm_start)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="",
                            name="")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from configs import load_config
-from iteration.resolve import method_spec, policy_stage, train_policy
+from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step, refill_step
 from policy.generation.rollout import Rollout
 from policy.kit import Sampled, score_step
@@ -63,7 +63,7 @@ def test_dapo_refill_fills_the_batch_and_counts_the_extra_generations():
     """4 questions per step, G = 4; the first draw has one informative group (question 2);
     each extra round draws 4 new questions, of which two are informative. One round would give
     3, so two rounds are needed: 4 informative groups, 8 extra groups = 32 extra samples."""
-    g = method_spec(recipe_config("dapo", "policy.questions_per_step=4", "policy.group_size=4"))
+    g = resolve(recipe_config("dapo", "policy.questions_per_step=4", "policy.group_size=4")).method
     flat, mixed = [1.0] * 4, [1.0, 0.0, 0.0, 0.0]
     first = _sampled(flat + flat + mixed + flat, [0, 1, 2, 3])
     rounds = []
@@ -80,9 +80,9 @@ def test_dapo_refill_fills_the_batch_and_counts_the_extra_generations():
     assert batch.stats == {"rollout/refill_rounds": 2.0, "rollout/extra_samples": 32.0,
                            "train/informative_groups": 4.0}
     # the cap: with one round allowed the batch holds 3 informative groups and one flat one
-    capped = refill_step(first, more, method_spec(recipe_config(
+    capped = refill_step(first, more, resolve(recipe_config(
         "dapo", "policy.questions_per_step=4", "policy.group_size=4",
-        "grpo.dynamic_sampling_max_rounds=1")), 4, 0)
+        "grpo.dynamic_sampling_max_rounds=1")).method, 4, 0)
     assert capped.records == [0, 2, 10, 12] and capped.stats["train/informative_groups"] == 3.0
 
 
@@ -103,7 +103,7 @@ def test_overlong_penalty_reaches_process_advantages():
                       step_mask=step_mask, step_end_index=ends)
 
     scores, rewards, broken = score_step(reward, [None], rollout, cfg.policy,
-                                         policy_stage(cfg).shaping)
+                                         resolve(cfg).stage.shaping)
     assert scores.step_rewards.tolist() == [[0.5, -0.5], [0.5, 0.5]]
     assert rewards.tolist() == [-0.5, 0.5]
     hi, lo = 0.25 / (math.sqrt(3) / 4), -0.75 / (math.sqrt(3) / 4)
@@ -111,10 +111,10 @@ def test_overlong_penalty_reaches_process_advantages():
     assert adv[0].tolist() == pytest.approx([hi + lo] * 5 + [lo] * 5, abs=1e-5)
     assert adv[1].tolist() == pytest.approx([2 * hi] * 2 + [hi] * 3 + [0.0] * 5, abs=1e-5)
     # DAPO's overlong filter keeps the truncated sample out of the loss
-    batch = advantage_step(scores, rewards, broken, rollout, method_spec(load_config(
+    batch = advantage_step(scores, rewards, broken, rollout, resolve(load_config(
         "configs/tiny.yaml", ["policy.supervision=process", "policy.group_size=2",
                               "policy.max_new_tokens=10", "grpo.dynamic_sampling=false"],
-        recipe="dapo")), 2)
+        recipe="dapo")).method, 2)
     assert batch.keep.tolist() == [False, True] and batch.loss_mask[0].sum() == 0
 
 
@@ -133,7 +133,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     cfg = load_config("configs/tiny.yaml", [*SMALL, "policy.group_size=3", "policy.beta=0",
                                             "policy.supervision=outcome",
                                             "policy.lr=1e-2"], recipe="dapo")
-    g, spec = cfg.policy, method_spec(cfg)
+    g, spec = cfg.policy, resolve(cfg).method
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     plan = plan_grpo_batch(2, 3, 8, 1)
     engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=g.lr,
@@ -178,7 +178,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
 def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
     """mu = 2: the second update's ratio is no longer 1, and a large step size pushes ratios
     past 1 + eps_high: the upper clip fraction is > 0 (CISPO: all of its clipping)."""
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from runtime.data import load_splits
     from runtime.tiny_model import build_tiny
     from runtime.tracking import MetricsLogger, read_metrics
@@ -192,7 +192,7 @@ def test_with_two_updates_the_upper_clip_acts(tmp_path, name):
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     gen = torch.Generator().manual_seed(0)
-    train_policy(cfg, tmp_path, base, lambda records, rollout: Scores(
+    resolve(cfg).train_policy(tmp_path, base, lambda records, rollout: Scores(
         rewards=torch.rand(len(records), generator=gen)), splits.rl, splits.eval[:2], logger, "",
         evaluate_ends=False)
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/clip_high" in r]
@@ -256,7 +256,7 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
         return spec.fn(logprobs, old, ref, advantages, mask, **kw)
 
     monkeypatch.setitem(POLICY_LOSSES, "gspo", dataclasses.replace(spec, fn=recording))
-    stats = update_step(trainer, None, rollout, batch, cfg.policy, method_spec(cfg).loss, plan,
+    stats = update_step(trainer, None, rollout, batch, cfg.policy, resolve(cfg).method.loss, plan,
                         "mini-batches")
     assert stats.skipped == 0.0
     first, second = 5 + 4 + 2 + 0, 3 + 5 + 4 + 1  # kept tokens of rows 0, 1, 4, (5) / 2, 3, 6, 7
@@ -269,7 +269,7 @@ def test_gspo_mini_batches_make_the_sequence_clip_act(tmp_path, supervision):
     """The gspo recipe at mu = 1: its 4 mini-batches are 4 optimizer steps, so the last three
     see a ratio other than 1 and the paper's tight ranges clip sequences (GSPO-token under
     process supervision); with one mini-batch nothing is off-policy and nothing clips."""
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from runtime.data import load_splits
     from runtime.tiny_model import build_tiny
     from runtime.tracking import MetricsLogger, read_metrics
@@ -296,7 +296,7 @@ def test_gspo_mini_batches_make_the_sequence_clip_act(tmp_path, supervision):
                           step_mask=torch.ones(n, 2, dtype=torch.bool),
                           step_end_index=torch.tensor([[0, 1]] * n))
 
-        train_policy(cfg, out, base, reward, splits.rl, splits.eval[:2], logger, "",
+        resolve(cfg).train_policy(out, base, reward, splits.rl, splits.eval[:2], logger, "",
                      evaluate_ends=False)
         rows = [r for r in read_metrics(out / "m.jsonl") if "train/clip_fraction" in r]
         assert len(rows) == 2
@@ -347,9 +347,9 @@ def test_grpo_resumes_after_crash(tmp_path):
     base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train_policy(cfg, tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
+        resolve(cfg).train_policy(tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
     reward = _CrashAt(0)
-    train_policy(cfg, tmp_path, base, reward, splits.rl, splits.eval, logger, "")
+    resolve(cfg).train_policy(tmp_path, base, reward, splits.rl, splits.eval, logger, "")
     assert reward.calls == 1  # only step 3 was left to do
     steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl")]
     assert steps == [0, 1, 2, 3]
@@ -389,7 +389,7 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
         logger = MetricsLogger(tmp_path / f"{name}.jsonl", config={}, mode="disabled",
                                project="", name="")
         torch.manual_seed(0)
-        finals.append(train_policy(cfg, tmp_path, base, RandomReward(), splits.rl, splits.eval[:2],
+        finals.append(resolve(cfg).train_policy(tmp_path, base, RandomReward(), splits.rl, splits.eval[:2],
                                  logger, "", out_name=name, reference_path=reference,
                                  evaluate_ends=False))
         rows.append([r for r in read_metrics(tmp_path / f"{name}.jsonl") if "train/loss" in r])

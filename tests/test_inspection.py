@@ -15,7 +15,7 @@ from policy.math.advantages import normalised_step_rewards
 from policy.math.losses import POLICY_LOSSES
 from policy.rewards import Scores, grade_samples
 from policy.generation.rollout import Rollout
-from iteration.resolve import train_policy
+from iteration.resolve import resolve
 from runtime.data import MathRecord, load_splits
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.tiny_model import build_tiny
@@ -79,7 +79,7 @@ def test_table_and_html_match_the_advantages_the_loss_used(tmp_path, monkeypatch
     torch.manual_seed(0)  # the rollout samples from the global RNG: fix it for this test
     logger = MetricsLogger(tmp_path / "grpo" / "metrics.jsonl", config={"grpo": {"x": 1}},
                            mode="offline", project="igrpo-test", name="inspect")
-    train_policy(cfg, tmp_path, base, _VariedStepReward(tokenizer), splits.rl, splits.eval[:2],
+    resolve(cfg).train_policy(tmp_path, base, _VariedStepReward(tokenizer), splits.rl, splits.eval[:2],
                logger, "")
     logger.close()
     assert len(captured) == 2  # one micro-batch, mu = 1, two steps

@@ -262,6 +262,7 @@ def test_refresh_report_compares_both_reward_models_on_the_same_policy_samples()
     wherever there is one and is right on every step; a flat one ranks at chance (0.5)."""
     from configs import load_config
     from iteration import stages
+    from iteration.resolve import resolve
     from runtime.data import load_splits
     from runtime.models import load_causal_lm, load_tokenizer
 
@@ -272,7 +273,7 @@ def test_refresh_report_compares_both_reward_models_on_the_same_policy_samples()
     records = load_splits(cfg.data, 0).eval
     truth = {k: _OracleScorer(k) for k in ("prm", "orm")}
     flat = {k: _OracleScorer(k, flat=True) for k in ("prm", "orm")}
-    report = stages.refresh_report(cfg, flat, truth, model, tokenizer, records)
+    report = stages.refresh_report(resolve(cfg), flat, truth, model, tokenizer, records)
     assert (report["questions"], report["samples"], report["temperature"]) == (6, 8, 1.0)
     for kind in ("prm", "orm"):
         new, old = report[kind]["refreshed"], report[kind]["previous"]
@@ -320,7 +321,7 @@ def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers
     from configs import load_config
     from iteration.loop import IterationRun
     from iteration.manifest import Manifest
-    from runtime.data import run_splits
+    from iteration.resolve import resolve
 
     cfg = load_config("configs/tiny.yaml", ["data.sft_questions=16", "data.rl_questions=64",
                                             "rm.worked_solutions=4", "rm.init_path=BASE",
@@ -333,12 +334,13 @@ def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers
     (tmp_path / "rm-prm" / "iteration-0" / "final").mkdir(parents=True)
     seen = []
 
-    def fake_train(cfg_, out, init_, examples, logger, config_yaml, epochs=None):
-        seen.append((cfg_.rm.epochs if epochs is None else epochs, str(init_), len(examples)))
+    def fake_train(spec, out, init_, examples, logger, config_yaml, epochs=None):
+        seen.append((spec.rm.epochs if epochs is None else epochs, str(init_), len(examples)))
         return out / "final"
 
     monkeypatch.setattr(loop_module, "train_reward_model", fake_train)
-    run = IterationRun(cfg, tmp_path, tmp_path / "policy", run_splits(cfg),
+    w = resolve(cfg)
+    run = IterationRun(w, tmp_path, tmp_path / "policy", w.splits(),
                        lambda stage: type("L", (), {"close": lambda self: None})(), "")
     run.reward_model("prm", 0)
     out = run.reward_model("prm", 1)
@@ -358,17 +360,18 @@ def test_labelling_completes_prefixes_with_the_policy_whose_samples_it_labels(tm
     replaces it."""
     from configs import load_config
     from iteration import stages
+    from iteration.resolve import resolve
 
     loaded, completers = [], []
     monkeypatch.setattr(stages, "load_policy",
-                        lambda cfg, path: (loaded.append(str(path)) or f"model:{path}", "tok"))
+                        lambda w, path: (loaded.append(str(path)) or f"model:{path}", "tok"))
     monkeypatch.setattr(stages, "sample_solutions", lambda *a, **k: [])
     monkeypatch.setattr(stages, "Labeller",
                         lambda model, *a: completers.append(model) or "labeller")
     monkeypatch.setattr(stages, "label_in_shards", lambda *a, **k: [])
     cfg = load_config("configs/tiny.yaml", ["model.policy_path="])
-    stages.label(cfg, "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
+    stages.label(resolve(cfg), "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
     assert completers == ["model:runs/x/grpo/iteration-1/final"]
     cfg = load_config("configs/tiny.yaml", ["model.policy_path=", "label.completer=warm"])
-    stages.label(cfg, "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
+    stages.label(resolve(cfg), "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
     assert completers[-1] == "model:warm"

@@ -20,7 +20,7 @@ import torch
 
 from configs import load_config
 from policy.evaluate import evaluate_policy
-from iteration.resolve import train_policy
+from iteration.resolve import resolve
 from policy.rewards import RuleReward
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
@@ -37,7 +37,7 @@ def _grpo(warm_start: Path, out: Path, *extra: str, recipe: str | None = None) -
     cfg = load_config("configs/tiny.yaml", [f"run.root={out}", *GRPO, *extra], recipe=recipe)
     splits = load_splits(cfg.data, cfg.run.seed)
     logger = MetricsLogger(out / "metrics.jsonl", config={}, mode="disabled", project="", name="")
-    return train_policy(cfg, out, warm_start, RuleReward(), splits.rl, splits.eval, logger, "",
+    return resolve(cfg).train_policy(out, warm_start, RuleReward(), splits.rl, splits.eval, logger, "",
                       evaluate_ends=False)
 
 

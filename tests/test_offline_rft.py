@@ -12,7 +12,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
     rule), only the right ones are fine-tuned on, and a rerun samples nothing again."""
     import json
 
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from runtime.models import load_causal_lm
@@ -32,7 +32,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
         return RuleReward()(records, rollout)
 
     start = cfg.model.policy_path
-    final = train_policy(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
+    final = resolve(cfg).train_policy(tmp_path, start, reward, splits.rl, splits.eval, logger, "")
     rows = [json.loads(line) for line in open(tmp_path / "grpo" / "samples.jsonl")]
     assert len(rows) == 2 * 2 * 4 and calls == [8, 8]
     right = [r for r in rows if r["right"]]
@@ -47,7 +47,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
                            load_causal_lm(final).lm_head.weight)
     # a crash after sampling: the samples are reused, nothing is drawn again
     (tmp_path / "grpo" / "done.json").unlink()
-    train_policy(cfg, tmp_path, start, reward, splits.rl, splits.eval, logger, "")
+    resolve(cfg).train_policy(tmp_path, start, reward, splits.rl, splits.eval, logger, "")
     assert calls == [8, 8]
 
 
@@ -57,7 +57,7 @@ def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path
     import json
 
     import policy.algorithms.offline_rft as offline_rft
-    from iteration.resolve import method_spec, policy_stage
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from runtime.data import load_splits
     from small_config import SMALL
@@ -71,12 +71,12 @@ def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path
                       recipe="offline_rft")
     clock = iter(range(0, 100_000, 50))  # a step reads the clock twice: 50 s each
     monkeypatch.setattr(offline_rft, "perf_counter", lambda: float(next(clock)))
-    rows = offline_rft.sample_once(policy_stage(cfg), method_spec(cfg), tmp_path, cfg.model.policy_path, RuleReward(),
+    rows = offline_rft.sample_once(resolve(cfg).stage, resolve(cfg).method, tmp_path, cfg.model.policy_path, RuleReward(),
                                    load_splits(cfg.data, 0).rl)
     assert sorted({r["step"] for r in rows}) == [0, 1, 2]
     assert offline_rft.sampled_seconds(rows) == 150.0
     # resumed: the seconds already spent count, so nothing more is drawn
-    again = offline_rft.sample_once(policy_stage(cfg), method_spec(cfg), tmp_path, cfg.model.policy_path, RuleReward(),
+    again = offline_rft.sample_once(resolve(cfg).stage, resolve(cfg).method, tmp_path, cfg.model.policy_path, RuleReward(),
                                     load_splits(cfg.data, 0).rl)
     assert again == rows
     assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == len(rows)

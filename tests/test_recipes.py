@@ -10,7 +10,7 @@ import torch
 from configs import load_config
 from runtime.tracking import read_metrics
 from configs.loader import ConfigError, RECIPE_KEYS, recipes
-from iteration.resolve import method_spec
+from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step
 from policy.math.losses import POLICY_LOSSES
 from policy.rewards import Scores
@@ -72,7 +72,7 @@ def test_each_recipe_objective_and_advantages_by_hand(name):
     rollout = batch_rollout()
     rewards = torch.tensor(REWARDS, dtype=torch.float64)
     batch = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
-                           rollout, method_spec(cfg), g.group_size)
+                           rollout, resolve(cfg).method, g.group_size)
     adv, objective = _by_hand(name)
     assert batch.advantages[:, 0].tolist() == pytest.approx(adv, abs=1e-5)
     # Token advantages: the sample's advantage on its tokens, 0 on padding.

@@ -35,7 +35,8 @@ def test_shipped_rm_base_is_what_its_recipe_says():
 
 def test_rm_base_reproduces_its_recorded_numbers_and_is_not_the_warm_start():
     recipe = json.loads((BASE / "recipe.json").read_text())["heldout_lm"]
-    measured = heldout_lm(BASE, load_config("configs/tiny.yaml"))
+    cfg = load_config("configs/tiny.yaml")
+    measured = heldout_lm(BASE, cfg.data, cfg.run.seed)
     for text in ("right", "slipped"):
         got, recorded = measured[text], recipe["base"][text]
         assert (got["solutions"], got["tokens"]) == (recorded["solutions"], recorded["tokens"])

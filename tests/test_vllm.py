@@ -15,7 +15,7 @@ if os.environ.get("IGRPO_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm")
 
 from configs import load_config  # noqa: E402
-from iteration.resolve import policy_stage  # noqa: E402
+from iteration.resolve import resolve  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
@@ -29,7 +29,7 @@ def setting():
     cfg = load_config("configs/tiny.yaml", VLLM)
     from policy.generation.vllm import engine_for
 
-    return cfg, engine_for(policy_stage(cfg).vllm, cfg.model.policy_path)
+    return cfg, engine_for(resolve(cfg).stage.vllm, cfg.model.policy_path)
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -73,7 +73,7 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     assert rows(ours) != rows(before)  # the push reached the engine
     model.save_pretrained(tmp_path / "stepped")
     engine.push(load_causal_lm(path, cfg.model))  # back to the warm start's weights
-    assert engine_for(policy_stage(cfg).vllm, tmp_path / "stepped") is engine
+    assert engine_for(resolve(cfg).stage.vllm, tmp_path / "stepped") is engine
     loaded = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
     assert rows(loaded) == rows(theirs)
 
@@ -84,7 +84,7 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, re
     and vLLM's own log-probs of the same tokens differ from them by float noise only (GSPO:
     measured in pi_old's forward, before its mini-batches move the policy). Online DPO samples
     its pairs there too."""
-    from iteration.resolve import train_policy
+    from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from policy.generation.vllm import engine_for
     from runtime.tracking import MetricsLogger, read_metrics
@@ -97,11 +97,11 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, re
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     start = cfg.model.policy_path
-    final = train_policy(cfg, tmp_path, start, RuleReward(), splits.rl, splits.eval, logger, "",
+    final = resolve(cfg).train_policy(tmp_path, start, RuleReward(), splits.rl, splits.eval, logger, "",
                        evaluate_ends=False)
     rows = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
     assert len(rows) == 2
-    assert engine_for(policy_stage(cfg).vllm, final) is setting[1]  # the stage sampled on the process's engine
+    assert engine_for(resolve(cfg).stage.vllm, final) is setting[1]  # the stage sampled on the process's engine
     if recipe == "online_dpo":
         assert sum(r["dpo/pairs"] for r in rows) > 0
     else:
@@ -171,8 +171,8 @@ def test_iterate_on_vllm_samples_every_stage_on_one_engine(setting, tmp_path, mo
     grpo = {str(tmp_path / "tiny" / "grpo" / f"iteration-{k}" / "final") for k in (1, 2)}
     assert grpo <= {str(p) for p in loaded}  # later stages loaded GRPO's policies into it
     with pytest.raises(RuntimeError, match="dtype 'float32' here, 'bfloat16' wanted"):
-        engine_for(policy_stage(load_config("configs/tiny.yaml", [
-            *VLLM, "model.dtype=bfloat16", "deepspeed.bf16=true"])).vllm, cfg.model.policy_path)
+        engine_for(resolve(load_config("configs/tiny.yaml", [
+            *VLLM, "model.dtype=bfloat16", "deepspeed.bf16=true"])).stage.vllm, cfg.model.policy_path)
     assert made == []
 
 
@@ -188,7 +188,7 @@ def test_every_end_token_stops_vllm_and_none_is_appended(setting, tmp_path):
     cfg, _ = setting
     folder, ends = two_end_tokens(tmp_path)
     plain = load_tokenizer(BUNDLED / "tiny_warm_start")
-    engine = engine_for(policy_stage(cfg).vllm, folder)  # the process's engine, loaded with the copy's weights
+    engine = engine_for(resolve(cfg).stage.vllm, folder)  # the process's engine, loaded with the copy's weights
     prompts = prompt_format(cfg.data).prompts(plain, load_splits(cfg.data, 0).eval[:6])
     free = generate_groups(engine, plain, prompts, 1, max_new_tokens=40, greedy=True)
     stopped = generate_groups(engine, load_tokenizer(folder), prompts, 1, max_new_tokens=40,

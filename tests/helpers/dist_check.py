@@ -210,7 +210,7 @@ def vllm_ranks() -> dict:
     from configs import load_config
     from configs.loader import BUNDLED
     from policy.generation.rollout import generate_groups
-    from iteration.resolve import policy_stage
+    from iteration.resolve import resolve
     from policy.generation.vllm import engine_for, launch_settings
     from runtime.engine import gather_objects, world
     from runtime.models import load_causal_lm, load_tokenizer
@@ -218,7 +218,7 @@ def vllm_ranks() -> dict:
     rank, _ = world()
     warm = BUNDLED / "tiny_warm_start"
     cfg = load_config("configs/tiny.yaml", ["rollout.backend=vllm", "rollout.kv_cache_gb=1"])
-    engine = engine_for(policy_stage(cfg).vllm, warm)
+    engine = engine_for(resolve(cfg).stage.vllm, warm)
     tokenizer = load_tokenizer(warm)
     prompt = ["12+34*5-6=?\n"]
     sampled = generate_groups(engine, tokenizer, prompt, 8, max_new_tokens=40).texts
@@ -272,15 +272,15 @@ def main() -> None:
                            name="", enabled=is_main())
     torch.manual_seed(0)
     if kind == "ppo":  # PPO with its critic, process rewards at the steps' last tokens
-        from iteration.resolve import train_policy
+        from iteration.resolve import resolve
         from runtime.data import load_splits
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "ppo.critic_lr=1e-3"],
                           recipe="ppo")
         splits = load_splits(cfg.data, 0)
-        train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+        resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
     elif kind in ("gspo", "dpo", "online_dpo"):  # the recipe, sampled at temperature 1
-        from iteration.resolve import train_policy
+        from iteration.resolve import resolve
         from runtime.data import load_splits
 
         # DPO: a second step, whose reference (the starting policy) differs from the policy
@@ -289,9 +289,9 @@ def main() -> None:
                                                 "policy.lr=1e-2", f"policy.steps={1 + ('dpo' in kind)}"],
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
-        train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+        resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
     elif kind == "grpo":
-        from iteration.resolve import method_spec, policy_stage
+        from iteration.resolve import resolve
         from policy.algorithms import grpo as grpo_module
         from policy.math.losses import POLICY_LOSSES
         from runtime.data import load_splits
@@ -306,17 +306,18 @@ def main() -> None:
 
         POLICY_LOSSES["grpo"] = dataclasses.replace(spec, fn=recording)
         splits = load_splits(cfg.data, 0)
-        grpo_module.train_grpo(policy_stage(cfg), method_spec(cfg), out, base, ChunkStepReward(),
+        grpo_module.train_grpo(resolve(cfg).stage, resolve(cfg).method, out, base, ChunkStepReward(),
                                splits.rl, splits.eval, logger, "")
         first_update = seen[:len(seen) // cfg.policy.mu]  # the same tensors again for update 2
         torch.save(torch.cat(first_update), out / f"advantages-rank{rank}.pt")
     else:
+        from iteration.resolve import resolve
         from process_supervision.formats import read_step_rows
         from reward_model.train import train_reward_model
 
         cfg = load_config("configs/tiny.yaml", [*RM, *overrides])
         examples, _ = read_step_rows(sys.argv[5])
-        train_reward_model(cfg, out / "rm", base, examples, logger, "")
+        train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
 
 
 if __name__ == "__main__":

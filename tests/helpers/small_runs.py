@@ -4,7 +4,7 @@ has signal), a recipe run on the small model, and a weight comparison."""
 import torch
 
 from configs import load_config
-from iteration.resolve import train_policy
+from iteration.resolve import resolve
 from policy.rewards import Scores
 from runtime.data import load_splits
 from runtime.models import load_causal_lm
@@ -40,7 +40,7 @@ def run_recipe(tmp_path, recipe: str | None, *extra: str, reward=None):
     if not (base / "config.json").exists():
         build_tiny(base, cfg.model.tiny, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    final = train_policy(cfg, tmp_path, base, reward or RandomReward(), splits.rl,
+    final = resolve(cfg).train_policy(tmp_path, base, reward or RandomReward(), splits.rl,
                          splits.eval[:2], logger, "", evaluate_ends=False)
     return base, final
 

@@ -48,14 +48,15 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
 
     torch.manual_seed(0)
     if kind == "sft":
-        from iteration.resolve import policy_stage
+        from iteration.resolve import resolve
         from policy.algorithms.sft import train_sft
 
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides])
         splits = load_splits(cfg.data, 0)
-        return train_sft(policy_stage(cfg), cfg.sft, out, base, splits.sft[:64], splits.val,
+        return train_sft(resolve(cfg).stage, cfg.sft, out, base, splits.sft[:64], splits.val,
                          logger, "")
     if kind == "rm":
+        from iteration.resolve import resolve
         from process_supervision.formats import StepExample
         from reward_model.train import train_reward_model
 
@@ -63,13 +64,13 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
         examples = [StepExample(f"Start with {i}. Add 1.", (f"Add 1: {i}+1={i + 1 + i % 2}",
                                                              f"The answer is {i + 1 + i % 2}"),
                                 (float(i % 2 == 0),) * 2, f"row{i}") for i in range(8)]
-        return train_reward_model(cfg, out / "rm", base, examples, logger, "")
-    from iteration.resolve import train_policy
+        return train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
+    from iteration.resolve import resolve
 
     cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides],
                       recipe="ppo" if kind == "ppo" else None)
     splits = load_splits(cfg.data, 0)
-    return train_policy(cfg, out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+    return resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
 
 
 def main() -> None:
