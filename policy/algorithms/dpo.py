@@ -120,22 +120,13 @@ def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: st
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
-    if g.beta <= 0:
-        raise ValueError(f"DPO ({out}): policy.beta={g.beta}; DPO's beta must be above 0 (the "
-                         "dpo and online_dpo recipes set 0.1)")
-    rank, world_size = world()
-    tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
-    if plan.micro_batch_size % 2:
-        raise ValueError(f"DPO ({out}): micro-batches of {plan.micro_batch_size} rows would "
-                         "split a pair; set deepspeed.micro_batch_size (and the samples per "
-                         "rank) even")
-    trainer = Trainer(out, engine, logger, g.steps, desc=out_name, max_seconds=g.max_minutes * 60,
-                      fresh_state={"sample_seed": sampling_seed()})
-    policy_sampler = Sampler(engine, trainer, stage.vllm, policy_path)
+    tokenizer, plan, reference, trainer, policy_sampler = start_stage(
+        stage, out, out_name, logger, policy_path, reference_path)
     sampler = policy_sampler if spec.online else StartingPolicySampler(
-        engine, trainer, stage.model, policy_path)
+        trainer.engine, trainer, stage.model, policy_path)
     evaluate = make_evaluator(stage.evaluation, policy_sampler, tokenizer, eval_records,
                               stage.prompts, trainer, evaluate_ends)
+    rank, world_size = world()
     while trainer.running():
         step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
         sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,
@@ -150,7 +141,7 @@ def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: st
             is_reference=step == 0 and starts_at(reference_path, policy_path))
         timing["update"] = time.perf_counter() - updating
         trainer.advance()
-        trainer.log({**dpo_metrics(sampled, stats, timing), "train/lr": current_lr(engine),
+        trainer.log({**dpo_metrics(sampled, stats, timing), "train/lr": current_lr(trainer.engine),
                      **policy_sampler.stats(),
                      **due_evaluation(trainer, g, evaluate, evaluate_ends)})
         if trainer.due(g.save_every):
@@ -158,6 +149,24 @@ def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: st
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_path,
+                reference_path) -> tuple:
+    """(tokenizer, batch plan, reference, trainer, the policy's sampler) of a DPO stage in
+    `out`, after DPO's own checks: a beta above 0, micro-batches that hold whole pairs."""
+    if stage.policy.beta <= 0:
+        raise ValueError(f"DPO ({out}): policy.beta={stage.policy.beta}; DPO's beta must be "
+                         "above 0 (the dpo and online_dpo recipes set 0.1)")
+    tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
+    if plan.micro_batch_size % 2:
+        raise ValueError(f"DPO ({out}): micro-batches of {plan.micro_batch_size} rows would "
+                         "split a pair; set deepspeed.micro_batch_size (and the samples per "
+                         "rank) even")
+    trainer = Trainer(out, engine, logger, stage.policy.steps, desc=out_name,
+                      max_seconds=stage.policy.max_minutes * 60,
+                      fresh_state={"sample_seed": sampling_seed()})
+    return tokenizer, plan, reference, trainer, Sampler(engine, trainer, stage.vllm, policy_path)
 
 
 def dpo_metrics(sampled: Sampled, stats: dict, timing: dict) -> dict:

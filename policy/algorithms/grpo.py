@@ -38,28 +38,20 @@ from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics,
 from runtime.training import Trainer, stage_done
 
 
-def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: str | Path, reward_fn: RewardFn,
-               rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
-               config_yaml: str, out_name: str = "grpo", reference_path: str | Path | None = None,
-               evaluate_ends: bool = True) -> Path:
-    """Run `policy.steps` GRPO steps from `policy_path`; returns the final export's folder.
-
-    The reference model is `reference_path` (default: the starting policy), frozen throughout.
-    `evaluate_ends=False` skips the held-out evaluation of the starting and the final policy
-    (the outer loop evaluates both in its own units; `policy.eval_every` still applies between).
-    Each step is sample (rollout + score, refilled under dynamic sampling) -> advantages ->
-    update -> log, one function each.
-    """
+def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: str | Path,
+               reward_fn: RewardFn, rl_records: list[MathRecord], eval_records: list[MathRecord],
+               logger, config_yaml: str, out_name: str = "grpo",
+               reference_path: str | Path | None = None, evaluate_ends: bool = True) -> Path:
+    """Run `policy.steps` GRPO steps from `policy_path` against the frozen `reference_path`
+    (default: the starting policy); returns the final export's folder. `evaluate_ends=False`
+    skips the held-out evaluation of the first and last policy (the outer loop runs its own).
+    Each step: sample (refilled under dynamic sampling) -> advantages and update -> log."""
     p, seed = stage.policy, stage.seed
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
-    with memory_phase("start-up"):
-        tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
-        trainer = Trainer(out, engine, logger, p.steps, desc=out_name,
-                          max_seconds=p.max_minutes * 60,
-                          fresh_state={"sample_seed": sampling_seed()})
-        sampler = Sampler(engine, trainer, stage.vllm, policy_path)
+    tokenizer, plan, reference, trainer, sampler = start_stage(stage, out, out_name, logger,
+                                                               policy_path, reference_path)
     evaluate = make_evaluator(stage.evaluation, sampler, tokenizer, eval_records, stage.prompts,
                               trainer, evaluate_ends)
     rank, per_rank = world()[0], p.questions_per_step // world()[1]
@@ -74,7 +66,8 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
         trainer.advance()
         metrics = {**log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, p,
                               timing), **sampled.stats, **sampler.stats(),
-                   **memory_metrics(timing["rollout_memory"]), "train/lr": current_lr(engine),
+                   **memory_metrics(timing["rollout_memory"]),
+                   "train/lr": current_lr(trainer.engine),
                    **due_evaluation(trainer, p, evaluate, evaluate_ends)}
         trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
                                                      spec.per_step, tokenizer, sampled, batch,
@@ -85,6 +78,18 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
+
+
+def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_path,
+                reference_path) -> tuple:
+    """(tokenizer, batch plan, reference, trainer, sampler) of a GRPO stage in `out`."""
+    with memory_phase("start-up"):
+        tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
+        trainer = Trainer(out, engine, logger, stage.policy.steps, desc=out_name,
+                          max_seconds=stage.policy.max_minutes * 60,
+                          fresh_state={"sample_seed": sampling_seed()})
+        sampler = Sampler(engine, trainer, stage.vllm, policy_path)
+    return tokenizer, plan, reference, trainer, sampler
 
 
 def learn_step(trainer: Trainer, reference, sampled: Sampled, p: PolicyConfig, spec: GRPOSpec,
