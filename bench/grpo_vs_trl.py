@@ -55,7 +55,7 @@ def peak_rss():
             return int(line.split()[1]) * 1024
 
 from runtime.data import synthetic_records
-from runtime.grading import grade
+from tasks.grading import grade
 from configs import load_config as _load
 records = synthetic_records(11, Q * steps, 2, 4)
 template = _load("configs/tiny.yaml").data.prompt_template

@@ -20,7 +20,7 @@ from process_supervision.label import Labeller, Solution
 from runtime.data import synthetic_records
 from runtime.tiny_model import build_tiny
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import PromptFormat
+from tasks.prompts import PromptFormat
 
 
 def main() -> None:

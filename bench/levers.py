@@ -78,7 +78,7 @@ def rollout_rows(model, tok, fmt, splits, repeats: int) -> list[str]:
     import torch
 
     from policy.generation.rollout import decode
-    from runtime.prompts import encode_prompts
+    from tasks.prompts import encode_prompts
 
     rows = []
     for label, records, repeat in (("8 questions x G = 8", splits.rl[:8], 8),
@@ -176,7 +176,7 @@ def main() -> None:
     from configs import load_config
     from runtime.data import load_splits
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import prompt_format
+    from tasks.prompts import prompt_format
 
     torch.set_num_threads(2)
     policy = ROOT / "runtime/bundled/tiny_warm_start"

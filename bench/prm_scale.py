@@ -50,7 +50,7 @@ def memory():
     return fields
 
 marks = []
-advance = training.Trainer.advance
+advance = training.StageLoop.advance
 def timed(self):
     advance(self)
     marks.append(time.perf_counter())
@@ -58,7 +58,7 @@ def timed(self):
         marks_memory.update(memory())
     if len(marks) >= int(steps):
         raise Enough
-training.Trainer.advance = timed
+training.StageLoop.advance = timed
 marks_memory = {}
 try:
     igrpo.main(["train-rm", "--config", "configs/tiny.yaml", f"run.root={out}", "run.name=s",

@@ -24,7 +24,7 @@ sys.path.insert(0, sys.argv[1])
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from reward_model.encoding import TagTokens
 from reward_model.score import tag_margins
-from reward_model.tag_scores import tag_logit_margin
+from reward_model.losses import tag_logit_margin
 mode, batch, length, dtype = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 torch.manual_seed(0)
 config = Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128,

@@ -41,7 +41,7 @@ def measure(name: str, path: str, repeats: int, solutions: int) -> list[str]:
     from process_supervision.label import Labeller, Solution
     from runtime.data import load_splits, synthetic_records
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import prompt_format
+    from tasks.prompts import prompt_format
 
     cfg = load_config("configs/tiny.yaml", ["rollout.backend=vllm", "rollout.kv_cache_gb=1",
                                             f"model.policy_path={path}"])

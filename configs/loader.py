@@ -370,7 +370,7 @@ def _check_lengths(data, g, lab, rm, where: str) -> None:
     """Lengths that must agree: Math-Shepherd continuations as long as the policy's solutions,
     and reward-model inputs that hold a whole prompt plus solution (else the late steps get no
     score and the ORM scores a cut solution)."""
-    from runtime.prompts import resolve_template
+    from tasks.prompts import resolve_template
 
     try:
         resolve_template(data.prompt_template)

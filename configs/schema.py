@@ -64,7 +64,7 @@ class DataConfig:
     """Skip malformed rows (and report how many) instead of stopping at the first one."""
     prompt_template: str = "{question}\n"
     """How a question becomes the policy's prompt: a text holding `{question}`, or a name from
-    `runtime.prompts.PROMPT_TEMPLATES` (plain; boxed: the paper's "Please reason step by step,
+    `tasks.prompts.PROMPT_TEMPLATES` (plain; boxed: the paper's "Please reason step by step,
     and put your final answer within \\boxed{}.")."""
     chat_template: bool = False
     """Wrap the prompt in the tokenizer's chat template as one user turn (instruct models)."""
@@ -96,7 +96,7 @@ class DataConfig:
     more SFT on its set cannot teach those, RL on gold answers can."""
     sft_slip_share: float = 0.0
     """Synthetic: share of the SFT worked solutions written by a student who forgets to carry and
-    to borrow (runtime/synthetic.py `carry_slip_solution`): mined worked solutions are not clean.
+    to borrow (tasks/synthetic.py `carry_slip_solution`): mined worked solutions are not clean.
     A warm start trained on them slips at a carry about this often under sampling and rarely
     when greedy, which leaves RL the room the paper's RL finds (Maj@K, not Pass@K)."""
 

@@ -25,11 +25,11 @@ import torch  # noqa: E402
 from configs import load_config  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
-from runtime.grading import answers_match, extract_final_answer  # noqa: E402
+from tasks.grading import answers_match, extract_final_answer  # noqa: E402
 from runtime.steps import split_steps  # noqa: E402
-from runtime.synthetic import ANSWER_PREFIX  # noqa: E402
+from tasks.synthetic import ANSWER_PREFIX  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 
 
 def main() -> None:

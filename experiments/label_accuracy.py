@@ -24,7 +24,7 @@ from process_supervision.label import Labeller, Solution  # noqa: E402
 from reward_model.examples import synthetic_step_examples  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 
 
 def main() -> None:

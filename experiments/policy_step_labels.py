@@ -5,7 +5,7 @@
     igrpo train-rm --config configs/tiny.yaml rm.kind=prm rm.data_path=policy_samples.jsonl ...
 
 Writes Math-Shepherd JSONL: a PRM trained on the policy's own samples without the completer's
-cost. On the synthetic task a step's true correctness is known (`runtime.synthetic`), and
+cost. On the synthetic task a step's true correctness is known (`tasks.synthetic`), and
 Math-Shepherd hard estimates agree with it on 95.7% of steps (docs/reward_models.md), so this
 stands in for labelling by completion. Questions come from the RL pool (from index `--offset`, 20,000), never
 from the held-out split.
@@ -25,11 +25,11 @@ import torch  # noqa: E402
 from configs import load_config  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from process_supervision.formats import StepExample, write_math_shepherd_jsonl  # noqa: E402
-from runtime import synthetic  # noqa: E402
+from tasks import synthetic  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.steps import split_steps  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 
 
 def main() -> None:

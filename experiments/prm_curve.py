@@ -24,7 +24,7 @@ from configs import load_config  # noqa: E402
 from reward_model.backbone import added_layer_parameters, deepen  # noqa: E402
 from reward_model.encoding import encode, tag_tokens  # noqa: E402
 from reward_model.examples import synthetic_step_examples  # noqa: E402
-from reward_model.tag_scores import lm_loss_sum, tag_logit_margin, tag_loss  # noqa: E402
+from reward_model.losses import lm_loss_sum, tag_logit_margin, tag_loss  # noqa: E402
 from reward_model.score import TagScorer  # noqa: E402
 from reward_model.evaluate import step_metrics  # noqa: E402
 from reward_model.train import question_groups  # noqa: E402

@@ -27,10 +27,10 @@ import torch  # noqa: E402
 from configs import load_config  # noqa: E402
 from process_supervision.formats import StepExample, to_math_shepherd  # noqa: E402
 from reward_model.score import TagScorer  # noqa: E402
-from runtime import synthetic  # noqa: E402
+from tasks import synthetic  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 
 
 def labelled_with_slips(records, seed: int):

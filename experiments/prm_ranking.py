@@ -4,7 +4,7 @@
 
 Samples the shipped warm start 16 times on 640 training questions and 64 held-out ones (the RL
 pool, from indexes 20,000 and 40,000; temperature 1), labels every step with its true correctness
-(the task's oracle, `runtime.synthetic.step_correctness`), then trains one PRM per control with
+(the task's oracle, `tasks.synthetic.step_correctness`), then trains one PRM per control with
 `igrpo train-rm` (the tiny config, `rm.likelihood_feature=false`, one epoch, lr 3e-4) and scores
 the held-out samples with P(+) at the tags. Per control: in-group AUROC (the mean over questions
 with right and wrong samples of the AUROC of the solutions' `min` step scores within the
@@ -57,11 +57,11 @@ from process_supervision.formats import StepExample, write_math_shepherd_jsonl  
 from reward_model.encoding import encode, ensure_tag_token, tag_tokens  # noqa: E402
 from reward_model.evaluate import auroc, best_of_n, step_metrics  # noqa: E402
 from reward_model.score import TagScorer  # noqa: E402
-from runtime import synthetic  # noqa: E402
+from tasks import synthetic  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
-from runtime.grading import extract_final_answer  # noqa: E402
+from tasks.grading import extract_final_answer  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import encode_prompts, prompt_format  # noqa: E402
+from tasks.prompts import encode_prompts, prompt_format  # noqa: E402
 from runtime.steps import split_steps  # noqa: E402
 
 WARM = "runtime/bundled/tiny_warm_start"

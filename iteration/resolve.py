@@ -30,7 +30,7 @@ from policy.stage import (DPOSpec, Evaluation, GRPOSpec, PolicyStage, PPOSpec, R
                           VLLMSettings)
 from reward_model.train import RMSpec
 from runtime.data import Splits, load_splits, step_oracle
-from runtime.prompts import prompt_format
+from tasks.prompts import prompt_format
 
 
 def per_step(supervision: str) -> bool:

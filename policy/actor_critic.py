@@ -1,7 +1,8 @@
-"""The critic of the value-based algorithms (PPO and its successors in ppo.py, T-PPO in
-tppo.py): the value model, the step's targets (token rewards, GAE advantages, returns), the
-critic's and the actor's optimizer steps, and their metrics. Both algorithms import it; neither
-imports the other.
+"""The actor and the critic of the value-based algorithms (PPO and its successors in ppo.py,
+T-PPO in tppo.py): the value model, the step's targets (token rewards, GAE advantages, returns),
+the actor's optimizer step (`actor_step`: the clipped surrogate on GAE advantages) and the
+critic's (`critic_step`), the stage both run in (`ValueStage`) and their metrics. Both algorithms
+import it; neither imports the other.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from configs.schema import PolicyConfig, PPOConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.kit import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
+from policy.sampling import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
                         policy_engines, reference_logprobs, sampling_seed, step_questions)
 from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                                length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
@@ -27,7 +28,7 @@ from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gather_rows, global_sum, world
 from runtime.models import accelerator, load_causal_lm, load_tokenizer
 from runtime.tracking import MetricsLogger
-from runtime.training import Trainer, stage_done
+from runtime.training import StageLoop, stage_done
 
 
 def critic_from(lm, score: torch.Tensor | None = None):
@@ -135,7 +136,7 @@ def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, r
                    num_tokens)
 
 
-def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p: PPOConfig, plan,
+def critic_step(trainer: StageLoop, critic, rollout: Rollout, targets: Targets, p: PPOConfig, plan,
                 where: str) -> dict:
     """One optimizer step of the critic on the clipped value loss."""
     stats = {"value_loss": 0.0}
@@ -154,7 +155,7 @@ def critic_step(trainer: Trainer, critic, rollout: Rollout, targets: Targets, p:
     return {"value_loss": global_sum(stats["value_loss"]), "critic_grad_norm": grad_norm}
 
 
-def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torch.Tensor,
+def actor_step(trainer: StageLoop, rollout: Rollout, targets: Targets, right: torch.Tensor,
                g: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
     """One optimizer step of the policy: `policy.loss`'s clipped surrogate on the GAE advantages
     (no KL term: it is in the rewards), plus VAPO's LM loss on right samples."""
@@ -188,7 +189,7 @@ def actor_step(trainer: Trainer, rollout: Rollout, targets: Targets, right: torc
     return {**{k: global_sum(v) for k, v in stats.items()}, "grad_norm": grad_norm}
 
 
-def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, plan,
+def rollout_logprobs(trainer: StageLoop, rollout: Rollout, reference, mu: int, plan,
                      is_reference: bool = False):
     """(pi_old, reference) log-probs of the rollout before the update, where something needs
     them: the KL penalty (a reference) or the ratio of later passes (mu > 1); None otherwise
@@ -200,7 +201,7 @@ def rollout_logprobs(trainer: Trainer, rollout: Rollout, reference, mu: int, pla
     return old, old if reference is not None and ref is None else ref
 
 
-def train_passes(trainer: Trainer, critic, rollout: Rollout, targets: Targets,
+def train_passes(trainer: StageLoop, critic, rollout: Rollout, targets: Targets,
                  right: torch.Tensor, g: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
     """`policy.mu` passes of one policy and one critic step each; their stats averaged."""
     trainer.engine.train()
@@ -261,7 +262,7 @@ class ValueStage:
     engine: object
     reference: object
     critic: object
-    trainer: Trainer
+    trainer: StageLoop
     sampler: Sampler
     evaluate: Callable[[bool], dict]
     fmt: object
@@ -286,7 +287,7 @@ def value_stage(stage: PolicyStage, spec: PPOSpec, out: Path, desc: str, policy_
     budget = g.max_minutes * 60
     if budget and pretrained is not None:
         budget = max(budget - pretrain_seconds(pretrained), 1e-3)
-    trainer = Trainer(out, engine, logger, g.steps, desc=desc, max_seconds=budget,
+    trainer = StageLoop(out, engine, logger, g.steps, desc=desc, max_seconds=budget,
                       companions={"critic": critic},
                       fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
@@ -344,7 +345,7 @@ def pretrain_values(stage: PolicyStage, spec: PPOSpec, out: Path, sampler: Sampl
     # its metrics go to a file of its own: the PPO stage's logger rewinds to PPO's steps
     own = MetricsLogger(folder / "metrics.jsonl", config={}, mode="disabled", project="",
                         name="value-pretrain")
-    trainer = Trainer(folder, critic, own, p.value_pretrain_steps, desc="value pretraining",
+    trainer = StageLoop(folder, critic, own, p.value_pretrain_steps, desc="value pretraining",
                       max_seconds=g.max_minutes * 60, fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
     sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,

@@ -17,15 +17,15 @@ from tqdm import tqdm
 from policy.generation.rollout import generate_groups
 from runtime.data import MathRecord
 from runtime.engine import is_main
-from runtime.grading import answers_match, extract_final_answer
-from runtime.prompts import PromptFormat
+from tasks.grading import answers_match, extract_final_answer
+from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_json
 from runtime.shards import map_chunks, my_chunks
 from runtime.stats import bootstrap_interval, ratio_interval
 from runtime.steps import split_steps
 
 StepOracle = Callable[[str, list[str]], list[bool]]
-"""(question, steps of a solution) -> is each step still on the true path (runtime.synthetic's
+"""(question, steps of a solution) -> is each step still on the true path (tasks.synthetic's
 `step_correctness`)."""
 
 

@@ -151,7 +151,7 @@ def chosen_samples(num_samples: int, group_size: int, groups: int, per_group: in
 def inspect_step(folder: Path, step: int, inspect: InspectConfig, per_step: bool, tokenizer,
                  sampled, batch, logger) -> dict | None:
     """Every `inspect.every` steps (main rank): write a GRPO step's advantage table and token
-    heatmap (`sampled`: the step's `policy.kit.Sampled`, `batch` its `StepBatch`); return the
+    heatmap (`sampled`: the step's `policy.sampling.Sampled`, `batch` its `StepBatch`); return the
     wandb media to log (None otherwise)."""
     if not (inspect.every and step % inspect.every == 0 and is_main()):
         return None

@@ -15,7 +15,7 @@ import torch
 
 from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
-from runtime.grading import grade
+from tasks.grading import grade
 
 
 @dataclass(frozen=True)

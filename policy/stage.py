@@ -74,7 +74,7 @@ class PolicyStage:
     vllm: VLLMSettings | None
     """None: the training module samples (`rollout.backend=hf`)."""
     prompts: object
-    """The prompt format (`runtime.prompts.PromptFormat`)."""
+    """The prompt format (`tasks.prompts.PromptFormat`)."""
     evaluation: Evaluation
     shaping: Shaping
     inspect: InspectConfig

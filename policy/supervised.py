@@ -9,8 +9,8 @@ import torch
 from policy.generation.logprobs import selective_log_softmax
 from runtime.data import MathRecord
 from runtime.engine import global_sum, world
-from runtime.prompts import PromptFormat, encode_prompts
-from runtime.training import Trainer
+from tasks.prompts import PromptFormat, encode_prompts
+from runtime.training import StageLoop
 
 
 def sft_tensors(tokenizer, records: list[MathRecord], fmt: PromptFormat):
@@ -43,7 +43,7 @@ def token_nll_sum(model, input_ids, attention_mask, labels) -> tuple[torch.Tenso
     return -(logp * valid).sum(), int(valid.sum())
 
 
-def supervised_step(trainer: Trainer, tensors, plan, where: str) -> tuple[float, float]:
+def supervised_step(trainer: StageLoop, tensors, plan, where: str) -> tuple[float, float]:
     """One optimizer step of the next-token loss on this rank's share of a batch of worked
     solutions (`sft_tensors`), the mean over the step's tokens of every rank; returns the loss
     and the gradient norm."""

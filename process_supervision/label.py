@@ -24,8 +24,8 @@ from policy.generation.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.data import MathRecord
 from runtime.engine import barrier, broadcast_from_main, world
-from runtime.grading import grade
-from runtime.prompts import PromptFormat
+from tasks.grading import grade
+from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_text
 from runtime.shards import deal
 

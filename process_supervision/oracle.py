@@ -12,7 +12,7 @@ from policy.rewards import Scores, grade_samples
 from policy.generation.rollout import Rollout
 from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from runtime.data import MathRecord
-from runtime.synthetic import step_correctness
+from tasks.synthetic import step_correctness
 
 
 class StepOracleReward:

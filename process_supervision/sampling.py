@@ -11,7 +11,7 @@ from policy.generation.rollout import generate_groups
 from process_supervision.label import Solution
 from runtime.data import MathRecord
 from runtime.engine import barrier, broadcast_from_main, is_main
-from runtime.prompts import PromptFormat
+from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_text
 from runtime.shards import map_chunks, my_chunks
 from runtime.steps import split_steps

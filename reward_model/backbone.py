@@ -73,7 +73,7 @@ def heldout_lm(path, data, seed: int, questions: int = 100) -> dict:
     (scripts/build_rm_base.py)."""
     import dataclasses
 
-    from runtime import synthetic
+    from tasks import synthetic
     from runtime.data import load_splits
 
     held = load_splits(data, seed).eval[:questions]
@@ -81,7 +81,7 @@ def heldout_lm(path, data, seed: int, questions: int = 100) -> dict:
                if (steps := synthetic.carry_slip_solution(synthetic.Problem(
                    r.question, r.solution_steps, int(r.answer)))) != r.solution_steps]
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import prompt_format
+    from tasks.prompts import prompt_format
 
     # On the CPU wherever it runs: the recorded numbers are CPU float32.
     model, tokenizer = load_causal_lm(path, device="cpu").eval(), load_tokenizer(path)

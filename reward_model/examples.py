@@ -7,9 +7,9 @@ import random
 
 from process_supervision.formats import StepExample, read_step_rows
 from reward_model.encoding import orm_example
-from runtime import synthetic
+from tasks import synthetic
 from runtime.data import MathRecord
-from runtime.grading import grade
+from tasks.grading import grade
 
 
 def as_orm(examples: list[StepExample], separator: str = "\n") -> list[StepExample]:

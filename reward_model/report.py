@@ -17,12 +17,12 @@ from runtime.steps import split_steps
 from reward_model.encoding import orm_example
 from process_supervision.benchmarks import BenchmarkRows
 from reward_model.evaluate import best_of_n, first_error_metrics, prm_score, step_metrics
-from reward_model.tag_scores import STEP_AGGREGATORS
+from reward_model.losses import STEP_AGGREGATORS
 from reward_model.score import TagScorer, spread_score
 from runtime.data import MathRecord
 from runtime.engine import memory_phase
-from runtime.grading import answers_match, extract_final_answer
-from runtime.prompts import PromptFormat
+from tasks.grading import answers_match, extract_final_answer
+from tasks.prompts import PromptFormat
 from runtime.shards import map_chunks
 
 

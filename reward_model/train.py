@@ -26,12 +26,12 @@ from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_c
 from reward_model.encoding import TagBatch, encode, ensure_tag_token, tag_tokens
 from reward_model.families import Reading, TokenClassScorer
 from reward_model.evaluate import step_metrics
-from reward_model.tag_scores import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
+from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
 from runtime.engine import (broadcast_from_main, build_engine, current_lr,
                             gathered_for_generation, global_sum, is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.training import Trainer, epoch_slice, seeded_order, stage_done
+from runtime.training import StageLoop, epoch_slice, seeded_order, stage_done
 
 
 def question_groups(examples) -> list[list[int]]:
@@ -101,7 +101,7 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
                       f"rm.batch_size={rm.batch_size}")
     tokenizer, engine, read = _reward_model_engine(spec, out, init, plan)
     epochs = rm.epochs if epochs is None else epochs
-    trainer = Trainer(out, engine, logger, math.ceil(
+    trainer = StageLoop(out, engine, logger, math.ceil(
         epochs * max(1, len(train) // plan.global_sequences)), desc=out.name)
     state = trainer.state
     if "calibration" in state:  # the weights fitted before the interruption

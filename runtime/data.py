@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime import synthetic
-from runtime.grading import extract_boxed
+from tasks import synthetic
+from tasks.grading import extract_boxed
 
 BUNDLED = Path(__file__).resolve().parent / "bundled"
 GSM8K_TRAIN = BUNDLED / "gsm8k" / "train.jsonl"

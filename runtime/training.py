@@ -2,7 +2,7 @@
 every one of them draws its batches from.
 
 A stage folder `out` holds `state/` (DeepSpeed's resumable state), `done.json` once the stage is
-finished, and the stage's exports. `Trainer` loads the state, drops the metric rows a crash
+finished, and the stage's exports. `StageLoop` loads the state, drops the metric rows a crash
 logged past it, shows a progress bar with an ETA, runs micro-batches through checked backward
 passes, saves, exports and writes the done file; the trainers supply the losses and metrics.
 """
@@ -82,10 +82,10 @@ def stage_done(out: Path) -> bool:
     return (out / "done.json").exists()
 
 
-class Trainer:
+class StageLoop:
     """One resumable training stage in `out`: `state["step"]` counts finished optimizer steps.
 
-        trainer = Trainer(out, engine, logger, total_steps, desc="sft")
+        trainer = StageLoop(out, engine, logger, total_steps, desc="sft")
         while trainer.running():
             ...  # build the step's batch
             grad_norm = trainer.backward(micro_batches, loss_of, where)

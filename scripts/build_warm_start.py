@@ -43,7 +43,7 @@ from iteration.summary import change_from  # noqa: E402
 from policy.evaluate import evaluate_policy  # noqa: E402
 from runtime.data import load_splits, step_oracle  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 from runtime.rundir import atomic_write_json  # noqa: E402
 
 TASKS = {

@@ -33,8 +33,8 @@ from iteration import stages  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from policy.math.advantages import PROCESS_CREDIT, GroupNorm  # noqa: E402
 from iteration.resolve import make_reward, resolve  # noqa: E402
-from runtime import synthetic  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks import synthetic  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 
 
 def step_position_means(advantages: torch.Tensor, step_mask: torch.Tensor,

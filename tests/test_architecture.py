@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("configs", "runtime", "policy", "reward_model", "process_supervision", "iteration")
+PACKAGES = ("configs", "tasks", "runtime", "policy", "reward_model", "process_supervision", "iteration")
 MAX_FUNCTION_LINES = 60
 MAX_CORE_FUNCTION_LINES = 40  # policy/algorithms/ and policy/math/: the objective at a glance
 MAX_ALGORITHM_LINES = 400

@@ -126,7 +126,7 @@ def test_a_config_extends_another_and_the_steps_task_is_tiny_with_its_own_data(t
 def test_the_default_operations_draw_the_problems_they_always_drew():
     """`data.operations` left at '+-*' keeps every seeded problem as it was (the shipped warm
     start and every recorded number were made on them)."""
-    from runtime import synthetic
+    from tasks import synthetic
 
     assert synthetic.make_problems(0, 1)[0].question == \
         "Start with 14. Add 5. Multiply by 3. Subtract 5."

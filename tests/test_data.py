@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from runtime import synthetic
+from tasks import synthetic
 from runtime.data import (GSM8K_TEST, MATH500_TEST, DataError, LoadReport, load_records,
                           load_splits)
 from configs import ConfigError, load_config

@@ -154,7 +154,7 @@ HAND_BUILT = [(Q1, "48", [Q1_RIGHT, Q1_CANCELLING, Q1_WRONG, Q1_RIGHT]),
 
 def _hand_built_outcomes(step_oracle):
     from policy.evaluate import trace_flags
-    from runtime.grading import answers_match, extract_final_answer
+    from tasks.grading import answers_match, extract_final_answer
 
     rights, traces = [], []
     for question, gold, texts in HAND_BUILT:
@@ -167,7 +167,7 @@ def _hand_built_outcomes(step_oracle):
 
 def test_trace_accuracy_and_lucky_answer_rate_by_hand():
     from policy.evaluate import lucky_answer_rate
-    from runtime.synthetic import step_correctness
+    from tasks.synthetic import step_correctness
 
     rights, traces = _hand_built_outcomes(step_correctness)
     assert rights == [[True, True, False, True], [True, False, False, True], [False] * 4]
@@ -194,7 +194,7 @@ def test_evaluation_without_a_step_oracle_has_no_trace_keys(monkeypatch):
     from configs.loader import load_config
     from iteration import stages
     from iteration.resolve import resolve
-    from runtime.synthetic import step_correctness
+    from tasks.synthetic import step_correctness
 
     rights, traces = _hand_built_outcomes(None)
     assert traces == [None, None, None]

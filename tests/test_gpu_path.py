@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from configs import load_config
-from policy.kit import Sampler, rollout_step, score_step
+from policy.sampling import Sampler, rollout_step, score_step
 from policy.rewards import Scores
 from policy.generation.rollout import generate_groups
 from runtime import engine as engine_module
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import prompt_format
+from tasks.prompts import prompt_format
 
 META = torch.device("meta")
 
@@ -76,8 +76,8 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     scores from Python numbers, runs outside: `score_step` moves them.)"""
     from policy.algorithms.grpo import advantage_step, log_step, update_step
     from iteration.resolve import resolve
-    from policy.kit import policy_engines
-    from runtime.training import Trainer
+    from policy.sampling import policy_engines
+    from runtime.training import StageLoop
     from runtime.tracking import MetricsLogger
 
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", "policy.group_size=4",
@@ -87,7 +87,7 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     tokenizer, plan, engine, reference = policy_engines(stage, warm_start)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="",
                            name="")
-    trainer = Trainer(tmp_path / "grpo", engine, logger, 1, desc="grpo")
+    trainer = StageLoop(tmp_path / "grpo", engine, logger, 1, desc="grpo")
     sampler = _sampler(engine, None)
     records = load_splits(cfg.data, 0).eval[:g.questions_per_step]
     rollout = rollout_step(sampler, tokenizer, prompt_format(cfg.data).prompts(tokenizer,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from runtime.data import GSM8K_TEST, MATH500_TEST, load_records
-from runtime.grading import answers_match, extract_final_answer, grade
+from tasks.grading import answers_match, extract_final_answer, grade
 
 
 def test_gsm8k_gold_against_itself_and_plus_one():

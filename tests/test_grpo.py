@@ -11,7 +11,7 @@ from configs import load_config
 from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step, refill_step
 from policy.generation.rollout import Rollout
-from policy.kit import Sampled, score_step
+from policy.sampling import Sampled, score_step
 from policy.math.advantages import process_advantages
 from policy.rewards import RuleReward, Scores
 from runtime.data import load_splits
@@ -25,7 +25,7 @@ from small_runs import RandomReward, weights_differ
 
 
 def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
-    from policy.kit import shuffled_rewards
+    from policy.sampling import shuffled_rewards
     from policy.rewards import Scores
 
     torch.manual_seed(0)
@@ -127,7 +127,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     from runtime.models import load_causal_lm
     from runtime.tiny_model import build_tiny
     from runtime.tracking import MetricsLogger
-    from runtime.training import Trainer
+    from runtime.training import StageLoop
     from small_config import SMALL
 
     cfg = load_config("configs/tiny.yaml", [*SMALL, "policy.group_size=3", "policy.beta=0",
@@ -139,7 +139,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=g.lr,
                           micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    trainer = Trainer(tmp_path / "grpo", engine, logger, 2, desc="test")
+    trainer = StageLoop(tmp_path / "grpo", engine, logger, 2, desc="test")
     gen = torch.Generator().manual_seed(0)
     rollout = Rollout(torch.randint(3, 20, (6, 4), generator=gen), torch.ones(6, 4, dtype=torch.long),
                       torch.randint(3, 20, (6, 5), generator=gen), torch.ones(6, 5, dtype=torch.long),
@@ -225,7 +225,7 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
     from policy.algorithms.grpo import StepBatch, update_step
     from policy.math.losses import POLICY_LOSSES
     from runtime.engine import build_engine
-    from runtime.training import Trainer
+    from runtime.training import StageLoop
     from small_config import SMALL
 
     cfg = load_config("configs/tiny.yaml", [*SMALL, "policy.group_size=4", "policy.mini_batches=2",
@@ -235,7 +235,7 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
     engine = build_engine(load_causal_lm(base, cfg.model, train=True), cfg.deepspeed, lr=1e-3,
                           micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    trainer = Trainer(tmp_path / "grpo", engine, logger, 2, desc="test")
+    trainer = StageLoop(tmp_path / "grpo", engine, logger, 2, desc="test")
     gen = torch.Generator().manual_seed(0)
     lengths = torch.tensor([5, 4, 3, 5, 2, 5, 4, 1])
     completion_mask = (torch.arange(5)[None, :] < lengths[:, None]).long()
@@ -313,11 +313,11 @@ def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeyp
     clock = iter(range(0, 1000, 10))
     monkeypatch.setattr(training.time, "perf_counter", lambda: float(next(clock)))
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    trainer = training.Trainer(tmp_path / "stage", None, logger, 100, desc="t", max_seconds=25)
+    trainer = training.StageLoop(tmp_path / "stage", None, logger, 100, desc="t", max_seconds=25)
     while trainer.running():
         trainer.advance()
     assert trainer.step == 3 and trainer.state["seconds"] == 30.0
-    unlimited = training.Trainer(tmp_path / "other", None, logger, 4, desc="t")
+    unlimited = training.StageLoop(tmp_path / "other", None, logger, 4, desc="t")
     while unlimited.running():
         unlimited.advance()
     assert unlimited.step == 4
@@ -366,16 +366,16 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
 
     import policy.algorithms.grpo
     import policy.actor_critic
-    import policy.kit
+    import policy.sampling
 
     calls = {"reference": 0}
-    forward = policy.kit.forward_logprobs
+    forward = policy.sampling.forward_logprobs
 
     def counting(model, rollout, micro, *args):  # the reference's (and pi_old's: mu = 2)
         calls["reference"] += 1
         return forward(model, rollout, micro, *args)
 
-    for module in (policy.kit, policy.algorithms.grpo, policy.actor_critic):  # where it is called
+    for module in (policy.sampling, policy.algorithms.grpo, policy.actor_critic):  # where it is called
         monkeypatch.setattr(module, "forward_logprobs", counting)
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=2",
                                             "policy.eval_every=0", "run.wandb_mode=disabled",

@@ -10,7 +10,7 @@ from policy.rewards import RuleReward
 from policy.generation.rollout import Rollout
 from process_supervision.oracle import StepOracleReward
 from runtime.data import MathRecord
-from runtime.grading import answers_match, extract_final_answer, grade, too_costly
+from tasks.grading import answers_match, extract_final_answer, grade, too_costly
 from runtime.tiny_model import build_tokenizer
 
 TIMEOUT_S = 1

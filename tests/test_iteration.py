@@ -244,7 +244,7 @@ class _OracleScorer:
         self.kind, self.flat = kind, flat
 
     def score(self, examples):
-        from runtime import synthetic
+        from tasks import synthetic
         from runtime.steps import split_steps
 
         out = []

@@ -24,7 +24,7 @@ from iteration.resolve import resolve
 from policy.rewards import RuleReward
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import prompt_format
+from tasks.prompts import prompt_format
 from runtime.stats import paired_difference
 from runtime.tracking import MetricsLogger
 

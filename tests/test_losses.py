@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from policy.math.advantages import (informative_groups, rejection_sampling_advantages)
-from policy.math.losses import POLICY_LOSSES, k3_kl, overlong_penalty
+from policy.math.losses import POLICY_LOSSES, k3_kl
+from policy.math.shaping import overlong_penalty
 
 from seed_example import seed_inputs
 

@@ -37,7 +37,7 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
     assert len(rows) == 2 * 2 * 4 and calls == [8, 8]
     right = [r for r in rows if r["right"]]
     assert 0 < len(right) < len(rows)  # the warm start is right on some samples, not all
-    from runtime.grading import grade
+    from tasks.grading import grade
     assert all(grade(r["text"], r["answer"]) == r["right"] for r in rows)
     done = json.loads((tmp_path / "grpo" / "done.json").read_text())
     assert (done["samples"], done["kept"]) == (16, len(right))

@@ -9,7 +9,7 @@ from runtime.steps import split_steps, step_char_ends, step_end_token_indices
 from runtime.data import synthetic_records
 from runtime.tiny_model import build_tiny
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import PromptFormat
+from tasks.prompts import PromptFormat
 
 SOLUTION = "7+3=10\n10*2=20\nThe answer is 20"
 

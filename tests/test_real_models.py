@@ -13,7 +13,7 @@ from process_supervision.formats import StepExample
 from reward_model.encoding import (TagTokenError, check_tag_tokens, encode, ensure_tag_token,
                                    tag_tokens)
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import PromptFormat, encode_prompts
+from tasks.prompts import PromptFormat, encode_prompts
 from runtime.tiny_model import (GPT2_TOKENIZER, STAND_IN_CHAT, STAND_INS, build_model,
                                 build_stand_in, build_tokenizer)
 from small_config import ITERATE, SMALL

@@ -14,7 +14,7 @@ from reward_model.score import TagScorer
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
 from configs import load_config
-from runtime.prompts import prompt_format
+from tasks.prompts import prompt_format
 
 RM = ["rm.lr=2e-4", "rm.batch_size=32", "rm.epochs=2", "rm.synthetic_solutions=2000",
       "rm.calibration_examples=500", "rm.eval_every=0", "deepspeed.micro_batch_size=32",

@@ -11,7 +11,7 @@ from process_supervision.formats import (StepExample, example_from_row, read_ste
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
 from reward_model.encoding import encode, orm_example, tag_tokens
 from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
-from reward_model.tag_scores import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
+from reward_model.losses import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
 from runtime.tiny_model import STEP_TAG, build_tokenizer
 
@@ -373,7 +373,7 @@ def test_pairwise_loss_ranks_a_questions_right_solutions_above_its_wrong_ones():
     of one question count, each adding softplus(s_wrong - s_right)."""
     import math
 
-    from reward_model.tag_scores import pairwise_loss_sum
+    from reward_model.losses import pairwise_loss_sum
 
     margin = torch.tensor([[2.0, 1.0, 9.0], [0.5, -1.0, 9.0], [3.0, 9.0, 9.0], [-2.0, 9.0, 9.0]],
                           requires_grad=True)

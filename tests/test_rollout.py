@@ -10,7 +10,7 @@ from policy.generation.rollout import concat_rollouts, generate_groups
 from runtime.tiny_model import build_tiny
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.prompts import prompt_format
+from tasks.prompts import prompt_format
 
 from end_tokens import expected_stops, two_end_tokens
 
@@ -91,7 +91,7 @@ def test_completion_logprobs_match_full_forward(tmp_path):
 def _warm_start_prompts(warm_start, n):
     from configs import load_config
     from runtime.data import load_splits
-    from runtime.prompts import prompt_format
+    from tasks.prompts import prompt_format
 
     cfg = load_config("configs/tiny.yaml", [f"data.eval_questions={n}"])
     tok = load_tokenizer(warm_start)
@@ -121,7 +121,7 @@ def test_sampled_tokens_have_the_models_log_probs_after_rows_leave(warm_start):
     teacher-forced log-prob of the full forward, row by row, so dropping ended rows from the
     cache kept every row with its own keys and values. T-PPO's per-row limits stop rows early."""
     from policy.generation.rollout import continue_rows, decode, mask_after_eos
-    from runtime.prompts import encode_prompts
+    from tasks.prompts import encode_prompts
 
     model, tok, prompts = _warm_start_prompts(warm_start, 16)
     enc = tok.pad({"input_ids": encode_prompts(tok, prompts)}, padding=True, return_tensors="pt")
@@ -146,7 +146,7 @@ def test_decoding_runs_in_inference_mode_and_returns_ordinary_tensors(warm_start
     tokens and log-probs then feed a training forward and backward like any tensor: autograd
     saves them (it refuses to save inference tensors)."""
     from policy.generation.rollout import decode
-    from runtime.prompts import encode_prompts
+    from tasks.prompts import encode_prompts
 
     model, tok, prompts = _warm_start_prompts(warm_start, 2)
     enc = tok.pad({"input_ids": encode_prompts(tok, prompts)}, padding=True, return_tensors="pt")

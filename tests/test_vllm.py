@@ -19,7 +19,7 @@ from iteration.resolve import resolve  # noqa: E402
 from policy.generation.rollout import generate_groups  # noqa: E402
 from runtime.data import load_splits  # noqa: E402
 from runtime.models import load_causal_lm, load_tokenizer  # noqa: E402
-from runtime.prompts import prompt_format  # noqa: E402
+from tasks.prompts import prompt_format  # noqa: E402
 
 VLLM = ["rollout.backend=vllm", "rollout.kv_cache_gb=1"]
 

@@ -21,15 +21,15 @@ def recorder(monkeypatch):
     import iteration.loop
     import iteration.stages
     import policy.algorithms.grpo
-    import policy.kit
+    import policy.sampling
     import reward_model.report
-    from runtime.training import Trainer
+    from runtime.training import StageLoop
 
     recording_vllm.install(monkeypatch)
-    gather = policy.kit.gathered_for_generation
-    monkeypatch.setattr(policy.kit, "gathered_for_generation",
+    gather = policy.sampling.gathered_for_generation
+    monkeypatch.setattr(policy.sampling, "gathered_for_generation",
                         lambda engine: recorded("gather", gather(engine)))
-    monkeypatch.setattr(policy.kit, "score_step", recording("score", policy.kit.score_step))
+    monkeypatch.setattr(policy.sampling, "score_step", recording("score", policy.sampling.score_step))
     monkeypatch.setattr(policy.algorithms.grpo, "update_step",
                         recording("update", policy.algorithms.grpo.update_step))
     monkeypatch.setattr(iteration.loop, "train_reward_model",
@@ -38,7 +38,7 @@ def recorder(monkeypatch):
                         recording("rm-score", iteration.stages.labelled_report))
     monkeypatch.setattr(reward_model.report, "solution_scores",
                         recording("rm-score", reward_model.report.solution_scores))
-    monkeypatch.setattr(Trainer, "finish", recording("export", Trainer.finish))
+    monkeypatch.setattr(StageLoop, "finish", recording("export", StageLoop.finish))
     return EVENTS
 
 

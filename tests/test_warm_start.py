@@ -8,7 +8,7 @@ import pytest
 from configs import ConfigError, load_config
 from configs.loader import BUNDLED
 from reward_model.examples import worked_examples
-from runtime import synthetic
+from tasks import synthetic
 from runtime.data import load_splits
 
 SHIPPED = BUNDLED / "tiny_warm_start"
@@ -101,7 +101,7 @@ def test_the_steps_task_warm_start_brings_right_answers_through_wrong_steps():
 def test_shipped_warm_start_reproduces_its_held_out_greedy_accuracy_exactly():
     from policy.evaluate import evaluate_policy
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import prompt_format
+    from tasks.prompts import prompt_format
 
     cfg = load_config("configs/tiny.yaml")
     recipe = json.loads((SHIPPED / "recipe.json").read_text())["heldout"]

@@ -33,7 +33,7 @@ import torch
 from configs.schema import ModelConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.kit import (Sampled, Sampler, due_evaluation, make_evaluator, make_sample, policy_engines,
+from policy.sampling import (Sampled, Sampler, due_evaluation, make_evaluator, make_sample, policy_engines,
                         reference_logprobs, sampling_seed, starts_at, step_questions)
 from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
@@ -41,14 +41,14 @@ from policy.stage import DPOSpec, PolicyStage
 from runtime.data import MathRecord
 from runtime.engine import current_lr, gather_rows, global_sum, world
 from runtime.models import load_causal_lm
-from runtime.training import Trainer, stage_done
+from runtime.training import StageLoop, stage_done
 
 
 class StartingPolicySampler(Sampler):
     """Generates with a frozen copy of the starting policy (on the engine's device, with
     transformers): offline DPO's data source."""
 
-    def __init__(self, engine, trainer: Trainer, model: ModelConfig, policy_path):
+    def __init__(self, engine, trainer: StageLoop, model: ModelConfig, policy_path):
         self.engine, self.trainer, self.vllm = engine, trainer, None
         self.model = load_causal_lm(policy_path, model, device=engine.device).eval()
 
@@ -79,7 +79,7 @@ def preference_pairs(rewards: torch.Tensor, group_size: int,
     return torch.tensor(pairs + rest, dtype=torch.long), role
 
 
-def dpo_update(trainer: Trainer, reference, rollout: Rollout, role: torch.Tensor, beta: float,
+def dpo_update(trainer: StageLoop, reference, rollout: Rollout, role: torch.Tensor, beta: float,
                plan, where: str, is_reference: bool) -> dict:
     """One optimizer step of DPO's loss over the step's pairs (rows already in pair order:
     `preference_pairs`). `is_reference`: the policy still is the reference, whose log-probs are
@@ -163,7 +163,7 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
         raise ValueError(f"DPO ({out}): micro-batches of {plan.micro_batch_size} rows would "
                          "split a pair; set deepspeed.micro_batch_size (and the samples per "
                          "rank) even")
-    trainer = Trainer(out, engine, logger, stage.policy.steps, desc=out_name,
+    trainer = StageLoop(out, engine, logger, stage.policy.steps, desc=out_name,
                       max_seconds=stage.policy.max_minutes * 60,
                       fresh_state={"sample_seed": sampling_seed()})
     return tokenizer, plan, reference, trainer, Sampler(engine, trainer, stage.vllm, policy_path)

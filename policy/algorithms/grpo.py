@@ -25,7 +25,7 @@ from policy import inspection
 from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batches
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.kit import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
+from policy.sampling import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
                         make_evaluator, make_sample, policy_engines, reference_logprobs,
                         refill_questions, sampler_drift, sampling_seed, starts_at,
                         step_questions)
@@ -35,7 +35,7 @@ from policy.stage import GRPOSpec, PolicyStage
 from runtime.data import MathRecord
 from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics, memory_phase,
                             world)
-from runtime.training import Trainer, stage_done
+from runtime.training import StageLoop, stage_done
 
 
 def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: str | Path,
@@ -85,14 +85,14 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
     """(tokenizer, batch plan, reference, trainer, sampler) of a GRPO stage in `out`."""
     with memory_phase("start-up"):
         tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
-        trainer = Trainer(out, engine, logger, stage.policy.steps, desc=out_name,
+        trainer = StageLoop(out, engine, logger, stage.policy.steps, desc=out_name,
                           max_seconds=stage.policy.max_minutes * 60,
                           fresh_state={"sample_seed": sampling_seed()})
         sampler = Sampler(engine, trainer, stage.vllm, policy_path)
     return tokenizer, plan, reference, trainer, sampler
 
 
-def learn_step(trainer: Trainer, reference, sampled: Sampled, p: PolicyConfig, spec: GRPOSpec,
+def learn_step(trainer: StageLoop, reference, sampled: Sampled, p: PolicyConfig, spec: GRPOSpec,
                plan, seed: int, timing: dict, where: str, is_reference: bool
                ) -> tuple[StepBatch, UpdateStats]:
     """A sampled step's advantages, then its update (`is_reference`: the policy still is the
@@ -281,7 +281,7 @@ class MicroBatchLoss:
         return result.loss * world()[1]
 
 
-def update_step(trainer: Trainer, reference, rollout: Rollout, batch: StepBatch, g: PolicyConfig,
+def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatch, g: PolicyConfig,
                 loss_fn: Callable, plan, where: str, is_reference: bool = False) -> UpdateStats:
     """`policy.mu` passes over the batch, each `policy.mini_batches` optimizer steps (each
     normalised by its own counts), against log-probs of the reference and (mu > 1 or

@@ -25,14 +25,14 @@ from tqdm import tqdm
 from configs.batching import plan_batch
 from configs.schema import PolicyConfig
 from policy.generation.rollout import generate_groups
-from policy.kit import step_questions
+from policy.sampling import step_questions
 from policy.supervised import sft_tensors, supervised_step
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, RFTSpec
 from runtime.data import MathRecord
 from runtime.engine import broadcast_from_main, build_engine, current_lr, is_main, world
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.training import Trainer, epoch_slice, stage_done
+from runtime.training import StageLoop, epoch_slice, stage_done
 
 
 def _finished_steps(path: Path, per_step: int) -> dict[int, list[dict]]:
@@ -51,8 +51,8 @@ def _finished_steps(path: Path, per_step: int) -> dict[int, list[dict]]:
 def budget_split(max_minutes: float, sampling_share: float,
                  sampled_seconds: float) -> tuple[float, float]:
     """(seconds sampling may spend, seconds left to fine-tuning) of a `max_minutes` budget that
-    sampling shares by `sampling_share`; (inf, 0) without a budget (0 = no limit for Trainer).
-    Fine-tuning always gets some time: at worst the one step a Trainer runs before it stops."""
+    sampling shares by `sampling_share`; (inf, 0) without a budget (0 = no limit for StageLoop).
+    Fine-tuning always gets some time: at worst the one step a StageLoop runs before it stops."""
     if not max_minutes:
         return float("inf"), 0.0
     budget = max_minutes * 60
@@ -138,7 +138,7 @@ def train_offline_rft(stage: PolicyStage, spec: RFTSpec, run_path: Path,
                           lr=stage.policy.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     sampling = sampled_seconds(rows)
-    trainer = Trainer(out, engine, logger, max(1, len(kept) // plan.global_sequences),
+    trainer = StageLoop(out, engine, logger, max(1, len(kept) // plan.global_sequences),
                       desc=f"{out_name} (offline RFT)",
                       max_seconds=budget_split(stage.policy.max_minutes, spec.sampling_share,
                                                sampling)[1])
@@ -152,7 +152,7 @@ def train_offline_rft(stage: PolicyStage, spec: RFTSpec, run_path: Path,
     return out / "final"
 
 
-def fine_tune(trainer: Trainer, tokenizer, kept: list[MathRecord], plan, stage: PolicyStage,
+def fine_tune(trainer: StageLoop, tokenizer, kept: list[MathRecord], plan, stage: PolicyStage,
               counts: dict) -> None:
     """Supervised steps on the kept solutions (a seeded order, reshuffled per epoch), each
     logged with the sampling's `counts`."""

@@ -21,12 +21,12 @@ from pathlib import Path
 from configs.schema import PolicyConfig
 from policy.actor_critic import (end_value_step, finish_value_stage, forward_values, ppo_targets,
                            rollout_logprobs, train_passes, value_metrics, value_stage)
-from policy.kit import Sampled, make_sample, starts_at, step_questions
+from policy.sampling import Sampled, make_sample, starts_at, step_questions
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, PPOSpec
 from runtime.data import MathRecord
 from runtime.engine import global_sum, world
-from runtime.training import Trainer, stage_done
+from runtime.training import StageLoop, stage_done
 
 
 def train_ppo(stage: PolicyStage, spec: PPOSpec, run_path: Path, policy_path: str | Path,
@@ -60,7 +60,7 @@ def train_ppo(stage: PolicyStage, spec: PPOSpec, run_path: Path, policy_path: st
     return finish_value_stage(value, out, config_yaml)
 
 
-def ppo_update(trainer: Trainer, critic, reference, sampled: Sampled, g: PolicyConfig,
+def ppo_update(trainer: StageLoop, critic, reference, sampled: Sampled, g: PolicyConfig,
                spec: PPOSpec, plan, where: str, is_reference: bool = False) -> dict:
     """The rollout's log-probs and values, the targets, then `policy.mu` passes of one policy and
     one critic step each; returns the step's metrics."""

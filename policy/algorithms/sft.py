@@ -25,7 +25,7 @@ from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gathered_for_generation, world
 from runtime.models import load_causal_lm, load_tokenizer
-from runtime.training import Trainer, epoch_slice, stage_done
+from runtime.training import StageLoop, epoch_slice, stage_done
 
 
 def _check_worked_solutions(records: list[MathRecord]) -> None:
@@ -56,7 +56,7 @@ def train_sft(stage: PolicyStage, sft: SFTConfig, run_path: Path, policy_path: s
     engine = build_engine(model, stage.deepspeed, lr=sft.lr,
                           micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum,
                           decay_steps=total_steps if sft.lr_decay else 0)
-    trainer = Trainer(out, engine, logger, total_steps, desc="sft",
+    trainer = StageLoop(out, engine, logger, total_steps, desc="sft",
                       fresh_state={"best": -1.0, "stale": 0})
     validate = validator(engine, tokenizer, val_records, stage.prompts, stage.evaluation)
     if trainer.state["step"] == 0:
@@ -71,7 +71,7 @@ def train_sft(stage: PolicyStage, sft: SFTConfig, run_path: Path, policy_path: s
     return best_dir
 
 
-def sft_steps(trainer: Trainer, tokenizer, sft_records: list[MathRecord], plan,
+def sft_steps(trainer: StageLoop, tokenizer, sft_records: list[MathRecord], plan,
               stage: PolicyStage, sft: SFTConfig, validate, export_best) -> None:
     """The supervised steps (a seeded order, reshuffled per epoch), validated every
     `sft.eval_every` steps, a new best exported (`export_best`) and the state saved then."""
@@ -109,7 +109,7 @@ def validator(engine, tokenizer, val_records: list[MathRecord], fmt, evaluation:
     return validate
 
 
-def _keep_best(trainer: Trainer, accuracy: float, sft, export_best) -> float:
+def _keep_best(trainer: StageLoop, accuracy: float, sft, export_best) -> float:
     """After a validation: export a new best, stop at `sft.stop_at` or after `sft.patience`
     validations without a new best (the caller saves the state)."""
     state = trainer.state

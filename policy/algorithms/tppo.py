@@ -25,13 +25,13 @@ import torch
 from policy.actor_critic import (ValueStage, end_value_step, finish_value_stage, forward_values, ppo_targets,
                            rollout_logprobs, train_passes, value_metrics, value_stage)
 from policy.generation.rollout import Rollout, continue_rows
-from policy.kit import score_step, starts_at
+from policy.sampling import score_step, starts_at
 from policy.rewards import RewardFn, Scores
 from policy.stage import PolicyStage, PPOSpec
 from runtime.data import MathRecord
 from runtime.engine import gather_objects, gather_rows, global_sum, world
 from runtime.models import end_token_ids
-from runtime.prompts import encode_prompts
+from tasks.prompts import encode_prompts
 from runtime.training import epoch_slice, stage_done
 
 

@@ -166,7 +166,7 @@ def generate_groups(model, tokenizer, prompts: list[str], group_size: int, *,
         return model.generate_groups(tokenizer, prompts, group_size,
                                      max_new_tokens=max_new_tokens, temperature=temperature,
                                      top_p=top_p, greedy=greedy, logprobs=sampler_logprobs)
-    from runtime.prompts import encode_prompts
+    from tasks.prompts import encode_prompts
 
     enc = tokenizer.pad({"input_ids": encode_prompts(tokenizer, prompts)}, padding=True,
                         return_tensors="pt")

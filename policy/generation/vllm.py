@@ -214,7 +214,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from runtime.prompts import encode_prompts
+        from tasks.prompts import encode_prompts
 
         self.wake()
         ids = encode_prompts(tokenizer, prompts)

@@ -129,7 +129,7 @@ def sharded_phases(out: Path) -> dict:
     from runtime.data import load_splits
     from runtime.engine import gather_objects
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.prompts import prompt_format
+    from tasks.prompts import prompt_format
     from configs import load_config
 
     prompts: list[str] = []

@@ -81,7 +81,7 @@ def main() -> None:
     root, base, kinds, precisions = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
     init_distributed()
-    save = training.Trainer.save
+    save = training.StageLoop.save
     crash_after = {"step": None}
 
     def saving(trainer) -> None:
@@ -89,15 +89,15 @@ def main() -> None:
         if trainer.step == crash_after["step"]:
             raise Crash(f"crashed after saving step {trainer.step}")
 
-    training.Trainer.save = saving
-    init = training.Trainer.__init__
-    started_at = []  # the step each Trainer starts from (a resumed one: its saved step)
+    training.StageLoop.save = saving
+    init = training.StageLoop.__init__
+    started_at = []  # the step each StageLoop starts from (a resumed one: its saved step)
 
     def starting(trainer, *args, **kwargs) -> None:
         init(trainer, *args, **kwargs)
         started_at.append(trainer.step)
 
-    training.Trainer.__init__ = starting
+    training.StageLoop.__init__ = starting
     for precision, kind in ((p, k) for p in precisions.split(",") for k in kinds.split(",")):
         out = root / precision
         for stage in (0, 1, 2, 3):

@@ -26,7 +26,7 @@ from configs.schema import PolicyConfig
 from policy.evaluate import evaluate_policy
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout, concat_rollouts, generate_groups
-from policy.math.losses import add_to_last_step, overlong_penalty
+from policy.math.shaping import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
 from policy.stage import Evaluation, PolicyStage, Shaping, VLLMSettings
 from runtime.data import MathRecord
@@ -34,7 +34,7 @@ from runtime.engine import (broadcast_from_main, build_engine, build_inference_e
                             device_memory_gib, gathered_for_generation, memory_phase, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.shards import seeded
-from runtime.training import Trainer, epoch_slice
+from runtime.training import StageLoop, epoch_slice
 
 
 def step_questions(records: list[MathRecord], step: int, per_step: int, seed: int
@@ -124,7 +124,7 @@ class Sampler:
     colocated vLLM engine that is handed the current weights once per optimizer step
     (`rollout.backend=vllm`, policy/generation/vllm.py)."""
 
-    def __init__(self, engine, trainer: Trainer, vllm: VLLMSettings | None, policy_path):
+    def __init__(self, engine, trainer: StageLoop, vllm: VLLMSettings | None, policy_path):
         self.engine, self.trainer = engine, trainer
         self.vllm, self.start = None, ("checkpoint", str(policy_path))
         if vllm is not None:
@@ -300,7 +300,7 @@ def make_sample(sampler: Sampler, tokenizer, reward_fn: RewardFn, stage: PolicyS
 
 
 def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
-                   eval_records: list[MathRecord], fmt, trainer: Trainer, evaluate_ends: bool):
+                   eval_records: list[MathRecord], fmt, trainer: StageLoop, evaluate_ends: bool):
     """evaluate(sampled) -> held-out metrics, the questions spread over the ranks (every rank
     calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
     first."""
@@ -317,7 +317,7 @@ def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
     return evaluate
 
 
-def due_evaluation(trainer: Trainer, g: PolicyConfig, evaluate, evaluate_ends: bool) -> dict:
+def due_evaluation(trainer: StageLoop, g: PolicyConfig, evaluate, evaluate_ends: bool) -> dict:
     """The held-out metrics due after this step: greedy every `policy.eval_every` steps, and
     (`evaluate_ends`) the sampled ones after the last step."""
     metrics = {}
