@@ -343,8 +343,8 @@ def run_train_rm(session: Session) -> Path:
     examples = training_examples(cfg.rm, splits.rl, cfg.run.seed, cfg.label.soft)
     logger = session.logger(f"rm-{cfg.rm.kind}")
     try:
-        return train_reward_model(session.wiring.rm, session.run.child(f"rm-{cfg.rm.kind}"), rm_init(session),
-                                  examples, logger, session.config_yaml)
+        return train_reward_model(session.wiring.rm, session.run.child(f"rm-{cfg.rm.kind}"),
+                                  rm_init(session), examples, logger, session.config_yaml)
     finally:
         logger.close()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from process_supervision.formats import StepExample
 from runtime.rundir import atomic_write_text
+from runtime.seeds import derive_seed
 
 
 def save_iteration(buffer_dir: Path, iteration: int, examples: list[StepExample]) -> Path:
@@ -54,7 +55,7 @@ def refresh_set(buffer_dir: Path, iteration: int, fraction: float, seed: int,
     history = [row for k in range(iteration) for row in load_iteration(buffer_dir, k)]
     history += [(WORKED, ex) for ex in worked]
     want = min(historical_count(len(new), fraction), len(history))
-    drawn = random.Random(seed * 1_000 + iteration).sample(history, want)
+    drawn = random.Random(derive_seed(seed, "replay", iteration)).sample(history, want)
     return new + drawn
 
 

@@ -26,6 +26,7 @@ from reward_model.report import best_of_n_report, labelled_report
 from runtime.data import MathRecord
 from runtime.engine import is_main
 from runtime.models import load_causal_lm, load_tokenizer
+from runtime.seeds import derive_seed
 
 KINDS = ("orm", "prm")
 
@@ -57,13 +58,13 @@ def label(w: Wiring, policy: str | Path, questions: list[MathRecord], out: Path,
     model, tokenizer = load_policy(w, policy)
     solutions = sample_solutions(model, tokenizer, questions, fmt, lab.samples_per_question,
                                  lab.max_new_tokens, lab.temperature, out / "solutions.jsonl",
-                                 seed=w.seed * 101 + k)
+                                 seed=derive_seed(w.seed, "label", k))
     if lab.completer:
         model, tokenizer = load_policy(w, lab.completer)
     labeller = Labeller(model, tokenizer, fmt, lab.num_completions, lab.max_new_tokens,
                         lab.temperature, w.evals.grade_timeout_s, lab.prefixes_per_batch)
     labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
-                               progress=is_main(), seed=w.seed * 101 + k)
+                               progress=is_main(), seed=derive_seed(w.seed, "label", k))
     rest(model)  # what runs next (reward-model training) has the GPU without vLLM's pool
     return labelled
 
@@ -131,7 +132,8 @@ def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
     found = best_of_n_report(
         model, tokenizer, eval_records[:rm.bon_questions], w.stage.prompts, scorers,
         rm.aggregate, rm.bon_samples, p.temperature, p.max_new_tokens,
-        w.evals.grade_timeout_s, seed=w.seed + 7, oracle=w.stage.evaluation.step_oracle)
+        w.evals.grade_timeout_s, seed=derive_seed(w.seed, "refresh-check"),
+        oracle=w.stage.evaluation.step_oracle)
     out: dict = {"questions": min(len(eval_records), rm.bon_questions),
                  "samples": rm.bon_samples, "temperature": p.temperature}
     for name in scorers:
@@ -157,7 +159,8 @@ def reward_model_report(w: Wiring, scorers: dict, model, tokenizer,
     report: dict = {"rm": {}}
     rm = w.rm.rm
     if w.stage.evaluation.step_oracle is not None:  # the synthetic task: first errors known
-        held_out = synthetic_step_examples(eval_records[:rm.eval_solutions], w.seed + 1)
+        held_out = synthetic_step_examples(eval_records[:rm.eval_solutions],
+                                           derive_seed(w.seed, "rm-report"))
         for kind, scorer in scorers.items():
             examples = as_orm(held_out) if kind == "orm" else held_out
             report["rm"].update({f"{kind}/{key}": v for key, v in

@@ -18,7 +18,7 @@ from configs.schema import PolicyConfig, PPOConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.sampling import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
-                        policy_engines, reference_logprobs, sampling_seed, step_questions)
+                             policy_engines, reference_logprobs, sampling_seed, step_questions)
 from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                                length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from policy.rewards import RewardFn, ValueSource
@@ -29,6 +29,7 @@ from runtime.engine import build_engine, current_lr, gather_rows, global_sum, wo
 from runtime.models import accelerator, load_causal_lm, load_tokenizer
 from runtime.tracking import MetricsLogger
 from runtime.training import StageLoop, stage_done
+from runtime.seeds import derive_seed
 
 
 def critic_from(lm, score: torch.Tensor | None = None):
@@ -353,7 +354,7 @@ def pretrain_values(stage: PolicyStage, spec: PPOSpec, out: Path, sampler: Sampl
     while trainer.running():
         step = trainer.step
         sampled = sample(step_questions(rl_records, step, g.questions_per_step,
-                                        seed + 31_337),
+                                        derive_seed(seed, "value-pretrain")),
                          (trainer.state.get("sample_seed", seed), step))
         sampler.rest()
         critic.eval()

@@ -35,12 +35,14 @@ from runtime.engine import (broadcast_from_main, build_engine, build_inference_e
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.shards import seeded
 from runtime.training import StageLoop, epoch_slice
+from runtime.seeds import derive_seed
 
 
 def step_questions(records: list[MathRecord], step: int, per_step: int, seed: int
                    ) -> list[MathRecord]:
     """The questions of `step`: consecutive slices of a seeded permutation, reshuffled per epoch."""
-    return [records[i] for i in epoch_slice(len(records), step, per_step, seed * 7_919)[1]]
+    return [records[i] for i in epoch_slice(len(records), step, per_step,
+                                                  derive_seed(seed, "questions"))[1]]
 
 
 def refill_questions(records: list[MathRecord], step: int, round_: int, per_step: int, seed: int,
@@ -48,7 +50,7 @@ def refill_questions(records: list[MathRecord], step: int, round_: int, per_step
     """The questions of dynamic sampling's extra round `round_` (1-based) of `step`: a seeded
     stream of its own, so a resumed step draws the same ones."""
     index = step * max_rounds + round_ - 1
-    order = epoch_slice(len(records), index, per_step, seed * 7_919 + 104_729)[1]
+    order = epoch_slice(len(records), index, per_step, derive_seed(seed, "refill"))[1]
     return [records[i] for i in order]
 
 

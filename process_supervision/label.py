@@ -27,6 +27,7 @@ from runtime.engine import barrier, broadcast_from_main, world
 from tasks.grading import grade
 from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_text
+from runtime.seeds import derive_seed
 from runtime.shards import deal
 
 
@@ -157,7 +158,7 @@ def label_in_shards(labeller: Labeller, solutions: list[Solution], shard_dir: Pa
     started = time.perf_counter()
     for shard, chunk, path in mine:
         if seed is not None:
-            torch.manual_seed(seed * 1_000_003 + shard)
+            torch.manual_seed(derive_seed(seed, "label-shard", shard))
         atomic_write_text(path, _shard_rows(labeller.label(chunk)))
         bar.update(sum(len(x.steps) - 1 for x in chunk))
         rate = labeller.prefixes_done / max(time.perf_counter() - started, 1e-9)

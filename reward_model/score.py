@@ -19,7 +19,7 @@ from runtime.steps import pad_steps, split_steps, step_end_token_indices
 from reward_model.encoding import TagTokens, encode, orm_example, tag_tokens
 from reward_model.likelihood_feature import calibration_of
 from reward_model.losses import (STEP_AGGREGATORS, calibrated_margin, running_min, tag_logit_margin,
-                                token_logprobs)
+                                 token_logprobs)
 from runtime.data import MathRecord
 
 

@@ -28,10 +28,11 @@ from reward_model.families import Reading, TokenClassScorer
 from reward_model.evaluate import step_metrics
 from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
-from runtime.engine import (broadcast_from_main, build_engine, current_lr,
-                            gathered_for_generation, global_sum, is_main, world)
+from runtime.engine import (broadcast_from_main, build_engine, current_lr, gathered_for_generation,
+                            global_sum, is_main, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, seeded_order, stage_done
+from runtime.seeds import derive_seed
 
 
 def question_groups(examples) -> list[list[int]]:
@@ -112,7 +113,7 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
     checked = (None, {})  # (step, validation metrics) of the last check
     while trainer.running():
         epoch, batch_ids = epoch_slice(len(train), state["step"], plan.global_sequences,
-                                       seed * 31, groups, lengths)
+                                       derive_seed(seed, "rm-order"), groups, lengths)
         mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
                                             (rank + 1) * plan.rank_sequences]]
         batch = read.encode(mine)

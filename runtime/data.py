@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tasks import synthetic
 from tasks.grading import extract_boxed
+from runtime.seeds import derive_seed
 
 BUNDLED = Path(__file__).resolve().parent / "bundled"
 GSM8K_TRAIN = BUNDLED / "gsm8k" / "train.jsonl"
@@ -226,7 +227,7 @@ def synthetic_records(seed: int, count: int, min_ops: int, max_ops: int, offset:
     worked solution of a student who forgets to carry and borrow, under the gold answer."""
     problems = synthetic.make_problems(seed, count + offset, min_ops, max_ops,
                                        operations)[offset:]
-    slips = random.Random(seed * 7919 + 1)
+    slips = random.Random(derive_seed(seed, "slips"))
     records = []
     for i, p in enumerate(problems):
         steps = synthetic.carry_slip_solution(p) if slips.random() < slip_share else p.steps
@@ -260,15 +261,15 @@ def load_splits(data, seed: int, worked_questions: int | None = None) -> Splits:
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
         ops = data.operations
-        sft = synthetic_records(seed * 3 + 1, data.sft_questions, data.min_ops,
-                                data.sft_max_ops or data.max_ops, slip_share=data.sft_slip_share,
-                                operations=ops)
-        rl = synthetic_records(seed * 3 + 2, data.rl_questions, data.min_ops, data.max_ops,
-                               operations=ops)
+        sft = synthetic_records(derive_seed(seed, "sft-questions"), data.sft_questions,
+                                data.min_ops, data.sft_max_ops or data.max_ops,
+                                slip_share=data.sft_slip_share, operations=ops)
+        rl = synthetic_records(derive_seed(seed, "rl-questions"), data.rl_questions,
+                               data.min_ops, data.max_ops, operations=ops)
         seen = {r.question for r in sft} | {r.question for r in rl}
         wanted = data.eval_questions + data.val_questions
-        pool = synthetic_records(seed * 3 + 3, wanted * 2, data.min_ops, data.max_ops,
-                                 operations=ops)
+        pool = synthetic_records(derive_seed(seed, "held-out-questions"), wanted * 2,
+                                 data.min_ops, data.max_ops, operations=ops)
         unseen = [r for r in pool if r.question not in seen]
         held_out = unseen[:data.eval_questions]
         held_questions = {r.question for r in held_out}

@@ -211,3 +211,26 @@ def test_a_variant_is_compared_only_where_it_is_resolved():
              if not str(path.relative_to(ROOT)).startswith(VARIANT_HOMES)
              for hit in _variant_comparisons(path)]
     assert found == []
+
+
+def _seed_arithmetic(path: Path) -> list[str]:
+    """`seed * 7_919 + 11` and the like: a seed derived by hand from a name holding `seed`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            sides = (node.left, node.right)
+            named = [s for s in sides if isinstance(s, (ast.Name, ast.Attribute))
+                     and "seed" in (s.id if isinstance(s, ast.Name) else s.attr)]
+            if named and any(isinstance(s, ast.Constant) and isinstance(s.value, int)
+                             for s in sides):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_seed_is_derived_in_one_place():
+    """Random streams come from `runtime.seeds.derive_seed(run_seed, purpose, *key)` (or a
+    hash of a named key: `chunk_seed`, `seed_unit`), never from a seed times a constant."""
+    found = [hit for path in _sources(*PACKAGES, "igrpo.py")
+             if path.relative_to(ROOT) != Path("runtime/seeds.py")
+             for hit in _seed_arithmetic(path)]
+    assert found == []

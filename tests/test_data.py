@@ -165,3 +165,17 @@ def test_without_sft_no_question_leaves_the_rl_pool():
     assert (len(with_sft.sft), len(with_sft.rl)) == (2000, 5473)
     assert (len(worked.sft), len(worked.rl)) == (100, 7373)
     assert {r.question for r in worked.sft}.isdisjoint(r.question for r in worked.rl)
+
+
+def test_derive_seed_keeps_each_named_stream_and_hashes_new_ones():
+    """The named purposes keep the seeds the shipped figures were drawn with; a purpose not in
+    the table gets a stable hash of (run seed, purpose, key), distinct per purpose and key."""
+    from runtime.seeds import PURPOSES, derive_seed
+
+    assert derive_seed(3, "questions") == 3 * 7_919 and derive_seed(3, "label", 2) == 305
+    assert derive_seed(0, "replay", 4) == 4 and derive_seed(1, "rl-questions") == 5
+    assert len(PURPOSES) == 18
+    new = derive_seed(3, "a new stream", 1)
+    assert new == derive_seed(3, "a new stream", 1) and 0 <= new < 2 ** 31
+    assert len({new, derive_seed(3, "a new stream", 2), derive_seed(3, "another", 1),
+                derive_seed(4, "a new stream", 1)}) == 4

@@ -8,7 +8,7 @@ import torch
 
 from process_supervision.formats import StepExample
 from reward_model.likelihood_feature import (MIN_CLASS_STEPS, calibration_of, fit_calibration,
-                                      refit_or_keep, set_calibration, step_logits)
+                                             refit_or_keep, set_calibration, step_logits)
 from reward_model.encoding import encode, tag_tokens
 from reward_model.losses import running_min, token_logprobs
 from reward_model.score import TagScorer

@@ -71,13 +71,14 @@ def test_offline_rft_shares_its_budget_between_sampling_and_fine_tuning(tmp_path
                       recipe="offline_rft")
     clock = iter(range(0, 100_000, 50))  # a step reads the clock twice: 50 s each
     monkeypatch.setattr(offline_rft, "perf_counter", lambda: float(next(clock)))
-    rows = offline_rft.sample_once(resolve(cfg).stage, resolve(cfg).method, tmp_path, cfg.model.policy_path, RuleReward(),
-                                   load_splits(cfg.data, 0).rl)
+    w = resolve(cfg)
+    rows = offline_rft.sample_once(w.stage, w.method, tmp_path, cfg.model.policy_path,
+                                   RuleReward(), load_splits(cfg.data, 0).rl)
     assert sorted({r["step"] for r in rows}) == [0, 1, 2]
     assert offline_rft.sampled_seconds(rows) == 150.0
     # resumed: the seconds already spent count, so nothing more is drawn
-    again = offline_rft.sample_once(resolve(cfg).stage, resolve(cfg).method, tmp_path, cfg.model.policy_path, RuleReward(),
-                                    load_splits(cfg.data, 0).rl)
+    again = offline_rft.sample_once(w.stage, w.method, tmp_path, cfg.model.policy_path,
+                                    RuleReward(), load_splits(cfg.data, 0).rl)
     assert again == rows
     assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == len(rows)
     assert json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])["seconds"] == 50.0

@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification,
-                          AutoTokenizer)
+from transformers import (AutoConfig, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification, AutoTokenizer)
 
 import igrpo
 from configs import ConfigError, load_config
 from process_supervision.formats import StepExample
-from reward_model.families import (FamilyError, SequenceScorer, TokenClassScorer,
-                                   infer_family, load_reward_model)
+from reward_model.families import (FamilyError, SequenceScorer, TokenClassScorer, infer_family,
+                                   load_reward_model)
 from reward_model.score import TagScorer
 from runtime.tiny_model import build_stand_in
 from runtime.tracking import read_metrics

@@ -33,8 +33,9 @@ import torch
 from configs.schema import ModelConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.sampling import (Sampled, Sampler, due_evaluation, make_evaluator, make_sample, policy_engines,
-                        reference_logprobs, sampling_seed, starts_at, step_questions)
+from policy.sampling import (Sampled, Sampler, due_evaluation, make_evaluator, make_sample,
+                             policy_engines, reference_logprobs, sampling_seed, starts_at,
+                             step_questions)
 from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
 from policy.stage import DPOSpec, PolicyStage

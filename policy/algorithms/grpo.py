@@ -26,9 +26,9 @@ from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batche
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.sampling import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
-                        make_evaluator, make_sample, policy_engines, reference_logprobs,
-                        refill_questions, sampler_drift, sampling_seed, starts_at,
-                        step_questions)
+                             make_evaluator, make_sample, policy_engines, reference_logprobs,
+                             refill_questions, sampler_drift, sampling_seed, starts_at,
+                             step_questions)
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
 from policy.rewards import RewardFn, Scores
 from policy.stage import GRPOSpec, PolicyStage
@@ -36,6 +36,7 @@ from runtime.data import MathRecord
 from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics, memory_phase,
                             world)
 from runtime.training import StageLoop, stage_done
+from runtime.seeds import derive_seed
 
 
 def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: str | Path,
@@ -99,7 +100,7 @@ def learn_step(trainer: StageLoop, reference, sampled: Sampled, p: PolicyConfig,
     reference); the seconds both took into `timing["update"]`."""
     updating = time.perf_counter()
     batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
-                           spec, p.group_size, seed=seed * 1_000_003 + trainer.step)
+                           spec, p.group_size, seed=derive_seed(seed, "token-budget", trainer.step))
     with memory_phase("update"):
         stats = update_step(trainer, reference, sampled.rollout, batch, p, spec.loss, plan, where,
                             is_reference=is_reference)

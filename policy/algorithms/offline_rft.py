@@ -33,6 +33,7 @@ from runtime.data import MathRecord
 from runtime.engine import broadcast_from_main, build_engine, current_lr, is_main, world
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, stage_done
+from runtime.seeds import derive_seed
 
 
 def _finished_steps(path: Path, per_step: int) -> dict[int, list[dict]]:
@@ -97,7 +98,7 @@ def sample_steps(stage: PolicyStage, policy_path, reward_fn: RewardFn,
             break
         started = perf_counter()
         records = step_questions(rl_records, step, g.questions_per_step, seed)
-        torch.manual_seed(seed * 1_000_003 + step)
+        torch.manual_seed(derive_seed(seed, "rft-sampling", step))
         rollout = generate_groups(model, tokenizer, stage.prompts.prompts(tokenizer, records),
                                   g.group_size, max_new_tokens=g.max_new_tokens,
                                   temperature=g.temperature, top_p=g.top_p)
@@ -160,7 +161,8 @@ def fine_tune(trainer: StageLoop, tokenizer, kept: list[MathRecord], plan, stage
     trainer.engine.train()
     while trainer.running():
         step = trainer.step
-        ids = epoch_slice(len(kept), step, plan.global_sequences, stage.seed * 7_919)[1]
+        ids = epoch_slice(len(kept), step, plan.global_sequences,
+                          derive_seed(stage.seed, "rft-order"))[1]
         mine = ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
         batch = sft_tensors(tokenizer, [kept[i] for i in mine], stage.prompts)
         loss, grad_norm = supervised_step(trainer, batch, plan, f"offline RFT step {step + 1}")

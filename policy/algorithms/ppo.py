@@ -20,7 +20,7 @@ from pathlib import Path
 
 from configs.schema import PolicyConfig
 from policy.actor_critic import (end_value_step, finish_value_stage, forward_values, ppo_targets,
-                           rollout_logprobs, train_passes, value_metrics, value_stage)
+                                 rollout_logprobs, train_passes, value_metrics, value_stage)
 from policy.sampling import Sampled, make_sample, starts_at, step_questions
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, PPOSpec

@@ -26,6 +26,7 @@ from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gathered_for_generation, world
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, stage_done
+from runtime.seeds import derive_seed
 
 
 def _check_worked_solutions(records: list[MathRecord]) -> None:
@@ -80,7 +81,7 @@ def sft_steps(trainer: StageLoop, tokenizer, sft_records: list[MathRecord], plan
     while trainer.running():
         step = trainer.state["step"]
         epoch, batch_ids = epoch_slice(len(sft_records), step, plan.global_sequences,
-                                       stage.seed * 100_003)
+                                       derive_seed(stage.seed, "sft-order"))
         mine = batch_ids[rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences]
         started = time.perf_counter()
         batch = sft_tensors(tokenizer, [sft_records[i] for i in mine], stage.prompts)

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from policy.actor_critic import (ValueStage, end_value_step, finish_value_stage, forward_values, ppo_targets,
-                           rollout_logprobs, train_passes, value_metrics, value_stage)
+from policy.actor_critic import (ValueStage, end_value_step, finish_value_stage, forward_values,
+                                 ppo_targets, rollout_logprobs, train_passes, value_metrics,
+                                 value_stage)
 from policy.generation.rollout import Rollout, continue_rows
 from policy.sampling import score_step, starts_at
 from policy.rewards import RewardFn, Scores
@@ -33,6 +34,7 @@ from runtime.engine import gather_objects, gather_rows, global_sum, world
 from runtime.models import end_token_ids
 from tasks.prompts import encode_prompts
 from runtime.training import epoch_slice, stage_done
+from runtime.seeds import derive_seed
 
 
 def train_tppo(stage: PolicyStage, spec: PPOSpec, run_path: Path, policy_path: str | Path,
@@ -58,7 +60,8 @@ def train_tppo(stage: PolicyStage, spec: PPOSpec, run_path: Path, policy_path: s
 
 def sample_record(records: list[MathRecord], k: int, group_size: int, seed: int) -> MathRecord:
     """The question of sample number `k` of the stream: samples k // G of a seeded order."""
-    return records[epoch_slice(len(records), k // group_size, 1, seed * 7_919 + 11)[1][0]]
+    order = epoch_slice(len(records), k // group_size, 1, derive_seed(seed, "window-stream"))
+    return records[order[1][0]]
 
 
 def window_tokens(window_share: float, max_new_tokens: int) -> int:

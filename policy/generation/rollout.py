@@ -441,8 +441,7 @@ def _compacted(keep: torch.Tensor, cache, prompt_kv, alive, chosen, next_positio
 def _warpers(temperature: float, top_p: float, greedy: bool):
     """transformers' temperature and top-p warpers, as `generate` applies them."""
     from transformers.generation.logits_process import (LogitsProcessorList,
-                                                        TemperatureLogitsWarper,
-                                                        TopPLogitsWarper)
+                                                        TemperatureLogitsWarper, TopPLogitsWarper)
 
     warpers = LogitsProcessorList()
     if not greedy and temperature != 1.0:
