@@ -134,7 +134,7 @@ def _table_rest(iterations: list[dict]) -> str:
                ("bon.prm_group_auroc", "PRM in-group", "{:.3f}"),
                ("benchmark.score", "PRM bench", "{:.3f}"),
                ("refresh.prm", "PRM refresh", "{}"),
-               ("bon.random", "BoN random", "{:.3f}"), ("policy.reward/mean", "reward", "{:.3f}"),
+               ("bon.random", "BoN random", "{:.3f}"), ("grpo.reward/mean", "reward", "{:.3f}"),
                ("grpo.train/kl", "KL", "{:.4f}")]
     # The PRM's benchmark score shows where a run has one (`eval.prm_benchmark`), the refresh
     # check (in-group AUROC of the previous -> the refreshed PRM) where the run refreshed.
