@@ -94,9 +94,12 @@ def test_table_and_plot_show_the_intervals(tmp_path):
     iterations = [entry(0, 0.6), entry(1, 0.7)]
     iterations[1]["change"] = {"mean_at_k": {"diff": 0.1, "lo": 0.07, "hi": 0.13},
                                "gap_closed": 0.4}
+    iterations[1]["grpo"] = {"reward/mean": 0.617, "train/kl": 0.0016}
     text = table(iterations)
     assert "0.600 [0.55,0.65]" in text and "+0.100 [+0.07,+0.13]" in text
     assert "RL closed 40%" in text
+    # the reward models' table: GRPO's mean reward and KL of the iteration
+    assert " 0.617 " in text and " 0.0016" in text
     path = plot_accuracy(tmp_path / "accuracy.png", iterations)
     assert path.stat().st_size > 10_000
 
