@@ -91,9 +91,10 @@ class DataConfig:
     only: carry and borrow slips of +-10 then cancel often, so that right answers come through
     wrong steps; configs/tiny_steps.yaml, docs/task_design.md)."""
     sft_max_ops: int = 0
-    """Synthetic: most operations in the SFT worked solutions; 0 = `max_ops`. Set below `max_ops`,
-    the warm start never sees a worked solution as long as the longest RL and held-out questions:
-    more SFT on its set cannot teach those, RL on gold answers can."""
+    """Study key (experiments/accuracy_by_ops.py). Synthetic: most operations in the SFT worked
+    solutions; 0 = `max_ops`. Set below `max_ops`, the warm start never sees a worked solution
+    as long as the longest RL and held-out questions: more SFT on its set cannot teach those, RL
+    on gold answers can."""
     sft_slip_share: float = 0.0
     """Synthetic: share of the SFT worked solutions written by a student who forgets to carry and
     to borrow (tasks/synthetic.py `carry_slip_solution`): mined worked solutions are not clean.
@@ -387,22 +388,25 @@ class RewardModelConfig:
     tag loss alone). A small backbone reads the tagged format far worse than its own (the tiny
     policy's next-digit accuracy drops from 97% to 55%); this loss teaches it the format."""
     extra_layers_from: list[int] = field(default_factory=list)
-    """Backbone layers to copy on top of it before reward training (zero-output copies: the
-    same function at the start). A small policy forms its next token only in its last layer;
-    checking a written result against it needs layers after that (`reward_model/backbone.py`)."""
+    """Study key (experiments/prm_ranking.py). Backbone layers to copy on top of it before
+    reward training (zero-output copies: the same function at the start). A
+    small policy forms its next token only in its last layer; checking a written result against
+    it needs layers after that (`reward_model/backbone.py`)."""
     new_layer_lr: float = 0.0
-    """Learning rate of the layers `extra_layers_from` added (0 = `lr`): they start at zero
-    output and learn from scratch, while the backbone's own layers only need adjusting. A
-    backbone deepened already (the reward-model base) gives its added layers this rate too."""
+    """Study key (experiments/prm_ranking.py). Learning rate of the layers `extra_layers_from`
+    added (0 = `lr`): they start at zero output and learn from scratch, while the backbone's own
+    layers only need adjusting. A backbone deepened already (the reward-model base) gives its
+    added layers this rate too."""
     group_by_question: bool = False
-    """Keep each question's solutions side by side in the batches; synthetic data then holds
-    each question's right solution next to one with a slip (minimal pairs)."""
+    """Study key (experiments/prm_ranking.py). Keep each question's solutions side by side in
+    the batches; synthetic data then holds each question's right solution next to one with a
+    slip (minimal pairs)."""
     pairwise_weight: float = 0.0
-    """Weight of a within-question pairwise loss beside the pointwise one on the tags (0 = off):
-    for each right and wrong solution of one question in a micro-batch, softplus(s_wrong -
-    s_right), s a solution's lowest tag logit (the `min` aggregate), averaged over the pairs.
-    It asks for the within-question ranking that best-of-N and GRPO's advantages use; set
-    `group_by_question` so that a batch holds such pairs."""
+    """Study key (experiments/prm_ranking.py). Weight of a within-question pairwise loss beside
+    the pointwise one on the tags (0 = off): for each right and wrong solution of one question
+    in a micro-batch, softplus(s_wrong - s_right), s a solution's lowest tag logit (the `min`
+    aggregate), averaged over the pairs. It asks for the within-question ranking that best-of-N
+    and GRPO's advantages use; set `group_by_question` so that a batch holds such pairs."""
     group_by_length: bool = False
     """Batches of rows of similar lengths (each window of 64 batches sorted by length, the
     batches then shuffled): a batch pads to its longest row, so this cuts padding."""
@@ -497,15 +501,16 @@ class IterateConfig:
     """Refresh the reward models each iteration on the current policy's samples (Algorithm 1);
     false = single-stage GRPO: every iteration is rewarded by the first reward models."""
     refresh_from: str = "previous"
-    """What a refresh trains from: previous (the reward model it replaces, the paper's) or
-    base (the first reward models' backbone, `rm.init_path` or the warm start, on the refresh
-    set alone)."""
+    """Study key (experiments/refresh_levers.py). What a refresh trains from: previous (the
+    reward model it replaces, the paper's) or base (the first reward models' backbone,
+    `rm.init_path` or the warm start, on the refresh set alone)."""
     refresh_worked_solutions: int = 0
     """SFT worked solutions (the first `rm.worked_solutions` of them, labelled as in the first
     training) that stay in the replay pool beside earlier iterations' samples: a refresh draws
     its `replay_fraction` of historical rows from both (iteration/replay.py); 0 = samples only."""
     refresh_epochs: float = 0.0
-    """Epochs of a refresh over its set (0 = `rm.epochs`)."""
+    """Study key (experiments/refresh_levers.py). Epochs of a refresh over its set (0 =
+    `rm.epochs`)."""
 
 
 @dataclass

@@ -200,3 +200,19 @@ def test_a_run_folder_written_with_the_old_keys_resumes():
     with pytest.warns(FutureWarning):
         previous = renamed_tree(recorded, "grpo/config.yaml")
     assert diff_configs(previous, cfg, defaults=schema_defaults()) == []
+
+
+def test_the_allowed_values_are_the_tables_keys():
+    """The loader's closed sets of values are the keys of the tables the resolver looks them up
+    in: a new loss, trainer, estimator, credit form or family is allowed by adding it there."""
+    from configs.loader import CHOICES
+    from policy.algorithms import TRAINERS
+    from policy.math.advantages import ADVANTAGE_ESTIMATORS, PROCESS_CREDIT
+    from policy.math.losses import POLICY_LOSSES
+    from reward_model.families import FAMILIES
+
+    assert set(CHOICES["policy.loss"]) == set(POLICY_LOSSES)
+    assert set(CHOICES["policy.algorithm"]) == set(TRAINERS)
+    assert set(CHOICES["policy.supervision"]) == set(ADVANTAGE_ESTIMATORS) | {"process"}
+    assert set(CHOICES["grpo.process_credit"]) == set(PROCESS_CREDIT)
+    assert set(CHOICES["rm.family"]) == {"", *FAMILIES}
