@@ -252,7 +252,7 @@ class PolicyConfig:
     """A wall-clock budget: training stops after the step that spends it, whatever `steps`
     says (0 = off). For comparisons at equal time (docs/recipes.md); the step count then
     depends on the machine. Offline RFT shares it between sampling and fine-tuning
-    (`offline_rft_sampling_share`)."""
+    (`rft.sampling_share`)."""
 
 
 @dataclass
@@ -543,7 +543,7 @@ class RolloutConfig:
 class PPOConfig:
     """The value-based family (policy.algorithm=ppo or t_ppo; recipes ppo, vc_ppo, vapo, t_ppo):
     the policy side (loss, clip, lr, mu, beta as the KL penalty in the reward, G samples per
-    question) comes from `grpo`."""
+    question) comes from `policy`."""
     critic_init: str = "policy"
     """The critic's backbone: policy (the starting policy) or reward_model (the reward model
     GRPO is rewarded by; its scalar head starts as the reward model's P(+) logit margin)."""

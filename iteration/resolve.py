@@ -61,9 +61,10 @@ def grpo_spec(policy, grpo, controls) -> GRPOSpec:
         estimator=None if process else ADVANTAGE_ESTIMATORS[policy.supervision],
         credit=PROCESS_CREDIT[grpo.process_credit] if process else None,
         process_weight=grpo.process_weight,
-        dynamic_rounds=grpo.dynamic_sampling_max_rounds if grpo.dynamic_sampling else 0,
+        filter_groups=grpo.dynamic_sampling, dynamic_rounds=grpo.dynamic_sampling_max_rounds,
         overlong_filter=grpo.overlong_filter, zero_group_correction=grpo.zero_group_correction,
-        token_budget=budget, zero_advantages=controls.zero_advantages)
+        token_budget=budget if grpo.token_budget_share else None,
+        zero_advantages=controls.zero_advantages, supervision=policy.supervision)
 
 
 def _method_spec(cfg):
@@ -98,13 +99,11 @@ def evaluation(evals, data, seed: int) -> Evaluation:
 
 
 def rm_spec(rm, model, deepspeed, seed: int, run_name: str) -> RMSpec:
-    """What reward-model training reads; `igrpo train-rm` trains the tag LM and the
-    token-classification families (a sequence classifier is only read)."""
-    if rm.family not in ("", "tag_lm", "token_classification"):
-        raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
-                         "token_classification families")
+    """What reward-model training reads. It trains the tag LM and the token-classification
+    families; a sequence classifier (an ORM read as it is) is only scored with."""
     return RMSpec(rm, model, deepspeed, seed, run_name,
-                  token_classifier=rm.family == "token_classification")
+                  token_classifier=rm.family == "token_classification",
+                  trainable=rm.family in ("", "tag_lm", "token_classification"))
 
 
 @dataclass(frozen=True)

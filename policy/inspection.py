@@ -20,6 +20,7 @@ import torch
 
 from configs.schema import InspectConfig
 from policy.rewards import Scores
+from policy.stage import GRPOSpec
 from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
 from runtime.engine import is_main
@@ -49,7 +50,8 @@ def step_spans(scores: Scores, rollout: Rollout, tokenizer, i: int) -> list[tupl
 
 def advantage_rows(step: int, records: list[MathRecord], rollout: Rollout, scores: Scores,
                    rewards: torch.Tensor, advantages: torch.Tensor, normalised: torch.Tensor,
-                   tokenizer, samples: list[int], per_step: bool) -> list[dict]:
+                   tokenizer, samples: list[int], per_step: bool,
+                   supervision: str) -> list[dict]:
     """One row per (question, sample, step) of the chosen sample indices (into the rollout)."""
     rows = []
     for i in samples:
@@ -66,7 +68,7 @@ def advantage_rows(step: int, records: list[MathRecord], rollout: Rollout, score
                 "advantage": float(advantages[i, start]),
                 "final_reward": float(rewards[i]),
                 "correct": None if scores.correct is None else bool(scores.correct[i]),
-                "supervision": "process" if per_step else "outcome",
+                "supervision": supervision,
             })
     return rows
 
@@ -79,7 +81,7 @@ def _colour(value: float, scale: float) -> str:
 
 
 def render_html(step: int, records: list[MathRecord], rollout: Rollout, advantages: torch.Tensor,
-                rows: list[dict], tokenizer, samples: list[int], per_step: bool) -> str:
+                rows: list[dict], tokenizer, samples: list[int], supervision: str) -> str:
     """Each chosen completion with every token coloured by its advantage; a `|` marker
     (`class="step-end"`) closes every step."""
     scale = max([abs(r["advantage"]) for r in rows] + [1e-9])
@@ -87,8 +89,7 @@ def render_html(step: int, records: list[MathRecord], rollout: Rollout, advantag
         "<!doctype html><meta charset='utf-8'><style>",
         "body{font-family:monospace} .s{margin:1em 0;padding:.5em;border:1px solid #ccc}",
         ".t{white-space:pre-wrap} .step-end{color:#36c;font-weight:bold}</style>",
-        f"<h3>GRPO step {step}: token advantages "
-        f"({'process' if per_step else 'outcome'} supervision; "
+        f"<h3>GRPO step {step}: token advantages ({html.escape(supervision)} supervision; "
         f"green &gt; 0, red &lt; 0, full colour at |A| = {scale:.3f})</h3>"]
     for i in samples:
         key = (records[i].source_id, i % rollout.group_size)
@@ -148,7 +149,7 @@ def chosen_samples(num_samples: int, group_size: int, groups: int, per_group: in
             for s in range(min(per_group, group_size))]
 
 
-def inspect_step(folder: Path, step: int, inspect: InspectConfig, per_step: bool, tokenizer,
+def inspect_step(folder: Path, step: int, inspect: InspectConfig, spec: GRPOSpec, tokenizer,
                  sampled, batch, logger) -> dict | None:
     """Every `inspect.every` steps (main rank): write a GRPO step's advantage table and token
     heatmap (`sampled`: the step's `policy.sampling.Sampled`, `batch` its `StepBatch`); return the
@@ -161,10 +162,10 @@ def inspect_step(folder: Path, step: int, inspect: InspectConfig, per_step: bool
     per_sample = [r for r in records for _ in range(size)]
     samples = chosen_samples(len(per_sample), size, inspect.groups, inspect.samples)
     rows = advantage_rows(step, per_sample, rollout, scores, sampled.rewards, advantages,
-                          normalised, tokenizer, samples, per_step)
+                          normalised, tokenizer, samples, spec.per_step, spec.supervision)
     page = render_html(step, per_sample, rollout, advantages, rows, tokenizer, samples,
-                       per_step)
+                       spec.supervision)
     write_inspection(folder, step, rows, page)
     return None if logger.wandb_run is None else wandb_media(
         rows, page, scores, normalised, advantages, rollout.completion_mask,
-        per_step)
+        spec.per_step)

@@ -87,19 +87,22 @@ class GRPOSpec:
     `credit` (process supervision) or `estimator` (outcome, online RFT) makes the advantages
     under `norm` (whose `scale_by_std` is decided once: the `grpo.scale_by_std` key and the
     loss's own convention); `loss` is the policy loss (`POLICY_LOSSES`). The batch filters:
-    DAPO's dynamic sampling (`dynamic_rounds` extra rounds at most; 0 = off) and overlong
-    filter, GPG's zero-group correction, C3PO's token budget (tokens per step; 0 = off), and
-    the zero-advantage control."""
+    DAPO's dynamic sampling (`filter_groups`: groups without signal leave the loss, and up to
+    `dynamic_rounds` extra rounds refill the step) and overlong filter, GPG's zero-group
+    correction, C3PO's token budget (tokens per step; None = off), and the zero-advantage
+    control. `supervision` names the reward's form for what the inspection shows."""
     loss: Callable[..., LossOutput]
     norm: GroupNorm
     estimator: Callable | None = None
     credit: ProcessCredit | None = None
     process_weight: float = 0.5
+    filter_groups: bool = False
     dynamic_rounds: int = 0
     overlong_filter: bool = False
     zero_group_correction: bool = False
-    token_budget: int = 0
+    token_budget: int | None = None
     zero_advantages: bool = False
+    supervision: str = "outcome"
 
     @property
     def per_step(self) -> bool:

@@ -5,7 +5,7 @@ next result digits right after layers 1/2/3/4), so at a step's tag no layer is l
 written result with the one the model would compute, and a few CPU minutes of tag training do not
 teach it (docs/reward_models.md). The comparison is already in the language model's output:
 the log-likelihood of each written token. Its running minimum over the solution so far
-(`tag_scores.running_min`) ranks the policy's own samples within a question at AUROC 0.90, where the
+(`losses.running_min`) ranks the policy's own samples within a question at AUROC 0.90, where the
 trained tag alone scored 0.5.
 
 With `rm.likelihood_feature`, a step's logit is `margin * tag margin + surprise * running min +

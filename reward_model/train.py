@@ -86,6 +86,8 @@ class RMSpec:
     seed: int
     run_name: str
     token_classifier: bool = False
+    trainable: bool = True
+    """False for a family that is only read (a sequence classifier)."""
 
 
 def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list[StepExample],
@@ -166,6 +168,9 @@ def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
     """The tokenizer, the engine over the (possibly deepened) backbone, and how the family
     (`rm.family`: the tag LM, or a token-classification PRM) is fed and read."""
     rm = spec.rm
+    if not spec.trainable:
+        raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
+                         "token_classification families")
     tokenizer = load_tokenizer(init, spec.model)
     tokenizer.padding_side = "right"
     if spec.token_classifier:

@@ -6,7 +6,7 @@
 A purpose named in `PURPOSES` keeps the form its seed has always had, so the shipped figures
 (the demo's table, docs/replication.md, docs/recipes.md) stay reproducible bit for bit; any
 other purpose gets a hash of the run seed, its name and its key (`runtime.shards.chunk_seed`),
-as the outer loop's units (`iteration.manifest.seed_unit`) and label shards already do.
+as the outer loop's units already do (`iteration.manifest.seed_unit`).
 """
 
 from __future__ import annotations

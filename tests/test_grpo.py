@@ -86,6 +86,23 @@ def test_dapo_refill_fills_the_batch_and_counts_the_extra_generations():
     assert capped.records == [0, 2, 10, 12] and capped.stats["train/informative_groups"] == 3.0
 
 
+def test_dynamic_sampling_without_extra_rounds_still_filters_the_groups():
+    """grpo.dynamic_sampling with no extra round allowed (`dynamic_sampling_max_rounds=0`)
+    samples nothing more but still keeps the groups without signal out of the loss, and
+    reports the (empty) refill."""
+    cfg = recipe_config("dapo", "policy.questions_per_step=2", "policy.group_size=4",
+                        "grpo.dynamic_sampling_max_rounds=0")
+    spec = resolve(cfg).method
+    assert spec.filter_groups and spec.dynamic_rounds == 0
+    first = _sampled([1.0, 0.0, 0.0, 0.0] + [1.0] * 4, [0, 1])
+    batch = refill_step(first, lambda round_: pytest.fail("no extra round"), spec, 4, 0)
+    assert batch.stats == {"rollout/refill_rounds": 0.0, "rollout/extra_samples": 0.0,
+                           "train/informative_groups": 1.0}
+    rows = advantage_step(batch.scores, batch.rewards, batch.broken,
+                          batch_rollout(lengths=[3] * 8, width=3), spec, 4)
+    assert rows.keep.tolist() == [True] * 4 + [False] * 4
+
+
 def test_overlong_penalty_reaches_process_advantages():
     """G = 2, max 10 tokens, DAPO's buffer share 0.2 = 2 tokens: a 10-token sample loses the
     whole penalty 1 (on its last step), a 5-token one nothing. Step rewards 0.5, 0.5 | 0.5, 0.5

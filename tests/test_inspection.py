@@ -162,14 +162,14 @@ def test_rows_by_hand():
     advantages = torch.tensor([[-0.70711, -0.70711, -1.41421, -1.41421], [0.70711] * 3 + [0.0]])
     records = [MathRecord("q", "1", ("1",), "synthetic:0:7")] * 2
     rows = inspection.advantage_rows(5, records, rollout, scores, scores.rewards, advantages,
-                                     normalised, tokenizer, [0, 1], True)
+                                     normalised, tokenizer, [0, 1], True, "process")
     assert [(r["sample"], r["step_index"], r["step_text"], r["token_start"], r["token_end"])
             for r in rows] == [(0, 0, "ab", 0, 1), (0, 1, "cd", 2, 3), (1, 0, "efg", 0, 2)]
     assert [r["advantage"] for r in rows] == pytest.approx([-0.70711, -1.41421, 0.70711])
     assert [r["step_score"] for r in rows] == [1.0, 0.0, 1.0]
     assert rows[0]["question_id"] == "synthetic:0:7" and rows[2]["correct"] is True
     page = inspection.render_html(5, records, rollout, advantages, rows, tokenizer, [0, 1],
-                                  True)
+                                  "process")
     assert page.count("class='step-end'") == 3
     assert len(re.findall(r"title='token \d+, A=", page)) == 7  # every real token, no padding
     assert "rgba(210,50,50" in page and "rgba(34,160,70" in page  # red and green both used

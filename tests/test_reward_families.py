@@ -287,3 +287,16 @@ def test_token_classification_prm_trains_on_two_processes_under_zero3_as_on_one(
     assert w1.keys() == w2.keys()
     for key in w1:
         assert torch.allclose(w1[key], w2[key], atol=1e-5), key
+
+
+def test_a_sequence_classifier_is_read_by_every_command_and_trained_by_none(tmp_path):
+    """rm.family=sequence_classification (an ORM read as it is) resolves for every command
+    (eval-rm, grpo with policy.reward=rm, iterate); only training one is refused, naming the
+    family, before any model loads."""
+    from iteration.resolve import resolve
+    from reward_model.train import train_reward_model
+
+    w = resolve(load_config(None, ["rm.family=sequence_classification"]))
+    assert not w.rm.trainable
+    with pytest.raises(ValueError, match="rm.family=sequence_classification"):
+        train_reward_model(w.rm, tmp_path / "rm", "no-model-here", [], None, "")

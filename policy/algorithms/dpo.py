@@ -142,9 +142,9 @@ def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: st
             is_reference=step == 0 and starts_at(reference_path, policy_path))
         timing["update"] = time.perf_counter() - updating
         trainer.advance()
-        trainer.log({**dpo_metrics(sampled, stats, timing), "train/lr": current_lr(trainer.engine),
-                     **policy_sampler.stats(),
-                     **due_evaluation(trainer, g, evaluate, evaluate_ends)})
+        metrics = dpo_metrics(sampled, stats, timing, current_lr(trainer.engine),
+                              policy_sampler.stats())
+        trainer.log({**metrics, **due_evaluation(trainer, g, evaluate, evaluate_ends)})
         if trainer.due(g.save_every):
             trainer.save()
     trainer.finish(tokenizer, out / "final", config_yaml,
@@ -170,7 +170,8 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
     return tokenizer, plan, reference, trainer, Sampler(engine, trainer, stage.vllm, policy_path)
 
 
-def dpo_metrics(sampled: Sampled, stats: dict, timing: dict) -> dict:
+def dpo_metrics(sampled: Sampled, stats: dict, timing: dict, lr: float,
+                sampler_stats: dict) -> dict:
     """A DPO step's metrics over every rank's samples (all ranks call it)."""
     rewards, lengths = gather_rows(sampled.rewards.float(), sampled.rollout.lengths.float())
     metrics = {"reward/mean": float(rewards.mean()),
@@ -178,8 +179,9 @@ def dpo_metrics(sampled: Sampled, stats: dict, timing: dict) -> dict:
                "train/loss": stats["loss"], "train/grad_norm": stats["grad_norm"],
                "train/skipped_step": stats["skipped"], "dpo/pairs": stats["pairs"],
                "dpo/margin": stats["margin"], "dpo/accuracy": stats["accuracy"],
-               "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
-               "time/update": timing["update"]}
+               "train/lr": lr, "time/rollout": timing["rollout"],
+               "time/scoring": timing["scoring"], "time/update": timing["update"],
+               **sampler_stats}
     if sampled.scores.correct is not None:
         metrics["reward/accuracy"] = float(gather_rows(sampled.scores.correct.float())[0].mean())
     return metrics

@@ -71,8 +71,7 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
                    "train/lr": current_lr(trainer.engine),
                    **due_evaluation(trainer, p, evaluate, evaluate_ends)}
         trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
-                                                     spec.per_step, tokenizer, sampled, batch,
-                                                     logger))
+                                                     spec, tokenizer, sampled, batch, logger))
         if trainer.due(p.save_every):
             trainer.save()
     sampler.rest()  # the export gathers a ZeRO-3 policy: vLLM's pool is freed first
@@ -115,7 +114,7 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
     sampling seed, the step and the round), refilled under DAPO's dynamic sampling."""
     key = (sample_seed, step)
     sampled = sample(step_questions(rl_records, step, p.questions_per_step, seed), (*key, 0))
-    if spec.dynamic_rounds:
+    if spec.filter_groups:
         sampled = refill_step(sampled, lambda round_: sample(refill_questions(
             rl_records, step, round_, p.questions_per_step, seed, spec.dynamic_rounds),
             (*key, round_)), spec, p.group_size, pad_id)
@@ -192,7 +191,7 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
     if spec.zero_advantages:
         advantages = torch.zeros_like(advantages)
     keep = torch.ones(len(rewards), dtype=torch.bool, device=rewards.device)
-    if spec.dynamic_rounds:
+    if spec.filter_groups:
         keep = signal_groups(scores, rewards, spec, group_size).repeat_interleave(group_size)
     keep &= ~broken.repeat_interleave(group_size)
     if spec.overlong_filter:
@@ -206,7 +205,7 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
         stats["train/gpg_alpha"] = alpha
     loss_mask = rollout.completion_mask.float() * keep[:, None]
     num_tokens = global_sum(float(loss_mask.sum()))
-    if spec.token_budget:
+    if spec.token_budget is not None:
         budget = spec.token_budget
         order = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(seed))
         lengths = (loss_mask.sum(-1)).long().cpu()

@@ -112,6 +112,8 @@ class Window:
     ended: torch.Tensor
     new: list[list[int]]
     seconds: float
+    rolled: float
+    """`time.perf_counter()` when the generation ended (what follows it counts as scoring)."""
 
 
 def roll_window(value: ValueStage, stage: PolicyStage, spec: PPOSpec,
@@ -130,7 +132,7 @@ def roll_window(value: ValueStage, stage: PolicyStage, spec: PPOSpec,
                             [q + row["tokens"] for q, row in zip(prompts, mine)],
                             [min(size, g.max_new_tokens - len(row["tokens"])) for row in mine],
                             temperature=g.temperature, top_p=g.top_p)
-    seconds = time.perf_counter() - started
+    rolled = time.perf_counter()
     texts = tokenizer.batch_decode([row["tokens"] + n for row, n in zip(mine, new)],
                                    skip_special_tokens=True)
     rollout, window, ended = window_rollout(
@@ -138,7 +140,7 @@ def roll_window(value: ValueStage, stage: PolicyStage, spec: PPOSpec,
         new, texts, g.max_new_tokens, g.group_size)
     device = value.sampler.engine.device
     return Window(mine, records, rollout.to(device), window.to(device), ended.to(device), new,
-                  seconds)
+                  rolled - started, rolled)
 
 
 def tppo_step(value: ValueStage, stage: PolicyStage, spec: PPOSpec, reward_fn: RewardFn,
@@ -151,7 +153,6 @@ def tppo_step(value: ValueStage, stage: PolicyStage, spec: PPOSpec, reward_fn: R
                                   g.questions_per_step * g.group_size,
                                   trainer.state.get("next_sample", 0))
     w = roll_window(value, stage, spec, rl_records, pool)
-    scoring = time.perf_counter()
     rewards, correct, broken = _score_ended(reward_fn, w.records, w.rollout, w.ended, stage)
     scored = time.perf_counter()
     value.critic.eval()
@@ -178,7 +179,7 @@ def tppo_step(value: ValueStage, stage: PolicyStage, spec: PPOSpec, reward_fn: R
     finished, = gather_rows(w.rollout.lengths[w.ended].float())
     if len(finished):
         metrics["rollout/length_mean"] = float(finished.mean())
-    return metrics, {"rollout": w.seconds, "scoring": scored - scoring}
+    return metrics, {"rollout": w.seconds, "scoring": scored - w.rolled}
 
 
 def _score_ended(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout,
