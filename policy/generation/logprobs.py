@@ -5,9 +5,13 @@ from __future__ import annotations
 import inspect
 import warnings
 from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 import torch.utils.checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def selective_log_softmax(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 4096,
@@ -75,7 +79,7 @@ def _kept_activations(layers: list):
 
 
 @contextmanager
-def _replayed_in_packed_attention(layers: list, config):
+def _replayed_in_packed_attention(layers: list, hf_config: PretrainedConfig):
     """The packed per-row pass under gradient checkpointing, each layer checkpointed by us
     (transformers' own checkpointing off): the replay in backward runs outside the forward's
     `custom_attention` block, so each layer's replay enters it again itself (a layer replayed
@@ -86,7 +90,7 @@ def _replayed_in_packed_attention(layers: list, config):
         forward = inspect.unwrap(type(layer).forward).__get__(layer)  # transformers' wrapper off
 
         def run(*args, **kwargs):
-            with custom_attention(config, PACKED, _packed_attention):
+            with custom_attention(hf_config, PACKED, _packed_attention):
                 return forward(*args, **kwargs)
 
         return lambda *args, **kwargs: torch.utils.checkpoint.checkpoint(
@@ -187,13 +191,13 @@ def _packed_attention(module, query, key, value, attention_mask, scaling=None, d
 PACKED = "igrpo_packed"
 
 
-def _packable(config, completion_mask: torch.Tensor) -> bool:
+def _packable(hf_config: PretrainedConfig, completion_mask: torch.Tensor) -> bool:
     """The packed pass serves models whose attention runs through a function of ours
     (`policy.generation.rollout.serves_custom_attention`), and completions whose real tokens
     come first in their row (right padding only), at least one of them."""
     from policy.generation.rollout import serves_custom_attention
 
-    return (serves_custom_attention(config) and bool(completion_mask.any())
+    return (serves_custom_attention(hf_config) and bool(completion_mask.any())
             and bool((completion_mask.cummin(-1).values == completion_mask).all()))
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers.cache_utils import StaticLayer
 
 from runtime.models import end_token_ids
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class FilledLayer(StaticLayer):
@@ -280,27 +283,27 @@ PROMPT_SHARED = "igrpo_prompt_shared"
 PROMPT_SHARED_MODELS = ("llama", "qwen2", "mistral", "gpt_neox")
 
 
-def serves_custom_attention(config) -> bool:
+def serves_custom_attention(hf_config: PretrainedConfig) -> bool:
     """Whether the model's attention can run through a function of ours (`custom_attention`):
     the PROMPT_SHARED_MODELS families on sdpa or eager attention, without sliding windows."""
-    return (config.model_type in PROMPT_SHARED_MODELS
-            and config._attn_implementation in ("sdpa", "eager")
-            and getattr(config, "sliding_window", None) is None)
+    return (hf_config.model_type in PROMPT_SHARED_MODELS
+            and hf_config._attn_implementation in ("sdpa", "eager")
+            and getattr(hf_config, "sliding_window", None) is None)
 
 
 @contextmanager
-def custom_attention(config, name: str, function):
+def custom_attention(hf_config: PretrainedConfig, name: str, function):
     """Inside the block the model's attention modules call `function` (registered with
     transformers' AttentionInterface as `name`), which receives the forward's keyword
     arguments; the model's own attention is restored after, whatever happens."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(name, function)
-    implementation, config._attn_implementation = config._attn_implementation, name
+    implementation, hf_config._attn_implementation = hf_config._attn_implementation, name
     try:
         yield
     finally:
-        config._attn_implementation = implementation
+        hf_config._attn_implementation = implementation
 
 
 def _shares_prompts(model, cache) -> bool:

@@ -45,12 +45,16 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from policy.generation.rollout import Rollout, mask_after_eos
 from policy.stage import VLLMSettings
 from runtime.models import end_token_ids
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # The vLLM versions this project is tested on (pyproject.toml's `vllm` extra pins the same range;
 # docs/rollout.md has the lock set): the CPU build's 0.32 in `make test`. Below the floor the
@@ -153,12 +157,13 @@ class VLLMEngine:
         self.version = None
         self.push_seconds += time.perf_counter() - started
 
-    def load(self, model_path: str | Path, config, trust_remote_code: bool = False) -> None:
-        """Load a saved checkpoint's weights (its safetensors files; `config` its transformers
-        config) into the engine."""
-        self._reload(_checkpoint_tensors(model_path, config, trust_remote_code))
+    def load(self, model_path: str | Path, hf_config: PretrainedConfig,
+             trust_remote_code: bool = False) -> None:
+        """Load a saved checkpoint's weights (its safetensors files; `hf_config` its
+        transformers config) into the engine."""
+        self._reload(_checkpoint_tensors(model_path, hf_config, trust_remote_code))
         self.version = ("checkpoint", str(model_path))
-        self._source = (model_path, config, trust_remote_code)
+        self._source = (model_path, hf_config, trust_remote_code)
 
     def sleep(self) -> None:
         """At the end of a generation phase (GPU, `rollout.sleep`): free the engine's weights and
@@ -265,7 +270,8 @@ def _as_rollout(prompt_ids: list[list[int]], completions: list[list[int]], token
     return Rollout(prompt, prompt_mask, completion, mask, texts, truncated, group_size)
 
 
-def _checkpoint_tensors(model_path: str | Path, config, trust_remote_code: bool = False):
+def _checkpoint_tensors(model_path: str | Path, hf_config: PretrainedConfig,
+                        trust_remote_code: bool = False):
     """(HF name, tensor) of every weight of a saved checkpoint, streamed from its safetensors
     files one tensor at a time. A weight saved once for two names (tied input and output
     embeddings) comes under both, as the training model's `state_dict` gives it."""
@@ -281,7 +287,8 @@ def _checkpoint_tensors(model_path: str | Path, config, trust_remote_code: bool 
         with safe_open(str(file), framework="pt") as handle:
             where.update((name, file) for name in handle.keys())
     with torch.device("meta"):  # the architecture's parameter names, no weights
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        skeleton = AutoModelForCausalLM.from_config(hf_config,
+                                                    trust_remote_code=trust_remote_code)
     first, tied = {}, []
     for name, param in skeleton.state_dict(keep_vars=True).items():
         source = first.setdefault(id(param), name)
