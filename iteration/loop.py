@@ -110,7 +110,7 @@ class IterationRun:
             return []
         records = self.splits.sft[:n]
         if kind == "orm":
-            return worked_orm_examples(records, self.w.evals.grade_timeout_s,
+            return worked_orm_examples(records, self.w.stage.evaluation.timeout_s,
                                        self.w.data.step_separator)
         return worked_examples(records)
 

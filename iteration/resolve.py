@@ -113,7 +113,6 @@ class Wiring:
     the switches decided here (`per_step`: process supervision), and the sections the stages
     read as they are."""
     seed: int
-    run_name: str
     stage: PolicyStage
     method: object
     """The spec of `policy.algorithm` (GRPOSpec, PPOSpec, RFTSpec, DPOSpec)."""
@@ -154,7 +153,7 @@ def resolve(cfg) -> Wiring:
                         cfg.grpo.overlong_penalty, cfg.controls.shuffle_rewards),
         inspect=cfg.inspect)
     method = _method_spec(cfg)
-    return Wiring(seed, cfg.run.name, stage, method,
+    return Wiring(seed, stage, method,
                   partial(TRAINERS[p.algorithm], stage, method), per_step(p.supervision),
                   p.reward, rm_spec(cfg.rm, cfg.model, cfg.deepspeed, seed, cfg.run.name),
                   cfg.data, cfg.eval, cfg.label, cfg.sft, cfg.iterate)
@@ -171,7 +170,7 @@ def make_reward(w: Wiring, policy_tokenizer, choice: str,
     from reward_model.families import load_reward_model
     from reward_model.score import ORMReward, PRMReward
 
-    timeout = w.evals.grade_timeout_s
+    timeout = w.stage.evaluation.timeout_s
     if choice == "rule":
         return RuleReward(timeout)
     if choice == "step_oracle":

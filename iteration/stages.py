@@ -62,7 +62,7 @@ def label(w: Wiring, policy: str | Path, questions: list[MathRecord], out: Path,
     if lab.completer:
         model, tokenizer = load_policy(w, lab.completer)
     labeller = Labeller(model, tokenizer, fmt, lab.num_completions, lab.max_new_tokens,
-                        lab.temperature, w.evals.grade_timeout_s, lab.prefixes_per_batch)
+                        lab.temperature, w.stage.evaluation.timeout_s, lab.prefixes_per_batch)
     labelled = label_in_shards(labeller, solutions, out / "shards", lab.shard_size,
                                progress=is_main(), seed=derive_seed(w.seed, "label", k))
     rest(model)  # what runs next (reward-model training) has the GPU without vLLM's pool
@@ -132,7 +132,7 @@ def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
     found = best_of_n_report(
         model, tokenizer, eval_records[:rm.bon_questions], w.stage.prompts, scorers,
         rm.aggregate, rm.bon_samples, p.temperature, p.max_new_tokens,
-        w.evals.grade_timeout_s, seed=derive_seed(w.seed, "refresh-check"),
+        w.stage.evaluation.timeout_s, seed=derive_seed(w.seed, "refresh-check"),
         oracle=w.stage.evaluation.step_oracle)
     out: dict = {"questions": min(len(eval_records), rm.bon_questions),
                  "samples": rm.bon_samples, "temperature": p.temperature}
@@ -142,7 +142,8 @@ def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
             key: found[f"{name}_{key}"] for key in ("group_auroc", "pick", "step_accuracy")
             if f"{name}_{key}" in found}
     for kind in refreshed:  # refreshed - previous over the same questions, paired intervals
-        before, after = found[f"{kind}/previous_per_question"], found[f"{kind}/refreshed_per_question"]
+        before = found[f"{kind}/previous_per_question"]
+        after = found[f"{kind}/refreshed_per_question"]
         both = [i for i, (b, a) in enumerate(zip(before, after)) if b[1] == b[1] and a[1] == a[1]]
         out[kind]["change"] = {
             "pick": paired_difference([b[0] for b in before], [a[0] for a in after]),
