@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from configs import ConfigError, load_config, to_dict, to_yaml
+from configs.help import key_help
 from configs.loader import RENAMED, diff_configs, renamed_tree, schema_defaults
 from configs.schema import Config
 
@@ -51,6 +52,8 @@ class Command:
     """Keys inside its sections that it still ignores (another key decides for it)."""
     reads_tags: bool = False
     """It writes or reads step-tagged reward-model inputs: the step tag is checked first."""
+    example: str = ""
+    """One invocation its `--help` shows (empty: `igrpo NAME --config configs/tiny.yaml`)."""
 
 
 def strip_local_rank(argv: list[str]) -> list[str]:
@@ -68,11 +71,16 @@ def strip_local_rank(argv: list[str]) -> list[str]:
 
 
 def _command_parser(name: str) -> argparse.ArgumentParser:
-    text, sections = COMMANDS[name].help, COMMANDS[name].sections
+    command = COMMANDS[name]
+    text, sections = command.help, command.sections
+    example = command.example or f"igrpo {name} --config configs/tiny.yaml"
     sub = argparse.ArgumentParser(
         prog=f"igrpo {name}", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"{text}.\n\nConfig sections read: {', '.join(sections)} "
-                    "(configs/schema.py documents every key).")
+                    "(configs/schema.py documents every key).",
+        epilog=f"example:\n  {example}\n\nconfig keys it reads (key = default, then the first "
+               "sentence of its docstring in configs/schema.py):\n"
+               + key_help(sections, command.ignored))
     if name == "config":
         sub.add_argument("action", choices=("show",))
     sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
@@ -396,35 +404,50 @@ def run_iterate(session: Session) -> list[dict]:
 ITERATE = Command("DeepSeekMath's Algorithm 1 end to end; resumes an existing run", ALL_SECTIONS,
                   run_iterate, lambda cfg: "iterate",
                   ignored=("policy.reward", "eval.checkpoint", "rm.kind", "rm.data_path"),
-                  reads_tags=True)
+                  reads_tags=True, example="igrpo iterate --config configs/tiny.yaml")
 COMMANDS = {
     "build-tiny": Command("build the tiny random model and its tokenizer into <run>/base",
-                          ("run", "model"), base_policy),
+                          ("run", "model"), base_policy,
+                          example="igrpo build-tiny --config configs/tiny.yaml "
+                                  "model.tiny.architecture=qwen2"),
     "sft": Command("supervised fine-tuning on worked solutions -> <run>/sft/best",
-                   ("run", "data", "model", "deepspeed", "sft"), run_sft, lambda cfg: "sft"),
+                   ("run", "data", "model", "deepspeed", "sft"), run_sft, lambda cfg: "sft",
+                   example="igrpo sft --config configs/tiny.yaml model.policy_path= "
+                           "sft.enabled=true"),
     "grpo": Command("GRPO alone from the warm start, rewarded by policy.reward -> <run>/grpo/final",
                     ("run", "data", "model", "deepspeed", "sft", "policy", "grpo", "ppo", "rft",
                      "controls", "inspect", "eval", "rollout"),
-                    run_grpo, lambda cfg: "grpo"),
+                    run_grpo, lambda cfg: "grpo",
+                    example="igrpo grpo --config configs/tiny.yaml --recipe dapo "
+                            "policy.group_size=16"),
     "eval": Command("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of "
                     "eval.checkpoint (default: the run's newest policy)",
-                    ("run", "data", "model", "sft", "eval", "rollout"), run_eval),
+                    ("run", "data", "model", "sft", "eval", "rollout"), run_eval,
+                    example="igrpo eval --config configs/tiny.yaml "
+                            "eval.checkpoint=runs/tiny/grpo/final"),
     "label": Command("Math-Shepherd step labels of the policy's samples -> <run>/labels",
                      ("run", "data", "model", "sft", "label", "rm", "rollout"), run_label,
-                     lambda cfg: "labels", reads_tags=True),
+                     lambda cfg: "labels", reads_tags=True,
+                     example="igrpo label --config configs/tiny.yaml label.num_completions=8"),
     "train-rm": Command("train an outcome or process reward model (rm.kind) -> "
                         "<run>/rm-<kind>/final",
                         ("run", "data", "model", "deepspeed", "sft", "label", "rm"),
-                        run_train_rm, lambda cfg: f"rm-{cfg.rm.kind}", reads_tags=True),
+                        run_train_rm, lambda cfg: f"rm-{cfg.rm.kind}", reads_tags=True,
+                        example="igrpo train-rm --config configs/tiny.yaml rm.kind=prm "
+                                "rm.data_path=runs/tiny/labels/math_shepherd.jsonl"),
     "eval-rm": Command("step metrics and best-of-N of the run's newest reward models",
-                       ("run", "data", "model", "sft", "eval", "rm", "rollout"), run_eval_rm),
+                       ("run", "data", "model", "sft", "eval", "rm", "rollout"), run_eval_rm,
+                       example="igrpo eval-rm --config configs/tiny.yaml rm.bon_samples=16"),
     "iterate": ITERATE,
     "demo": replace(ITERATE, help="the main job: = iterate (make demo runs it on "
-                                  "configs/tiny.yaml)"),
+                                  "configs/tiny.yaml)",
+                    example="igrpo demo --config configs/tiny.yaml"),
     "plan": Command("memory per GPU of every phase of one GRPO iteration of the config; nothing "
                     "is run", ("data", "model", "deepspeed", "policy", "grpo", "eval", "label",
-                                "rm", "rollout")),
-    "config": Command("`igrpo config show`: print the resolved config", ALL_SECTIONS),
+                                "rm", "rollout"),
+                    example="igrpo plan --config configs/deepseekmath_7b.yaml --gpus 8"),
+    "config": Command("`igrpo config show`: print the resolved config", ALL_SECTIONS,
+                      example="igrpo config show --config configs/tiny.yaml policy.lr=3e-6"),
 }
 
 

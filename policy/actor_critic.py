@@ -26,7 +26,7 @@ from policy.stage import PolicyStage, PPOSpec
 from runtime.checkpoint import export
 from runtime.data import MathRecord
 from runtime.engine import build_engine, current_lr, gather_rows, global_sum, world
-from runtime.models import accelerator, load_causal_lm, load_tokenizer
+from runtime.models import accelerator, load_causal_lm, load_model, load_tokenizer
 from runtime.tracking import MetricsLogger
 from runtime.training import StageLoop, stage_done
 from runtime.seeds import derive_seed
@@ -59,8 +59,7 @@ def load_critic(stage: PolicyStage, spec: PPOSpec, policy_path, reward_fn: Rewar
     from transformers import AutoModelForTokenClassification
 
     if path is not None:
-        return AutoModelForTokenClassification.from_pretrained(
-            str(path), dtype=getattr(torch, stage.model.dtype)).to(accelerator())
+        return load_model(path, AutoModelForTokenClassification, stage.model)
     if not spec.critic_from_reward_model:
         return critic_from(load_causal_lm(policy_path, stage.model, device="cpu")
                            ).to(accelerator())

@@ -4,12 +4,19 @@
 one, in `model.dtype`, with `model.attn_implementation` and `model.trust_remote_code`; the
 labeller, evaluator, reference and reward-model scorers all come through it, so none of them is
 left on the CPU of a GPU machine, and no load forgets the remote-code setting.
+
+Where stdout or stderr is a file or a pipe (a log), transformers' progress bars ("Loading
+weights", downloads) are off during a load, and the main rank prints one line per model instead
+(`[igrpo] loaded PATH (class, parameters, dtype) in S s`); on a terminal the bars stay.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
+import time
 from pathlib import Path
 
 
@@ -79,12 +86,53 @@ def load_model(path: str | Path, auto_class, model=None, *, train: bool = False,
     kwargs = dict(extra)
     if model is not None and model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
-    lm = auto_class.from_pretrained(
-        str(path), dtype=getattr(torch, model.dtype if model is not None else "float32"),
-        trust_remote_code=bool(model is not None and model.trust_remote_code), **kwargs)
+    logged, started = output_is_logged(), time.perf_counter()
+    with progress_bars_off(logged):
+        lm = auto_class.from_pretrained(
+            str(path), dtype=getattr(torch, model.dtype if model is not None else "float32"),
+            trust_remote_code=bool(model is not None and model.trust_remote_code), **kwargs)
     if train and model is not None and model.gradient_checkpointing:
         if hasattr(lm, "activation_checkpointing_enable"):  # its name from transformers 5.2x
             lm.activation_checkpointing_enable({"use_reentrant": False})
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return lm.to(device if device is not None else accelerator())
+    lm = lm.to(device if device is not None else accelerator())
+    if logged:
+        report_load(path, lm, time.perf_counter() - started)
+    return lm
+
+
+def output_is_logged() -> bool:
+    """stdout or stderr is not a terminal (a file or a pipe): progress bars would flood it."""
+    return not all(bool(getattr(stream, "isatty", lambda: False)())
+                   for stream in (sys.stdout, sys.stderr))
+
+
+@contextlib.contextmanager
+def progress_bars_off(off: bool = True):
+    """transformers' progress bars (its "Loading weights" bar, the hub's download bars) off
+    inside the block where `off`, as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    switch = off and hf_logging.is_progress_bar_enabled()
+    if switch:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if switch:
+            hf_logging.enable_progress_bar()
+
+
+def report_load(path, lm, seconds: float) -> None:
+    """The main rank's one line about a loaded model (instead of a progress bar in a log)."""
+    from runtime.engine import is_main
+
+    if not is_main():
+        return
+    count = sum(p.numel() for p in lm.parameters())
+    size = next((f"{count / 10 ** e:.1f}{u}" for e, u in ((9, "B"), (6, "M"), (3, "K"))
+                 if count >= 10 ** e), str(count))
+    dtype = str(getattr(lm, "dtype", "?")).removeprefix("torch.")
+    print(f"[igrpo] loaded {path} ({type(lm).__name__}, {size} params, {dtype}) in "
+          f"{seconds:.1f} s", flush=True)

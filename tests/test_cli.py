@@ -1,6 +1,9 @@
 """The command line: each command's own help, config show, did-you-mean, unread keys."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,42 @@ def test_the_deepspeed_launchers_local_rank_is_dropped_wherever_it_is():
     assert strip(["--local_rank=3", "iterate", "--config", "c.yaml"]) == ["iterate", "--config",
                                                                           "c.yaml"]
     assert strip(["iterate", "--local-rank", "1", "x=1"]) == ["iterate", "x=1"]
+
+
+def test_a_commands_help_lists_its_keys_with_defaults_docs_and_an_example(capsys):
+    text = _help(capsys, "train-rm", "--help")
+    lines = text.splitlines()
+    example = lines[lines.index("example:") + 1].strip()
+    assert example.startswith("igrpo train-rm --config configs/")
+    keys = {line.split()[0]: line for line in lines if re.match(r"  [a-z_]+\.[a-z_.]+ = ", line)}
+    assert re.fullmatch(r"  rm\.data_path = '' +`igrpo train-rm`: Math-Shepherd or TRL-format .*",
+                        keys["rm.data_path"])
+    assert re.fullmatch(r"  rm\.family = '' +How the reward model is read .*", keys["rm.family"])
+    assert re.fullmatch(r"  rm\.separator = '\\n' +Classifier families: what follows .*",
+                        keys["rm.separator"])
+    assert all(len(line) <= 110 for line in keys.values())
+    # Ordered by section, as the command's `sections` lists them; no section it does not read.
+    sections = list(dict.fromkeys(key.split(".")[0] for key in keys))
+    assert sections == list(igrpo.COMMANDS["train-rm"].sections)
+    assert not any(line.startswith("  policy.") for line in lines)
+    # A key the command ignores is marked.
+    text = _help(capsys, "iterate", "--help")
+    assert re.search(r"  rm\.kind = 'prm' +\(ignored by this command", text)
+    for name in igrpo.COMMANDS:
+        assert f"\nexample:\n  igrpo {name} " in _help(capsys, name, "--help"), name
+
+
+def test_a_model_load_in_a_log_is_one_line_not_a_progress_bar(warm_start):
+    code = ("from runtime.models import load_causal_lm\n"
+            f"load_causal_lm({str(warm_start)!r})\n"
+            f"load_causal_lm({str(warm_start)!r}, device='cpu')\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = [line for line in done.stdout.splitlines() if line.startswith("[igrpo] loaded ")]
+    assert len(loaded) == 2, done.stdout
+    assert re.fullmatch(rf"\[igrpo\] loaded {re.escape(str(warm_start))} \(LlamaForCausalLM, "
+                        r"[\d.]+M params, float32\) in [\d.]+ s", loaded[0])
+    assert "Loading weights" not in done.stdout + done.stderr
