@@ -25,8 +25,10 @@ def recover_export(out_dir: Path) -> None:
         old.rename(out_dir)
 
 
-def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = None) -> Path:
-    """Export weights (safetensors), tokenizer and the resolved config; atomic via rename."""
+def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = None,
+                    files: dict[str, str] | None = None) -> Path:
+    """Export weights (safetensors), tokenizer, the resolved config and `files` (name -> text,
+    e.g. a model card's README.md); atomic via rename."""
     out_dir = Path(out_dir)
     recover_export(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
@@ -36,6 +38,8 @@ def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = N
     tokenizer.save_pretrained(tmp)
     if config_yaml is not None:
         atomic_write_text(tmp / "igrpo_config.yaml", config_yaml)
+    for name, text in (files or {}).items():
+        atomic_write_text(tmp / name, text)
     old = out_dir.with_name(f".{out_dir.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():
@@ -45,12 +49,13 @@ def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = N
     return out_dir
 
 
-def export(engine, tokenizer, out_dir: Path, config_yaml: str | None = None) -> Path:
+def export(engine, tokenizer, out_dir: Path, config_yaml: str | None = None,
+           files: dict[str, str] | None = None) -> Path:
     """`save_pretrained` of a training engine's model, called on every rank: under ZeRO-3 the
     partitions are gathered first (all ranks join), then rank 0 writes."""
     with gathered_for_generation(engine):
         if is_main():
-            save_pretrained(engine, tokenizer, out_dir, config_yaml)
+            save_pretrained(engine, tokenizer, out_dir, config_yaml, files)
     barrier()
     return Path(out_dir)
 

@@ -165,10 +165,12 @@ class StageLoop:
     def log(self, metrics: dict, media: dict | None = None, step: int | None = None) -> None:
         self.logger.log(metrics, step=self.step if step is None else step, media=media)
 
-    def finish(self, tokenizer, export_dir: Path | None, config_yaml: str, done: dict) -> None:
-        """Close the bar, export the model (unless `export_dir` is None) and write done.json."""
+    def finish(self, tokenizer, export_dir: Path | None, config_yaml: str, done: dict,
+               files: dict[str, str] | None = None) -> None:
+        """Close the bar, export the model (unless `export_dir` is None) with `files` beside it
+        (name -> text: a model card) and write done.json."""
         self.bar.close()
         if export_dir is not None:
-            export(self.engine, tokenizer, export_dir, config_yaml)
+            export(self.engine, tokenizer, export_dir, config_yaml, files)
         if is_main():
             atomic_write_json(self.out / "done.json", done)
