@@ -8,6 +8,7 @@
     igrpo label      --config configs/tiny.yaml label.num_completions=8   # Math-Shepherd labels
     igrpo train-rm   --config configs/tiny.yaml rm.kind=prm [rm.data_path=labels.jsonl]
     igrpo eval-rm    --config configs/tiny.yaml        # step metrics and best-of-N of the RMs
+    igrpo score      --config configs/tiny.yaml rm.path=DIR rm.score_input=FILE  # step scores
     igrpo plan       --config configs/deepseekmath_7b.yaml --gpus 8   # memory per GPU
     igrpo config show --config configs/tiny.yaml [key=value ...]      # the resolved config
 
@@ -137,7 +138,7 @@ def run_plan(cfg, args: argparse.Namespace) -> None:
 # Keys that change how a run executes, not what it computes: a run may resume with them changed.
 # (run.root: the run folder was moved; its manifest's paths are relative.)
 RESUME_FREE = ("run.root", "run.threads", "run.dist_timeout_minutes", "run.wandb_mode",
-               "run.wandb_project", "run.wandb_log_checkpoints")
+               "run.wandb_project", "run.wandb_log_checkpoints", "rm.score_output")
 
 
 class Session:
@@ -336,9 +337,12 @@ def run_label(session: Session) -> Path:
 
 
 def rm_init(session: Session) -> str | Path:
-    """The backbone a reward model starts from: `rm.init_path`, else the run's warm start (the
-    tiny base model where no SFT ran)."""
+    """The backbone a reward model starts from: `rm.init_path` (nothing is built in
+    `<run>/base`), else the run's warm start (the tiny base model where no SFT ran)."""
     from iteration import stages
+
+    if session.wiring.rm.rm.init_path:
+        return session.wiring.rm.rm.init_path
     return stages.rm_backbone(session.wiring, warm_start(session, required=False))
 
 
@@ -385,6 +389,54 @@ def run_eval_rm(session: Session) -> dict:
     atomic_write_json(session.run.child("eval", "reward_models.json"), report)
     print(json.dumps(report, indent=2))
     return report
+
+
+def score_folder(rm) -> str | None:
+    """`igrpo score`'s folder in the run, named by `rm.score_input`'s stem (None: no input)."""
+    return f"score/{Path(rm.score_input).stem or 'input'}" if rm.score_input else None
+
+
+def run_score(session: Session) -> Path:
+    """`igrpo score`: `rm.path`'s score of each step of each solution in `rm.score_input`, the
+    solution's score under `rm.aggregate` and each question's best-of-N pick, written beside
+    the row's own fields to `rm.score_output` (reward_model/score_file.py: the layouts, the
+    output's fields). Shards of `rm.score_shard_rows` rows are kept under
+    `<run>/score/<input stem>/`, so the same command after a kill resumes; nothing is built in
+    `<run>/base`."""
+    from functools import partial
+
+    from iteration import stages
+    from reward_model import score_file
+    from reward_model.encoding import TagTokenError, check_tag_tokens
+    from reward_model.examples import as_orm
+    from reward_model.losses import STEP_AGGREGATORS
+    from runtime.engine import barrier, is_main
+    from runtime.rundir import atomic_write_json
+
+    rm, separator = session.wiring.rm.rm, session.wiring.data.step_separator
+    if not rm.path or not rm.score_input:
+        raise ConfigError("igrpo score: name the reward model with rm.path=DIR and the "
+                          "solutions with rm.score_input=FILE")
+    folder = session.run.child(score_folder(rm))
+    # a bad row stops here, naming file, row and field, before any model loads
+    source = score_file.read_score_input(rm.score_input, rm.step_tag, separator)
+    scorer = stages.load_scorer(session.wiring, rm.path)
+    if hasattr(scorer, "tags"):  # a tag LM reads the step tag: one token in context
+        try:
+            check_tag_tokens(scorer.tokenizer, rm.step_tag)
+        except TagTokenError as err:
+            raise ConfigError(f"rm.path={rm.path}: {err}") from err
+    transform = partial(as_orm, separator=separator) if rm.kind == "orm" else None
+    score_file.score_in_shards(scorer, source, folder / "shards", rm.score_shard_rows,
+                               STEP_AGGREGATORS[rm.aggregate], transform, progress=is_main())
+    out = Path(rm.score_output) if rm.score_output else folder / "scored.jsonl"
+    if is_main():
+        summary = score_file.write_scored(out, source, folder / "shards", rm.score_shard_rows)
+        summary.update(reward_model=str(rm.path), kind=rm.kind, aggregate=rm.aggregate)
+        atomic_write_json(folder / "summary.json", summary)
+        print(json.dumps(summary, indent=2))
+    barrier()  # the other ranks return once the output is written
+    return out
 
 
 def run_iterate(session: Session) -> list[dict]:
@@ -438,6 +490,13 @@ COMMANDS = {
     "eval-rm": Command("step metrics and best-of-N of the run's newest reward models",
                        ("run", "data", "model", "sft", "eval", "rm", "rollout"), run_eval_rm,
                        example="igrpo eval-rm --config configs/tiny.yaml rm.bon_samples=16"),
+    "score": Command("score rm.score_input's solutions (Math-Shepherd, TRL stepwise, "
+                     "ProcessBench, PRM800K, or plain question/solution rows split on "
+                     "data.step_separator) by rm.path: each row plus step_scores, score "
+                     "(rm.aggregate) and best_of_n -> <run>/score/<input>/scored.jsonl",
+                     ("run", "data", "model", "rm"), run_score, lambda cfg: score_folder(cfg.rm),
+                     example="igrpo score --config configs/tiny.yaml "
+                             "rm.path=runs/tiny/rm-prm/final rm.score_input=solutions.jsonl"),
     "iterate": ITERATE,
     "demo": replace(ITERATE, help="the main job: = iterate (make demo runs it on "
                                   "configs/tiny.yaml)",

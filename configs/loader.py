@@ -353,6 +353,9 @@ def _check_reward_family(rm, where: str) -> None:
     if rm.group_by_question and rm.group_by_length:
         raise ConfigError(f"{where}: rm.group_by_question and rm.group_by_length both set: a "
                           "batch keeps a question's solutions together, or rows of one length")
+    if rm.score_shard_rows < 1:
+        raise ConfigError(f"{where}: rm.score_shard_rows={rm.score_shard_rows}; expected at "
+                          "least 1 row a shard")
     if rm.family in ("", "tag_lm"):
         return
     tag_only = {"rm.likelihood_feature": rm.likelihood_feature, "rm.lm_weight": rm.lm_weight,

@@ -448,7 +448,21 @@ class RewardModelConfig:
     ORM). Empty = told from the checkpoint's architecture when loading, tag_lm when training."""
     path: str = ""
     """A reward model of any family to use instead of the run's own: `igrpo eval-rm` reports
-    it, `igrpo grpo policy.reward=rm` is rewarded by it (a PRM under process supervision)."""
+    it, `igrpo grpo policy.reward=rm` is rewarded by it (a PRM under process supervision), `igrpo
+    score` scores `score_input` with it."""
+    score_input: str = ""
+    """`igrpo score`: the file whose solutions `path` scores (local JSONL/JSON/parquet or a hub
+    id), its layout told from its first row's fields: Math-Shepherd (`input`, `label`), TRL
+    stepwise (`prompt`, `completions`, `labels`), ProcessBench (`problem`, `steps`, `label`),
+    PRM800K (`question.problem`, `label.steps`) or plain solutions (`question` and `solution`
+    text, split into steps on `data.step_separator`); reward_model/score_file.py."""
+    score_output: str = ""
+    """`igrpo score`: the JSONL written, each input row's fields plus `step_scores`, `score`
+    (`aggregate` of them) and `best_of_n` (its question's highest score); empty =
+    `<run>/score/<score_input's stem>/scored.jsonl`."""
+    score_shard_rows: int = 1024
+    """`igrpo score`: rows scored per shard; each finished shard is kept
+    (`<run>/score/<score_input's stem>/shards/`), so a killed run resumes after it."""
     separator: str = "\n"
     """Classifier families: what follows each step in the reward model's input; the step's label
     sits at its last token (TRL: "\n"; Qwen2.5-Math-PRM: "<extra_0>")."""
