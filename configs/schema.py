@@ -407,6 +407,11 @@ class RewardModelConfig:
     in a micro-batch, softplus(s_wrong - s_right), s a solution's lowest tag logit (the `min`
     aggregate), averaged over the pairs. It asks for the within-question ranking that best-of-N
     and GRPO's advantages use; set `group_by_question` so that a batch holds such pairs."""
+    pack: bool = True
+    """Train without padding: a micro-batch's rows run as one packed sequence, and the solutions
+    of one question share one forward of the question's tokens (reward_model/packing.py; equal
+    to the padded forward). Where the architecture cannot (not llama, qwen2, mistral or
+    gpt_neox on sdpa/eager attention, or `lm_weight` > 0), the padded forward runs."""
     group_by_length: bool = False
     """Batches of rows of similar lengths (each window of 64 batches sorted by length, the
     batches then shuffled): a batch pads to its longest row, so this cuts padding."""

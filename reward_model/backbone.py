@@ -41,6 +41,9 @@ def deepen(model, copy_from: list[int]) -> int:
     for src in copy_from:
         layer = copy.deepcopy(layers[src])
         index = len(layers)
+        for module in layer.modules():  # the model's one config, not a copy of it: what is set
+            if getattr(module, "config", None) is not None:  # on it (the attention) holds here
+                module.config = model.config
         for module in (layer, getattr(layer, "self_attn", None)):
             if module is not None and hasattr(module, "layer_idx"):
                 module.layer_idx = index  # the KV-cache slot of the new layer

@@ -143,7 +143,13 @@ def classifier_margins(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     """[B, L] float32 logit of the read class at every position: sigmoid of it is the class's
     probability (softmax over the classes, or a sigmoid of its own logit), with gradients."""
     out = model(input_ids=input_ids, attention_mask=attention_mask)
-    logits = (out.logits if hasattr(out, "logits") else out[0]).float()
+    return read_class(out.logits if hasattr(out, "logits") else out[0], reading)
+
+
+def read_class(logits: torch.Tensor, reading: Reading) -> torch.Tensor:
+    """[..., C] a classifier's logits -> [...] float32 logit of the read class (sigmoid of it is
+    the class's probability)."""
+    logits = logits.float()
     picked = logits[..., reading.label_index]
     if reading.activation == "sigmoid":
         return picked

@@ -13,6 +13,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +27,10 @@ from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_c
 from reward_model.encoding import TagBatch, encode, ensure_tag_token, tag_tokens
 from reward_model.families import Reading, TokenClassScorer
 from reward_model.evaluate import step_metrics
+from reward_model.export import CardFacts, model_card, name_labels
+from policy.generation.logprobs import packs
+from reward_model.packing import (packed_class_margins, packed_tag_margins, question_index,
+                                  shared_prefixes)
 from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
 from runtime.engine import (broadcast_from_main, build_engine, current_lr, gathered_for_generation,
@@ -141,15 +146,30 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
         trainer.log(metrics)  # (before the save: a kill between the two redoes this step)
         if trainer.due(rm.save_every):
             trainer.save()
-    if checked[0] == state["step"]:  # fitted and validated at the last step already
-        final_metrics = checked[1]
-    else:  # a run resumed after its last step
+    if checked[0] != state["step"]:  # resumed after its last step: fit and validate again
         check.calibrate()
-        final_metrics = check.validate()
-    trainer.finish(tokenizer, final_dir, config_yaml, {"steps": state["step"], **final_metrics})
+        checked = (state["step"], check.validate())
+    trainer.finish(tokenizer, final_dir, config_yaml, {"steps": state["step"], **checked[1]},
+                   files=_for_export(spec, engine.module, tokenizer, init, examples, val, checked))
     if is_main():
         logger.log_checkpoint(final_dir, f"{spec.run_name}-{out.parent.name}-{out.name}")
     return final_dir
+
+
+def _for_export(spec: RMSpec, module, tokenizer, init, examples, val, checked) -> dict:
+    """What the export adds for readers outside the project (`reward_model/export.py`): a token
+    classifier's classes named in its config (config.json: every rank sets it, the main rank
+    saves it), and the model card (README.md) of the model as `checked` = (optimizer steps,
+    final validation metrics) leaves it."""
+    rm = spec.rm
+    if spec.token_classifier:
+        name_labels(module.config, rm.label_index)
+    facts = CardFacts(spec.token_classifier, type(module).__name__, Reading.of(rm), rm.step_tag,
+                      rm.kind, rm.max_length,
+                      examples.where if isinstance(examples, StepRows) else "",
+                      (len(examples) - len(val), len(val)), checked[0], checked[1], str(init),
+                      calibration_of(module) is not None)
+    return {"README.md": model_card(tokenizer, facts)}
 
 
 @dataclass(frozen=True)
@@ -161,6 +181,9 @@ class _Read:
     encode: Callable[[list[StepExample]], TagBatch]
     margins: Callable
     scorer: Callable
+    packed: Callable
+    """(model, ids, mask, group, shared) -> the margins on the packed path
+    (`reward_model/packing.py`)."""
     tags: object = None
 
 
@@ -182,7 +205,8 @@ def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
         def scorer(module):
             return TokenClassScorer(module, tokenizer, rm.max_length, reading)
         reader = scorer(None)  # (its encoding and read-out need no model of their own)
-        return tokenizer, engine, _Read(reader.encode, reader.margins, scorer)
+        return tokenizer, engine, _Read(reader.encode, reader.margins, scorer, partial(
+            packed_class_margins, reading=reading))
     model = load_causal_lm(init, spec.model, train=True)
     added = deepen(model, list(rm.extra_layers_from))  # (a refresh's RM is deep already)
     if added and is_main():
@@ -199,7 +223,8 @@ def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
         lambda examples: encode(tokenizer, examples, tags, rm.step_tag, rm.max_length,
                                 lm_targets=rm.lm_weight > 0),
         lambda model_, ids, mask: tag_margins(model_, ids, mask, tags),
-        lambda module: TagScorer(module, tokenizer, rm.step_tag, rm.max_length), tags)
+        lambda module: TagScorer(module, tokenizer, rm.step_tag, rm.max_length),
+        partial(packed_tag_margins, tags=tags), tags)
 
 
 def _token_classifier(init: str | Path, model_cfg: ModelConfig, seed: int):
@@ -231,10 +256,10 @@ def _batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_siz
     plus `rm.pairwise_weight` x the within-question pairwise loss, a global mean over the pairs
     (a pair is two solutions of one question in one micro-batch)."""
     lm_weight, pair_weight = rm.lm_weight, rm.pairwise_weight
+    pack = rm.pack and not lm_weight and packs(engine)  # (the LM loss reads every token)
     labels_total = global_sum(float(batch.label_mask.sum()))
     lm_total = global_sum(float(batch.lm_mask[:, 1:].sum())) if lm_weight else 0.0
-    ids_of = {q: i for i, q in enumerate(dict.fromkeys(questions))}
-    group = torch.tensor([ids_of[q] for q in questions])
+    group = question_index(questions)
     if pair_weight:
         pairs_total = global_sum(float(sum(
             pairwise_loss_sum(torch.zeros(batch.targets[k:k + micro_batch_size].shape),
@@ -247,12 +272,18 @@ def _batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_siz
     def loss_of(rows: slice, mb: int):
         ids = batch.input_ids[rows].to(engine.device)
         attention = batch.attention_mask[rows].to(engine.device)
-        if lm_weight:  # the LM loss reads every token's logits
+        mask = batch.label_mask[rows].to(engine.device)
+        shared = None
+        if pack:  # no padding, a question's tokens run once for its solutions
+            in_batch = question_index(questions[rows]).to(engine.device)
+            shared = shared_prefixes(ids, attention, mask, in_batch)
+        if shared is not None and bool((shared > 0).all()):
+            margin = read.packed(engine, ids, attention, in_batch, shared)
+        elif lm_weight:  # the LM loss reads every token's logits
             logits = engine(input_ids=ids, attention_mask=attention).logits
             margin = tag_logit_margin(logits, read.tags.plus_id, read.tags.minus_id)
         else:  # the tag loss reads two rows of the output layer (`two_row_head`)
             margin = read.margins(engine, ids, attention)
-        mask = batch.label_mask[rows].to(engine.device)
         targets = batch.targets[rows].to(engine.device)
         # Mean over the step's labels: this micro-batch's share of the global count.
         loss = tag_loss(margin, targets, mask) \

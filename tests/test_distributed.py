@@ -101,6 +101,41 @@ def _same_step(one: tuple, two: tuple) -> None:
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
 
 
+def _prm_steps(nproc: int, out: Path, base: Path, stage: int, data: Path, *overrides) -> list:
+    torchrun(nproc, "tests/helpers/dist_check.py", "rm", out, base, stage, data, *overrides)
+    return read_metrics(out / "metrics.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,stage", [("token_classification", 3), ("tag_lm", 2)])
+def test_packed_prm_steps_on_two_processes_equal_the_padded_ones_on_one(tmp_path, base, family,
+                                                                        stage):
+    """Reward-model training packed (`rm.pack`, the default: no padding, a question's tokens
+    run once for its solutions, batches holding a question's solutions side by side) on 2
+    processes under ZeRO-2 / ZeRO-3 equals the padded forward on one: every step's loss and
+    gradient norm, and the exported weights."""
+    from process_supervision.formats import to_math_shepherd
+
+    cfg = load_config("configs/tiny.yaml", SMALL)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(dict(zip(("input", "label"), to_math_shepherd(
+        f"What is {i % 4} + {i % 4}?", [f"{i % 4} + {i % 4} = {2 * (i % 4) + i % 3}",
+                                        f"The answer is {i}" * (1 + i % 2)],
+        [i % 3 == 0, i % 3 == 0], cfg.rm.step_tag)))) + "\n" for i in range(16)))
+    settings = [f"rm.family={family}", "rm.lm_weight=0", "rm.likelihood_feature=false",
+                "rm.group_by_question=true", "rm.lr=1e-3"]
+    if family == "token_classification":  # (deepening is the tag LM's)
+        settings.append("rm.extra_layers_from=[]")
+    padded = _prm_steps(1, tmp_path / "p1", base, 0, data, *settings, "rm.pack=false")
+    packed = _prm_steps(2, tmp_path / "p2", base, stage, data, *settings)
+    assert len(packed) == len(padded) == 2  # 16 rows, 8 a step
+    for one, two in zip(padded, packed):
+        for key in ("rm/loss", "rm/grad_norm"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    assert padded[-1]["rm/loss"] != padded[0]["rm/loss"]
+    _same_weights(tmp_path / "p1" / "rm" / "final", tmp_path / "p2" / "rm" / "final")
+
+
 @pytest.mark.slow
 def test_grpo_step_two_processes_equal_one(tmp_path, base, stage=3):
     """One GRPO step under ZeRO-3 on 2 processes: the advantages the loss received, the step's

@@ -266,17 +266,11 @@ def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_i
                      blocks: int | None = None, checkpointed: list | None = None):
     """The per-row pass of `completion_logprobs` on real tokens only: row i's inputs are its last
     prompt token and its completion but the last token, one packed sequence for all rows."""
-    from policy.generation.rollout import custom_attention
-
     lengths = attention_mask[:, start:].sum(-1)
     packed = _Packed(cache, run, attention_mask[first, :start - 1], lengths, blocks)
     column = start - 1 + packed.column
-    replayed = _replayed_in_packed_attention(checkpointed, module.config) if checkpointed \
-        else nullcontext()
-    with custom_attention(module.config, PACKED, _packed_attention), replayed:
-        logits = model(input_ids=input_ids[packed.row, column][None],
-                       position_ids=position_ids[packed.row, column][None],
-                       use_cache=False, packed=packed).logits[0]
+    logits = _packed_pass(model, module, packed, input_ids[packed.row, column],
+                          position_ids[packed.row, column], checkpointed)
     entropy = None if entropy_out is None else logits.new_zeros(len(column), dtype=torch.float32)
     picked = selective_log_softmax(logits, input_ids[packed.row, column + 1], chunk_tokens, entropy)
     if entropy_out is not None:
@@ -284,3 +278,65 @@ def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_i
         entropy_out[packed.row, packed.column] = entropy
     out = picked.new_zeros(input_ids.shape[0], input_ids.shape[1] - start)
     return out.index_put((packed.row, packed.column), picked)
+
+
+def _packed_pass(model, module, packed: _Packed, ids: torch.Tensor, positions: torch.Tensor,
+                 checkpointed: list | None) -> torch.Tensor:
+    """The model's output ([tokens, C]) over the packed tokens `ids` at `positions`, attention
+    laid out by `packed`; each layer checkpointed by us where `checkpointed` names layers."""
+    from policy.generation.rollout import custom_attention
+
+    replayed = _replayed_in_packed_attention(checkpointed, module.config) if checkpointed \
+        else nullcontext()
+    with custom_attention(module.config, PACKED, _packed_attention), replayed:
+        return model(input_ids=ids[None], position_ids=positions[None], use_cache=False,
+                     packed=packed).logits[0]
+
+
+def packs(model) -> bool:
+    """Whether `packed_row_logits` serves this model (a DeepSpeed engine or the model): its
+    attention runs through a function of ours, and under gradient checkpointing transformers
+    checkpoints its layers one by one (`GradientCheckpointingLayer`)."""
+    from policy.generation.rollout import serves_custom_attention
+
+    module = getattr(model, "module", model)
+    return serves_custom_attention(module.config) and not (
+        _checkpointing(model) and _checkpointed_layers(module) is None)
+
+
+def packed_row_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      group: torch.Tensor, shared: torch.Tensor,
+                      blocks: int | None = None) -> torch.Tensor:
+    """The model's output ([B, L, C]) over right-padded rows, with no FLOP on padding and each
+    group's common prefix run once: rows of group g (`group`: [B], groups numbered from 0) all
+    begin with the same `shared[g]` tokens (at least 1, each row keeping at least one token
+    past them). The prefixes run once a group into a KV cache (left-padded, as
+    `completion_logprobs`'s prompts); the rows' remaining real tokens run as one packed
+    sequence whose attention reads their group's prefix and their own row's earlier tokens.
+    Output past each row's prefix equals the plain forward's (values and gradients, to float
+    rounding); zeros on the prefixes and on padding, which the caller does not read. For
+    models `packs` serves."""
+    from transformers import DynamicCache
+
+    module = getattr(model, "module", model)
+    layers = _checkpointed_layers(module) if _checkpointing(model) and torch.is_grad_enabled() \
+        else []
+    rows, width = input_ids.shape
+    first = torch.full((len(shared),), rows, device=group.device).scatter_reduce(
+        0, group, torch.arange(rows, device=group.device), "amin")
+    source = torch.arange(int(shared.max()), device=shared.device)[None] \
+        - (int(shared.max()) - shared[:, None])  # the prefix column each left-padded slot holds
+    prompt_mask = (source >= 0).long()
+    prompt = input_ids[first[:, None], source.clamp(min=0)] * prompt_mask
+    cache = DynamicCache(config=module.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
+        with _kept_activations(layers):
+            model(input_ids=prompt, attention_mask=prompt_mask,
+                  position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+                  past_key_values=cache, use_cache=True)
+    offset = shared[group]
+    packed = _Packed(cache, group, prompt_mask, attention_mask.sum(-1) - offset, blocks)
+    column = offset[packed.row] + packed.column
+    logits = _packed_pass(model, module, packed, input_ids[packed.row, column], column, layers)
+    return logits.new_zeros(rows, width, logits.shape[-1]).index_put((packed.row, column), logits)

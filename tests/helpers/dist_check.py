@@ -315,7 +315,7 @@ def main() -> None:
         from process_supervision.formats import read_step_rows
         from reward_model.train import train_reward_model
 
-        cfg = load_config("configs/tiny.yaml", [*RM, *overrides])
+        cfg = load_config("configs/tiny.yaml", [*RM, *overrides, *sys.argv[6:]])
         examples, _ = read_step_rows(sys.argv[5])
         train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
 
