@@ -2,21 +2,33 @@
 (TRL 1.13, the last release that has it), side by side in one run.
 
     pip install --no-deps --target .bench/trl113 "trl==1.13.0" accelerate   # TRL's other needs are ours
-    python bench/prm_vs_trl.py [--steps 30 --repeats 2 --precisions fp32,bf16] [--group-by-length]
+    python bench/prm_vs_trl.py [--steps 30 --repeats 3 --precisions fp32,bf16]
+                               [--arms ours-plain,ours-padded,ours-packed,ours-shared,trl-grouped,trl]
 
 Both sides: the same random Qwen2 over the shipped GPT-2 BPE (`--hidden`, 2 layers) under a
-fresh 2-label token-classification head, the same TRL stepwise rows (a prompt, 3-10 steps, a label
-per step, laid out as TRL lays them: BOS, prompt, each step and the separator "\\n", the label at
-the separator), `--batch` rows an optimizer step, learning rate 2e-5, AdamW, one process of
-`--threads` threads on the CPU, no evaluation during training, in one precision (fp32, or bf16:
-ours bf16 weights with DeepSpeed's fp32 master copy; TRL `bf16=True`, autocast over fp32
-weights); with `--group-by-length`, batches of rows of similar lengths on both sides (ours
-`rm.group_by_length`, TRL `train_sampling_strategy="group_by_length"`). Each side runs in a
-child process of its own (peak RSS is the child's); the first 3 steps are a warm-up and the
-step time is the median of the others. Tokens/s = the rows' mean token count x rows a step /
-step time (both sides draw their batches from the same rows). Each repeat runs ours then TRL at
-each precision; a speed ratio is the median over repeats of ours / TRL, each run of ours paired
-with the TRL run that follows it.
+fresh 2-label token-classification head, the same TRL stepwise rows laid out as TRL lays them
+(BOS, prompt, each step and the separator "\\n", the label at the separator): `--questions`
+word problems, each with `--solutions` solutions of 3-10 steps (Math-Shepherd's rows repeat each
+question over many solutions), `--batch` rows an optimizer step, learning rate 2e-5, AdamW, one
+process of `--threads` threads on the CPU, no evaluation during training, in one precision
+(fp32, or bf16: ours bf16 weights with DeepSpeed's fp32 master copy; TRL `bf16=True`, autocast
+over fp32 weights). The arms, each a setting of one side:
+
+- `ours-plain`: the padded forward (`rm.pack=false`), rows in random order (`rm.pack`'s
+  default before it);
+- `ours-padded`: the padded forward, batches grouped by length (`rm.group_by_length`): the two
+  trainers' common design;
+- `ours-packed`: no padding (`rm.pack=true`, the default), rows in random order;
+- `ours-shared`: no padding, and a question's solutions side by side (`rm.group_by_question`),
+  so each question's tokens run once for its solutions in the batch;
+- `trl-grouped`: TRL grouping by length (`train_sampling_strategy="group_by_length"`), its
+  fastest setting; `trl`: TRL's default random order.
+
+Each arm runs in a child process of its own (peak RSS is the child's); the first 3 steps are a
+warm-up and the step time is the median of the others. Tokens/s = the rows' mean token count x
+rows a step / step time (every arm draws its batches from the same rows). Each repeat runs every
+arm in turn at each precision; a ratio is the median over repeats of an arm's tokens/s over
+`trl-grouped`'s in the same repeat.
 """
 
 from __future__ import annotations
@@ -38,8 +50,8 @@ LR = 2e-5
 CHILD = r"""
 import json, os, statistics, sys, time
 from pathlib import Path
-root, side, base, data, steps, batch, precision, out, grouped = sys.argv[1:10]
-grouped = grouped == "grouped"
+root, arm, base, data, steps, batch, precision, out = sys.argv[1:9]
+side, _, setting = arm.partition("-")
 sys.path.insert(0, root)
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ["WANDB_MODE"] = "disabled"
@@ -65,7 +77,10 @@ if side == "ours":
                        f"rm.lr={%(lr)r}", "rm.eval_every=0", "rm.save_every=100000",
                        "rm.val_fraction=0.002", "rm.max_length=1024", "run.wandb_mode=disabled",
                        f"run.threads={threads}", f"rm.epochs={steps * batch / 1990:.6f}"]
-                      + ["deepspeed.fused_adam=true", f"rm.group_by_length={grouped}"]
+                      + ["deepspeed.fused_adam=true",
+                         f"rm.group_by_length={setting == 'padded'}",
+                         f"rm.pack={setting not in ('padded', 'plain')}",
+                         f"rm.group_by_question={setting == 'shared'}"]
                       + (["model.dtype=bfloat16", "deepspeed.bf16=true"] if bf16 else [])) == 0
     rows = [r for r in read_metrics(Path(out) / "ours" / "rm-prm" / "metrics.jsonl")
             if "time/step" in r]
@@ -94,7 +109,8 @@ else:
                        save_strategy="no", seed=0, lr_scheduler_type="constant",
                        warmup_steps=0, max_length=1024, step_separator="\n",
                        gradient_checkpointing=False, dataloader_num_workers=0,
-                       train_sampling_strategy="group_by_length" if grouped else "random")
+                       train_sampling_strategy="group_by_length" if setting == "grouped"
+                       else "random")
     trainer = PRMTrainer(model=model, args=config, processing_class=tokenizer,
                          train_dataset=load_dataset("json", data_files=data, split="train"),
                          callbacks=[clock])
@@ -105,24 +121,27 @@ Path(out, "result.json").write_text(json.dumps(result))
 """ % {"lr": LR}
 
 
-def stepwise_rows(n: int, seed: int = 0) -> list[dict]:
-    """TRL stepwise rows: a word problem, 3-10 steps of running sums, a step wrong ~25% of
-    the time (its sum off by one, and every later step labelled wrong)."""
+def stepwise_rows(questions: int, solutions: int, seed: int = 0) -> list[dict]:
+    """TRL stepwise rows: `questions` word problems of 3-10 amounts, each with `solutions`
+    solutions of running sums, a step wrong ~25% of the time (its sum off by one, and every
+    later step labelled wrong); a question's solutions side by side, as Math-Shepherd's file
+    holds them."""
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
+    for i in range(questions):
         terms = [rng.randrange(10, 999) for _ in range(rng.randrange(3, 11))]
-        total, wrong, steps, labels = 0, False, [], []
-        for k, t in enumerate(terms):
-            slip = not wrong and rng.random() < 0.25 / len(terms) * 3
-            total += t + (1 if slip else 0)
-            wrong = wrong or slip
-            steps.append(f"Step {k + 1}: add the {k + 1}th amount, {t}, to what we have so far, "
-                         f"which gives {total} in all.")
-            labels.append(not wrong)
-        rows.append({"prompt": f"Problem {i}: a shop sells {len(terms)} lots of apples, of "
-                               f"{', '.join(map(str, terms))} apples. How many in all?",
-                     "completions": steps, "labels": labels})
+        prompt = (f"Problem {i}: a shop sells {len(terms)} lots of apples, of "
+                  f"{', '.join(map(str, terms))} apples. How many in all?")
+        for _ in range(solutions):
+            total, wrong, steps, labels = 0, False, [], []
+            for k, t in enumerate(terms):
+                slip = not wrong and rng.random() < 0.25 / len(terms) * 3
+                total += t + (1 if slip else 0)
+                wrong = wrong or slip
+                steps.append(f"Step {k + 1}: add the {k + 1}th amount, {t}, to what we have so "
+                             f"far, which gives {total} in all.")
+                labels.append(not wrong)
+            rows.append({"prompt": prompt, "completions": steps, "labels": labels})
     return rows
 
 
@@ -141,14 +160,13 @@ def mean_tokens(rows: list[dict], base: Path) -> float:
     return sum(lengths) / len(lengths)
 
 
-def run_side(side, base, data, steps, batch, precision, threads, grouped) -> dict:
+def run_arm(arm, base, data, steps, batch, precision, threads) -> dict:
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "BENCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-        if side == "trl":
+        if arm.startswith("trl"):
             env["PYTHONPATH"] = f"{TRL_PATH}:{env.get('PYTHONPATH', '')}"
-        subprocess.run([sys.executable, "-c", CHILD, str(ROOT), side, str(base), str(data),
-                        str(steps), str(batch), precision, out,
-                        "grouped" if grouped else "plain"], cwd=ROOT, env=env, check=True,
+        subprocess.run([sys.executable, "-c", CHILD, str(ROOT), arm, str(base), str(data),
+                        str(steps), str(batch), precision, out], cwd=ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL)
         return json.loads(Path(out, "result.json").read_text())
 
@@ -157,12 +175,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--questions", type=int, default=250)
+    parser.add_argument("--solutions", type=int, default=8)
     parser.add_argument("--precisions", default="fp32,bf16")
-    parser.add_argument("--group-by-length", action="store_true")
+    parser.add_argument("--arms", default="ours-padded,ours-packed,ours-shared,trl-grouped")
     args = parser.parse_args()
+    arms = args.arms.split(",")
     if not (TRL_PATH / "trl").exists():
         raise SystemExit(f"no TRL 1.13 in {TRL_PATH}: pip install --no-deps --target {TRL_PATH} "
                          "'trl==1.13.0' accelerate")
@@ -171,33 +192,39 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="prm-vs-trl-"))
     base = build_stand_in(work / "base", "qwen2", hidden=args.hidden, heads=4)
-    rows = stepwise_rows(2000)
+    rows = stepwise_rows(args.questions, args.solutions)
     data = work / "stepwise.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tokens = mean_tokens(rows, base)
     runs: dict = {}
     for repeat in range(args.repeats):
         for precision in args.precisions.split(","):
-            for side in ("ours", "trl"):
-                result = run_side(side, base, data, args.steps, args.batch, precision,
-                                  args.threads, args.group_by_length)
+            for arm in arms:
+                result = run_arm(arm, base, data, args.steps, args.batch, precision, args.threads)
                 result["tokens_per_s"] = tokens * args.batch / result["step_s"]
-                runs.setdefault((precision, side), []).append(result)
-                print(json.dumps({"repeat": repeat, "precision": precision, "side": side,
+                runs.setdefault((precision, arm), []).append(result)
+                print(json.dumps({"repeat": repeat, "precision": precision, "arm": arm,
                                   **result}), flush=True)
-    print(f"\n{args.hidden}-wide 2-layer Qwen2, {tokens:.0f} tokens a row, {args.batch} rows a "
-          f"step, {args.threads} threads{', grouped by length' if args.group_by_length else ''}")
-    print("precision  ours tok/s  TRL tok/s  speed (ours/TRL)  ours RSS  TRL RSS  RSS ratio")
+    print(f"\n{args.hidden}-wide 2-layer Qwen2, {args.questions} questions x {args.solutions} "
+          f"solutions, {tokens:.0f} tokens a row, {args.batch} rows a step, {args.threads} "
+          "threads; ratios against trl-grouped in the same repeat, [range]")
+    print("| precision | arm | tokens/s | / trl-grouped | peak RSS | RSS / trl-grouped |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for precision in args.precisions.split(","):
-        ours, trl = runs[(precision, "ours")], runs[(precision, "trl")]
-        ratios = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in zip(ours, trl)]
-        rss = [o["peak_rss"] / t["peak_rss"] for o, t in zip(ours, trl)]
-        print(f"{precision:>9}  {statistics.median(o['tokens_per_s'] for o in ours):10.0f}  "
-              f"{statistics.median(t['tokens_per_s'] for t in trl):9.0f}  "
-              f"{statistics.median(ratios):5.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]  "
-              f"{statistics.median(o['peak_rss'] for o in ours) / 2**20:7.0f}M  "
-              f"{statistics.median(t['peak_rss'] for t in trl) / 2**20:6.0f}M  "
-              f"{statistics.median(rss):.2f}x")
+        reference = runs.get((precision, "trl-grouped"))
+        for arm in arms:
+            mine = runs[(precision, arm)]
+            line = (f"| {precision} | {arm} | "
+                    f"{statistics.median(r['tokens_per_s'] for r in mine):,.0f} | ")
+            if reference:
+                speed = [m["tokens_per_s"] / t["tokens_per_s"] for m, t in zip(mine, reference)]
+                rss = [m["peak_rss"] / t["peak_rss"] for m, t in zip(mine, reference)]
+                line += (f"{statistics.median(speed):.2f}x [{min(speed):.2f}-{max(speed):.2f}] | "
+                         f"{statistics.median(m['peak_rss'] for m in mine) / 2**20:,.0f} MB | "
+                         f"{statistics.median(rss):.2f}x |")
+            else:
+                line += f"- | {statistics.median(m['peak_rss'] for m in mine) / 2**20:,.0f} MB | - |"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ from reward_model.families import Reading, read_class
 from reward_model.losses import tag_logit_margin
 from reward_model.score import two_row_head
 
+ATTENTION_BLOCKS = 4
+"""The packed pass's attention runs in this many blocks of rows of similar lengths (each padded
+to its longest row): a reward model's rows spread more in length than a GRPO group's, and on 2
+CPU cores 4 blocks of a 16-row micro-batch measured fastest (bench/README.md)."""
+
 
 def question_index(questions: list[str]) -> torch.Tensor:
     """[B] each row's question, numbered from 0 in order of first appearance."""
@@ -52,7 +57,7 @@ def packed_tag_margins(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     shared prefix (0 on it and on padding), read through the output layer's two tag rows."""
     with two_row_head(model, tags):
         return tag_logit_margin(packed_row_logits(model, input_ids, attention_mask, group,
-                                                  shared), 0, 1)
+                                                  shared, _blocks(input_ids)), 0, 1)
 
 
 def packed_class_margins(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -60,4 +65,9 @@ def packed_class_margins(model, input_ids: torch.Tensor, attention_mask: torch.T
                          reading: Reading) -> torch.Tensor:
     """`families.classifier_margins` on the packed path: [B, L] logit of the read class past
     each row's shared prefix (0 on it and on padding)."""
-    return read_class(packed_row_logits(model, input_ids, attention_mask, group, shared), reading)
+    return read_class(packed_row_logits(model, input_ids, attention_mask, group, shared,
+                                        _blocks(input_ids)), reading)
+
+
+def _blocks(input_ids: torch.Tensor) -> int:
+    return max(1, min(ATTENTION_BLOCKS, input_ids.shape[0]))

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from runtime.engine import barrier, gather_objects, gathered_for_generation, is_main, world
+from runtime.models import output_is_logged, progress_bars_off
 from runtime.rundir import atomic_write_text
 
 
@@ -34,7 +35,8 @@ def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = N
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     module = getattr(model, "module", model)
-    module.save_pretrained(tmp, safe_serialization=True)
+    with progress_bars_off(output_is_logged()):  # (its "Writing model shards" bar, in a log)
+        module.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if config_yaml is not None:
         atomic_write_text(tmp / "igrpo_config.yaml", config_yaml)

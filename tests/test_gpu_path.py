@@ -151,8 +151,6 @@ def test_the_real_architecture_check_runs_an_iteration_and_plans_every_phase(cap
     iteration of the 1.5B recipe (hf backend) to the end, and the report pairs every phase of
     the plan with a measurement (none on the CPU: PyTorch's CUDA counters are what it reads)."""
     import importlib.util
-    from pathlib import Path
-
 
     spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
