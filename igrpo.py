@@ -427,11 +427,12 @@ def run_score(session: Session) -> Path:
         except TagTokenError as err:
             raise ConfigError(f"rm.path={rm.path}: {err}") from err
     transform = partial(as_orm, separator=separator) if rm.kind == "orm" else None
-    score_file.score_in_shards(scorer, source, folder / "shards", rm.score_shard_rows,
+    shards = folder / "shards" / score_file.model_fingerprint(rm.path)  # (retrained: rescored)
+    score_file.score_in_shards(scorer, source, shards, rm.score_shard_rows,
                                STEP_AGGREGATORS[rm.aggregate], transform, progress=is_main())
     out = Path(rm.score_output) if rm.score_output else folder / "scored.jsonl"
     if is_main():
-        summary = score_file.write_scored(out, source, folder / "shards", rm.score_shard_rows)
+        summary = score_file.write_scored(out, source, shards, rm.score_shard_rows)
         summary.update(reward_model=str(rm.path), kind=rm.kind, aggregate=rm.aggregate)
         atomic_write_json(folder / "summary.json", summary)
         print(json.dumps(summary, indent=2))

@@ -29,7 +29,7 @@ row as its line holds it, another file's as `datasets` reads it), then
 fields of those names in the input are replaced.
 
 Resumable: the rows are scored in shards of `rm.score_shard_rows`, each written atomically under
-`<run>/score/<input stem>/shards/` with a digest of its rows (a shard whose rows changed since is
+`<run>/score/<input stem>/shards/<the model's fingerprint>/` with a digest of its rows (a shard whose rows changed since is
 scored again); a killed run started again with the same command scores only the shards not
 written, then writes the output. Each shard's batches are spread over the ranks
 (`reward_model.score.spread_score`), so N processes write what one process writes.
@@ -190,6 +190,21 @@ def shard_paths(folder: Path, rows: int, shard_rows: int) -> list[tuple[int, int
     """(first row, row past the last, file) of each shard."""
     bounds = [(a, min(a + shard_rows, rows)) for a in range(0, rows, shard_rows)]
     return [(a, b, folder / f"rows-{a:09d}-{b:09d}.json") for a, b in bounds]
+
+
+def model_fingerprint(path: str | Path) -> str:
+    """What tells one reward model from another at the same path: its config and each weight
+    file's name, size and modification time (a model trained again in place gets another);
+    a hub id is its own fingerprint. The shards of a model live under it, so a resumed run never
+    mixes two models' scores."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return f"{zlib.crc32(str(path).encode()):08x}"
+    parts = [(folder / "config.json").read_bytes() if (folder / "config.json").exists() else b""]
+    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        stat = weights.stat()
+        parts.append(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return f"{zlib.crc32(b'|'.join(parts)):08x}"
 
 
 def _finished(path: Path, digest: int) -> bool:

@@ -277,7 +277,9 @@ def _batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_siz
         if pack:  # no padding, a question's tokens run once for its solutions
             in_batch = question_index(questions[rows]).to(engine.device)
             shared = shared_prefixes(ids, attention, mask, in_batch)
-        if shared is not None and bool((shared > 0).all()):
+        # Every rank takes the same path (under ZeRO-3 each forward gathers the layers with
+        # the others): packed only where no rank's micro-batch has a row that cannot share.
+        if shared is not None and global_sum(float(not bool((shared > 0).all()))) == 0:
             margin = read.packed(engine, ids, attention, in_batch, shared)
         elif lm_weight:  # the LM loss reads every token's logits
             logits = engine(input_ids=ids, attention_mask=attention).logits

@@ -174,8 +174,8 @@ def build_engine(model, ds, *, lr: float, micro_batch_size: int, grad_accum: int
     engine, *_ = deepspeed.initialize(model=model, model_parameters=groups if len(groups) > 1
                                       else params, config=config)
     if ds.zero_stage == 0 and engine.dp_world_size == 1:
-        # Alone, DeepSpeed's reduce flattens every gradient, all-reduces it with itself, scales
-        # it by 1 and copies it back: the same numbers, 6% of a small reward model's step.
+        # Alone, DeepSpeed's reduce flattens every gradient, all-reduces it with itself and
+        # copies it back: the same numbers, 6% of a small reward model's step.
         engine.enable_backward_allreduce = False
     return engine
 

@@ -7,6 +7,7 @@ step tag (a tag LM), loaded in a few seconds."""
 
 import json
 import math
+import os
 
 import pytest
 
@@ -16,7 +17,7 @@ from configs.loader import BUNDLED
 from process_supervision.benchmarks import processbench_example
 from process_supervision.formats import (StepExample, example_from_row, prm800k_example,
                                          to_math_shepherd)
-from reward_model import families
+from reward_model import families, score_file
 from reward_model.examples import as_orm
 from reward_model.families import load_reward_model
 from reward_model.score import TagScorer
@@ -203,15 +204,16 @@ def test_a_killed_run_resumes_without_scoring_a_finished_shard_again(tmp_path, m
     monkeypatch.setattr(TagScorer, "score", lambda self, ex: counting(self, ex, kill_at=6))
     with pytest.raises(Killed):  # shard 1 (rows 1-4) written; killed in shard 2's 2nd batch
         _score(tmp_path, data, *args, name="killed")
-    shards = tmp_path / "killed" / "score" / "plain" / "shards"
+    folder = tmp_path / "killed" / "score" / "plain"
+    shards = folder / "shards" / score_file.model_fingerprint(RM)
     assert [p.name for p in sorted(shards.glob("*.json"))] == ["rows-000000000-000000004.json"]
-    assert not (shards.parent / "scored.jsonl").exists()
+    assert not (folder / "scored.jsonl").exists()
     scored.clear()
     monkeypatch.setattr(TagScorer, "score", lambda self, ex: counting(self, ex))
     assert _score(tmp_path, data, *args, name="killed") == 0
     rows = _plain_rows()
     assert scored == [r["question"] + _steps(r["solution"])[0] for r in rows[4:]]
-    assert (shards.parent / "scored.jsonl").read_text() == straight
+    assert (folder / "scored.jsonl").read_text() == straight
     # the same command again scores nothing; another output path is no change of config
     scored.clear()
     assert _score(tmp_path, data, *args, f"rm.score_output={tmp_path / 'o.jsonl'}",
@@ -219,6 +221,23 @@ def test_a_killed_run_resumes_without_scoring_a_finished_shard_again(tmp_path, m
     assert scored == [] and (tmp_path / "o.jsonl").read_text() == straight
     # another reward-model setting is: the finished shards would mix two models
     assert _score(tmp_path, data, *args, "rm.aggregate=prod", name="killed") == 2
+
+
+def test_a_model_trained_again_in_place_is_scored_again(tmp_path):
+    """The shards are kept under the reward model's fingerprint (its config and weight files'
+    names, sizes and times), so a model retrained at the same path never reuses the old
+    model's scores on a resume."""
+    import shutil
+
+    model = tmp_path / "rm"
+    shutil.copytree(RM, model)
+    before = score_file.model_fingerprint(model)
+    assert score_file.model_fingerprint(model) == before  # stable while nothing changes
+    weights = next(model.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10 ** 9))
+    assert score_file.model_fingerprint(model) != before
+    assert score_file.model_fingerprint("org/hub-model") == \
+        score_file.model_fingerprint("org/hub-model")
 
 
 def test_score_needs_a_model_and_an_input(tmp_path, capsys):
