@@ -69,6 +69,9 @@ class CardFacts:
     """The backbone or reward model training started from."""
     calibrated: bool = False
     """The tag LM carries a fitted likelihood feature (`reward_model/likelihood_feature.py`)."""
+    remote_code: bool = False
+    """The architecture's code comes with the checkpoint (`model.trust_remote_code`): the
+    snippet loads it with `trust_remote_code=True`."""
 
 
 def model_card(tokenizer, facts: CardFacts) -> str:
@@ -165,7 +168,7 @@ def _training(facts: CardFacts) -> list[str]:
 
 
 def _classifier_snippet(facts: CardFacts) -> str:
-    r = facts.reading
+    r, remote = facts.reading, ", trust_remote_code=True" if facts.remote_code else ""
     if r.chat_template:
         system = (f'[{{"role": "system", "content": {r.system_prompt!r}}}] + '
                   if r.system_prompt else "")
@@ -193,8 +196,8 @@ SEPARATOR = {r.separator!r}
 RIGHT = {r.label_index}  # config.json: label2id["{RIGHT_STEP}"]
 MAX_LENGTH = {facts.max_length}
 
-tokenizer = AutoTokenizer.from_pretrained(MODEL)
-model = AutoModelForTokenClassification.from_pretrained(MODEL).eval()
+tokenizer = AutoTokenizer.from_pretrained(MODEL{remote})
+model = AutoModelForTokenClassification.from_pretrained(MODEL{remote}).eval()
 separator = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
 
 {prompt}
@@ -217,6 +220,7 @@ print(step_scores("What is 3 + 4?", ["3 + 4 = 7", "The answer is 7"]))
 
 
 def _tag_snippet(facts: CardFacts) -> str:
+    remote = ", trust_remote_code=True" if facts.remote_code else ""
     return f'''
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -225,8 +229,8 @@ MODEL = "."
 STEP_TAG = {facts.step_tag!r}
 MAX_LENGTH = {facts.max_length}
 
-tokenizer = AutoTokenizer.from_pretrained(MODEL)
-model = AutoModelForCausalLM.from_pretrained(MODEL).eval()
+tokenizer = AutoTokenizer.from_pretrained(MODEL{remote})
+model = AutoModelForCausalLM.from_pretrained(MODEL{remote}).eval()
 tag, plus, minus = (tokenizer(t, add_special_tokens=False)["input_ids"][-1]
                     for t in (STEP_TAG, "+", "-"))
 

@@ -168,7 +168,7 @@ def _for_export(spec: RMSpec, module, tokenizer, init, examples, val, checked) -
                       rm.kind, rm.max_length,
                       examples.where if isinstance(examples, StepRows) else "",
                       (len(examples) - len(val), len(val)), checked[0], checked[1], str(init),
-                      calibration_of(module) is not None)
+                      calibration_of(module) is not None, bool(spec.model.trust_remote_code))
     return {"README.md": model_card(tokenizer, facts)}
 
 

@@ -155,8 +155,9 @@ def test_tag_lm_export_reloads_in_plain_transformers_with_its_card(tmp_path):
 
 def test_card_reads_label_zero_under_a_sigmoid_in_the_chat_template(tmp_path):
     """The other readings a card describes: class 0 read as the right step (the labels named so),
-    a sigmoid, the chat template's system and user turns, a cut at `max_length`; on a random
-    classifier saved as the export saves one."""
+    a sigmoid, the chat template's system and user turns, a cut at `max_length`, a model whose
+    code comes with it (loaded with `trust_remote_code`); on a random classifier saved as the
+    export saves one."""
     lm = build_stand_in(tmp_path / "lm", "qwen2", chat=True)
     torch.manual_seed(0)
     model = AutoModelForTokenClassification.from_pretrained(lm, num_labels=2)
@@ -170,8 +171,10 @@ def test_card_reads_label_zero_under_a_sigmoid_in_the_chat_template(tmp_path):
     final = tmp_path / "final"
     model.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    card = model_card(tokenizer, CardFacts(True, type(model).__name__, reading, "ки", "prm", 40))
+    card = model_card(tokenizer, CardFacts(True, type(model).__name__, reading, "ки", "prm", 40,
+                                           remote_code=True))
     (final / "README.md").write_text(card)
+    assert card.count("trust_remote_code=True") == 2  # tokenizer and model: the code's own
     assert AutoConfig.from_pretrained(final).label2id == {"right_step": 0, "wrong_step": 1}
     assert "No validation split." in card and "chat template" in card
     rm = _rm(family="token_classification", separator="\n\n", label_index=0,
