@@ -281,15 +281,17 @@ def _packed_logprobs(model, module, cache, input_ids, attention_mask, position_i
 
 
 def _packed_pass(model, module, packed: _Packed, ids: torch.Tensor, positions: torch.Tensor,
-                 checkpointed: list | None) -> torch.Tensor:
-    """The model's output ([tokens, C]) over the packed tokens `ids` at `positions`, attention
-    laid out by `packed`; each layer checkpointed by us where `checkpointed` names layers."""
+                 checkpointed: list | None, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's output ([tokens, C]) over the packed tokens `ids` (or their `embeds`) at
+    `positions`, attention laid out by `packed`; each layer checkpointed by us where
+    `checkpointed` names layers."""
     from policy.generation.rollout import custom_attention
 
     replayed = _replayed_in_packed_attention(checkpointed, module.config) if checkpointed \
         else nullcontext()
+    inputs = {"input_ids": ids[None]} if embeds is None else {"inputs_embeds": embeds[None]}
     with custom_attention(module.config, PACKED, _packed_attention), replayed:
-        return model(input_ids=ids[None], position_ids=positions[None], use_cache=False,
+        return model(**inputs, position_ids=positions[None], use_cache=False,
                      packed=packed).logits[0]
 
 
@@ -327,16 +329,20 @@ def packed_row_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     source = torch.arange(int(shared.max()), device=shared.device)[None] \
         - (int(shared.max()) - shared[:, None])  # the prefix column each left-padded slot holds
     prompt_mask = (source >= 0).long()
-    prompt = input_ids[first[:, None], source.clamp(min=0)] * prompt_mask
+    # Every token embedded in one lookup, whose backward then builds the embedding's (dense,
+    # vocabulary-sized) gradient once, not once a pass.
+    embeds = module.get_input_embeddings()(input_ids)
     cache = DynamicCache(config=module.config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # `past_key_values` renamed `cache` in transformers 5
         with _kept_activations(layers):
-            model(input_ids=prompt, attention_mask=prompt_mask,
+            model(inputs_embeds=embeds[first[:, None], source.clamp(min=0)],
+                  attention_mask=prompt_mask,
                   position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
                   past_key_values=cache, use_cache=True)
     offset = shared[group]
     packed = _Packed(cache, group, prompt_mask, attention_mask.sum(-1) - offset, blocks)
     column = offset[packed.row] + packed.column
-    logits = _packed_pass(model, module, packed, input_ids[packed.row, column], column, layers)
+    logits = _packed_pass(model, module, packed, input_ids[packed.row, column], column, layers,
+                          embeds[packed.row, column])
     return logits.new_zeros(rows, width, logits.shape[-1]).index_put((packed.row, column), logits)
