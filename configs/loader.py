@@ -32,7 +32,7 @@ CHOICES = {
     "rm.family": ("", "tag_lm", "token_classification", "sequence_classification"),
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
-    "iterate.reward": ("rm", "rule"),
+    "iterate.reward": ("rm", "rule", "step_oracle"),
     "iterate.refresh_from": ("previous", "base"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
     "model.attn_implementation": ("", "sdpa", "eager", "flash_attention_2"),
@@ -271,6 +271,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_value_family(cfg.policy, cfg.ppo, cfg.rollout.backend, where)
     _check_mini_batches(cfg.policy, cfg.grpo.token_budget_share, where)
     _check_algorithm_options(cfg.policy, cfg.grpo, where)
+    _check_loop_reward(cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
@@ -309,6 +310,19 @@ def _check_value_family(g, p, backend: str, where: str) -> None:
     if not 0.0 <= p.lam_actor <= 1.0 or not 0.0 <= p.lam_critic <= 1.0:
         raise ConfigError(f"{where}: ppo.lam_actor / lam_critic = {p.lam_actor} / "
                           f"{p.lam_critic}; expected values in [0, 1]")
+
+
+def _check_loop_reward(supervision: str, reward: str, where: str) -> None:
+    """`iterate.reward` must give the rewards the supervision reads: step rewards for process
+    supervision (the PRM or the step oracle), one per sample otherwise."""
+    if supervision == "process" and reward == "rule":
+        raise ConfigError(f"{where}: iterate.reward=rule with policy.supervision=process: the "
+                          "final-answer check gives no step rewards; use rm (the PRM) or "
+                          "step_oracle")
+    if supervision != "process" and reward == "step_oracle":
+        raise ConfigError(f"{where}: iterate.reward=step_oracle with policy.supervision="
+                          f"{supervision}: the step oracle's rewards are per step; use "
+                          "policy.supervision=process")
 
 
 def _check_algorithm_options(p, g, where: str) -> None:

@@ -515,7 +515,8 @@ class IterateConfig:
     """Share of each reward-model refresh set drawn from earlier iterations' data."""
     reward: str = "rm"
     """rm: GRPO rewarded by the reward models (ORM for outcome, PRM for process supervision);
-    rule: by the final-answer check (a control)."""
+    rule: by the final-answer check; step_oracle: by the synthetic task's true step labels (a
+    perfect PRM; with policy.supervision=process). rule and step_oracle are controls."""
     refresh: bool = True
     """Refresh the reward models each iteration on the current policy's samples (Algorithm 1);
     false = single-stage GRPO: every iteration is rewarded by the first reward models."""

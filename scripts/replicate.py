@@ -1,30 +1,38 @@
-"""The replication study: DeepSeekMath's RL comparisons on the tiny task, every arm from the shipped
-warm start at the same compute per arm, for several seeds; writes docs/replication.md.
+"""The replication study: DeepSeekMath's RL questions asked with arms that separate the method from
+the reward model from the task, every arm from the task's shipped warm start at the same budget,
+over seeds; writes docs/replication.md.
 
-    python scripts/replicate.py                         # every arm, seeds 0 and 1
-    python scripts/replicate.py --seeds 0 --arms grpo-process,grpo-process-iterative
-    python scripts/replicate.py --report-only           # rebuild the document from finished runs
+    python scripts/replicate.py --jobs 2                 # every arm at its seeds, both tasks
+    python scripts/replicate.py --jobs 2 --arms A,B --seeds 0,1 --tasks steps
+    python scripts/replicate.py --report-only            # the document from the kept results
 
-Arms (overrides of configs/tiny.yaml; all run `igrpo iterate` for `iterate.iterations` iterations):
-  online-rft               online rejection-sampling fine-tuning: advantage 1 on right samples
-  grpo-outcome             GRPO, outcome supervision (the ORM's score), reward models frozen
-  grpo-process             GRPO, process supervision (the PRM's P(+) at each tag), frozen
-  grpo-process-no-lik      the same without the likelihood feature (rm.likelihood_feature=false)
-  grpo-process-iterative   the same as grpo-process with the reward models refreshed each
-                           iteration (Algorithm 1; 10% replay)
-  shuffled-control         grpo-process with each step's rewards shuffled across the batch
-  offline-rft              offline rejection-sampling fine-tuning (the offline_rft recipe): the
-                           warm start sampled once, as many samples as the GRPO arms draw over
-                           all their iterations, fine-tuned on its right ones (one iteration)
-  dpo                      DPO (the dpo recipe) on right/wrong pairs of the warm start's samples,
-                           rule-judged, as many steps as the GRPO arms over all their iterations
-                           (one iteration)
-  online-dpo               online DPO (the online_dpo recipe): pairs of the current policy's
-                           samples, rule-judged, the reference reset every iteration
+Arms (the issue's letters; overrides of the task's config, all run `igrpo iterate`, 2 iterations
+of `policy.steps` GRPO steps, the reference reset between them; G = 64, beta = 0.04):
 
-Per seed, the units every arm shares (labels and reward models of iteration 0, the warm start's
-evaluation) run once in a prefix run and are copied into each arm's folder, whose manifest then
-resumes at GRPO. Runs resume: re-running the command continues where it stopped.
+  A   the exact final-answer check, outcome advantages                  5 seeds, both tasks
+  B   the task's true step labels (a perfect PRM), process, sum form     5 seeds, both tasks
+  C   the learned ORM, frozen, outcome                                   5 seeds
+  D   the learned PRM, frozen, process, sum form (the paper's)           5 seeds
+  E   the learned PRM, frozen, process, min form (PURE)                  3 seeds
+  F   the exact check + the learned PRM, anchored credit                 3 seeds
+  G   the learned reward models refreshed every iteration (Algorithm 1),
+      process, sum form (the demo's default); its frozen twin is D      5 seeds, both tasks
+  C+  a strong ORM, outcome; D+ a strong PRM, process, sum form: both
+      trained once per task on 10,240 oracle-labelled samples of the warm
+      start, twice as deep, read the paper's way; shared by the seeds    3 seeds
+  H   online RFT on the exact check (beta = 0, as the paper runs it)     3 seeds
+  I   D with each step's rewards shuffled across the batch (control)     3 seeds
+
+Tasks: `steps` (configs/tiny_steps.yaml, where steps matter; every arm) and `tiny`
+(configs/tiny.yaml; A and B, to show how much room each task leaves, and G, the demo's default,
+against which an arm must win on both tasks for `make demo` to adopt it).
+
+Per task and seed, the units every arm shares (the warm start's labels, the first reward models,
+the warm start's evaluation) run once in a prefix run and are copied into each arm's folder,
+whose manifest then resumes at GRPO. A finished run's results go to
+docs/replication/<task>/seed<S>-<arm>.json (scripts/study_results.py), which the report reads
+and a rerun skips: the study resumes across machines from the repository alone, and a stopped
+run resumes from its folder under --root.
 """
 
 from __future__ import annotations
@@ -34,118 +42,286 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import igrpo  # noqa: E402
-from iteration.summary import change_from  # noqa: E402
-from policy.evaluate import at_k_curves  # noqa: E402
+import study_results as sr  # noqa: E402
 
 CONFIG = "configs/tiny.yaml"
+TASKS = {"steps": "configs/tiny_steps.yaml", "tiny": "configs/tiny.yaml"}
+RESULTS = ROOT / "docs" / "replication"
+BUDGET = ("policy.steps=20",)
+"""Every arm alike: 2 iterations x 20 GRPO steps of 2 questions x G = 64."""
+FROZEN = "iterate.refresh=false"
+PROCESS = "policy.supervision=process"
+OUTCOME = "policy.supervision=outcome"
+STRONG_READ = ("rm.likelihood_feature=false",)
+"""How the arms read the strong reward models: P(+) at the tag, the paper's read-out."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    reward: str
+    advantages: str
+    overrides: tuple[str, ...]
+    seeds: int
+    tasks: tuple[str, ...] = ("steps",)
+    strong: bool = False
+
+
 ARMS = {
-    "online-rft": ["policy.supervision=rft", "iterate.reward=rule", "iterate.refresh=false"],
-    "grpo-outcome": ["policy.supervision=outcome", "iterate.refresh=false"],
-    "grpo-process": ["policy.supervision=process", "iterate.refresh=false"],
-    "grpo-process-no-lik": ["policy.supervision=process", "iterate.refresh=false",
-                            "rm.likelihood_feature=false"],
-    "grpo-process-iterative": ["policy.supervision=process", "iterate.refresh=true"],
-    "shuffled-control": ["policy.supervision=process", "iterate.refresh=false",
-                         "controls.shuffle_rewards=true"],
-    "offline-rft": ["run.recipe=offline_rft", "iterate.refresh=false"],
-    "dpo": ["run.recipe=dpo", "iterate.refresh=false"],
-    "online-dpo": ["run.recipe=online_dpo", "iterate.reward=rule", "iterate.refresh=false"],
+    "A": Arm("exact final-answer check", "outcome",
+             (OUTCOME, "iterate.reward=rule", FROZEN), 5, ("steps", "tiny")),
+    "B": Arm("true step labels (`step_oracle`)", "process, sum",
+             (PROCESS, "iterate.reward=step_oracle", FROZEN), 5, ("steps", "tiny")),
+    "C": Arm("learned ORM, frozen", "outcome", (OUTCOME, FROZEN), 5),
+    "D": Arm("learned PRM, frozen", "process, sum (the paper)",
+             (PROCESS, "grpo.process_credit=sum", FROZEN), 5),
+    "E": Arm("learned PRM, frozen", "process, min (PURE)",
+             (PROCESS, "grpo.process_credit=min", FROZEN), 3),
+    "F": Arm("exact check + learned PRM, frozen", "anchored",
+             (PROCESS, "grpo.process_credit=anchored", FROZEN), 3),
+    "G": Arm("learned ORM/PRM refreshed each iteration (Algorithm 1)", "process, sum",
+             (PROCESS, "grpo.process_credit=sum", "iterate.refresh=true"), 5, ("steps", "tiny")),
+    "C+": Arm("strong ORM, frozen", "outcome", (OUTCOME, FROZEN, *STRONG_READ), 3, strong=True),
+    "D+": Arm("strong PRM, frozen", "process, sum",
+              (PROCESS, "grpo.process_credit=sum", FROZEN, *STRONG_READ), 3, strong=True),
+    "H": Arm("online RFT, exact check", "-",
+             ("policy.supervision=rft", "iterate.reward=rule", FROZEN, "policy.beta=0"), 3),
+    "I": Arm("learned PRM, rewards shuffled (control)", "process, sum",
+             (PROCESS, "grpo.process_credit=sum", FROZEN, "controls.shuffle_rewards=true"), 3),
 }
-# Arms whose data is the warm start's samples: one iteration of all the arms' steps at once.
-FROM_THE_WARM_START = ("offline-rft", "dpo")
-# Units that differ with an arm's reward-model settings: rerun in its copy of the prefix.
+
+# The strong reward models: the warm start sampled on STRONG_QUESTIONS RL questions (from
+# STRONG_OFFSET of seed 0's pool) STRONG_SAMPLES times each at temperature 1, every sample
+# labelled by the task's oracle (PRM: each step; ORM: the final answer), trained once per task
+# twice as deep (docs/reward_models.md: in-group AUROC 0.95 on the tiny task this way).
+STRONG_QUESTIONS, STRONG_SAMPLES, STRONG_OFFSET, STRONG_SEED = 640, 16, 20_000, 0
+STRONG_TRAIN = ("rm.likelihood_feature=false", "rm.epochs=1", "rm.lr=3e-4", "rm.eval_every=0",
+                "rm.new_layer_lr=1e-3")
+"""With `rm.extra_layers_from` every layer of the warm start (twice as deep)."""
+# Units that differ with an arm's reward models: redone in its copy of the prefix.
 RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
-METRICS = (("mean_at_k", "mean@k"), ("greedy_accuracy", "greedy"), ("maj_accuracy", "maj@k"),
-           ("pass_at_k", "pass@k"), ("trace_accuracy", "trace acc"),
-           ("lucky_answer_rate", "lucky answers"))
-KS = [1, 2, 4, 8]
-TRACE_KEYS = ("trace_accuracy", "lucky_answer_rate")
 
 
-def iterate(root: Path, name: str, seed: int, *overrides: str) -> None:
-    code = igrpo.main(["iterate", "--config", CONFIG, f"run.root={root}", f"run.name={name}",
+def iterate(root: Path, name: str, seed: int, *overrides: str, config: str = CONFIG) -> None:
+    code = igrpo.main(["iterate", "--config", config, f"run.root={root}", f"run.name={name}",
                        f"run.seed={seed}", "run.wandb_mode=disabled", *overrides])
     if code != 0:
         raise SystemExit(f"{name}: igrpo iterate exited {code}")
 
 
-def prefix(root: Path, seed: int, extra: list[str]) -> Path:
+def prefix(root: Path, seed: int, extra: list[str], config: str = CONFIG) -> Path:
     """The shared iteration-0 units of one seed."""
-    iterate(root, f"seed{seed}-prefix", seed, *extra, "iterate.iterations=0")
+    iterate(root, f"seed{seed}-prefix", seed, *extra, "iterate.iterations=0", config=config)
     return root / f"seed{seed}-prefix"
 
 
-def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str]) -> None:
+def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
+              reward_models: dict[str, str] | None = None) -> None:
     """A new arm folder (overrides `arm_args`) holds the prefix's finished units (its manifest
-    resumes at GRPO)."""
+    resumes at GRPO). An arm reading its reward models otherwise (the likelihood feature off)
+    redoes them; `reward_models` ({kind: path}) puts given ones in their place."""
     if arm_run.exists():
         return
     tmp = arm_run.with_name(arm_run.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(prefix_run, tmp, ignore=shutil.ignore_patterns("config.yaml", "wandb"))
-    if "rm.likelihood_feature=false" in arm_args:
-        manifest = json.loads((tmp / "manifest.json").read_text())
+    manifest = json.loads((tmp / "manifest.json").read_text())
+    if reward_models:
+        for kind, path in reward_models.items():
+            manifest["units"][f"rm-{kind}/0"]["outputs"] = {"path": str(Path(path).resolve())}
+            shutil.rmtree(tmp / f"rm-{kind}" / "iteration-0", ignore_errors=True)
+        manifest["units"].pop("eval/0", None)
+    elif "rm.likelihood_feature=false" in arm_args:
         for unit in RM_UNITS:
             manifest["units"].pop(unit, None)
         for kind in ("orm", "prm"):
             shutil.rmtree(tmp / f"rm-{kind}" / "iteration-0")
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     for stale in ("summary.json", "accuracy.png"):
         (tmp / stale).unlink(missing_ok=True)
     tmp.rename(arm_run)
 
 
-def arm_overrides(arm: str, overrides: list[str], arm_args: list[str] | None = None) -> list[str]:
-    """The arm's overrides (`arm_args`, else ARMS[arm]); offline RFT and DPO draw all their
-    samples from the warm start: one iteration of as many steps' samples as the other arms'
-    iterations together."""
-    arm_args = ARMS[arm] if arm_args is None else arm_args
-    if arm not in FROM_THE_WARM_START:
-        return arm_args
-    cfg = igrpo.load_config(CONFIG, [*overrides, *arm_args])
-    return [*arm_args, f"policy.steps={cfg.policy.steps * cfg.iterate.iterations}",
-            "iterate.iterations=1"]
-
-
-def run_arm(root: Path, seed: int, arm: str, arm_args: list[str], overrides: list[str]) -> None:
+def run_arm(root: Path, seed: int, arm: str, arm_args: list[str], overrides: list[str],
+            config: str = CONFIG, reward_models: dict[str, str] | None = None) -> Path:
     """One arm's run (a worker process gets the arm's overrides, not this module's table)."""
     run = root / f"seed{seed}-{arm}"
-    start_arm(root / f"seed{seed}-prefix", run, arm_args)
-    print(f"[study] seed {seed}: {arm}", flush=True)
-    iterate(root, run.name, seed, *overrides, *arm_overrides(arm, overrides, arm_args))
+    start_arm(root / f"seed{seed}-prefix", run, arm_args, reward_models)
+    print(f"[study] {config} seed {seed}: {arm}", flush=True)
+    iterate(root, run.name, seed, *overrides, *arm_args, config=config)
+    return run
 
 
 def run_study(root: Path, seeds: list[int], arms: list[str], overrides: list[str],
-              jobs: int, table: dict[str, list[str]] | None = None) -> None:
-    """Every seed's prefix, then its arms (their overrides from `table`, default ARMS); with
-    `jobs` > 1, that many runs at a time, the cores shared out (run.threads), an arm starting
-    as soon as its seed's prefix is done."""
-    table = ARMS if table is None else table
-    if jobs <= 1:
-        for seed in seeds:
-            prefix(root, seed, overrides)
-            for arm in arms:
-                run_arm(root, seed, arm, table[arm], overrides)
+              jobs: int, table: dict[str, list[str]], config: str = CONFIG) -> None:
+    """Every seed's prefix, then its arms (their overrides from `table`) for one config; with
+    `jobs` > 1, that many runs at a time, the cores shared out (run.threads). (The arms of
+    experiments/reward_hacking.py run this way.)"""
+    work = [Job(config, root, s, a, list(table[a])) for s in seeds for a in arms]
+    run_jobs(work, overrides, jobs)
+
+
+@dataclass
+class Job:
+    """One arm of one seed of one task: its run goes to root/seed<seed>-<arm>."""
+    config: str
+    root: Path
+    seed: int
+    arm: str
+    args: list[str]
+    strong: bool = False
+    result: Path | None = None  # where the finished run's results are kept
+
+
+def run_job(job: Job, overrides: list[str], reward_models: dict[str, str] | None) -> Path:
+    """The job's run, then its results file (if it keeps one)."""
+    start = time.perf_counter()
+    run = run_arm(job.root, job.seed, job.arm, job.args, overrides, job.config, reward_models)
+    if job.result is not None:
+        sr.write_run(job.result, run_record(run, job, time.perf_counter() - start))
+    return run
+
+
+def run_jobs(work: list[Job], overrides: list[str], jobs: int,
+             strong_size: tuple[int, int] = (STRONG_QUESTIONS, STRONG_SAMPLES)) -> None:
+    """The jobs in their order, each after its prefix (one per task and seed) and, for a strong
+    arm, the task's strong reward models (`strong_size`: questions, samples of each; made from
+    seed STRONG_SEED's prefix); `jobs` at a time, a free slot taking the first item of the list
+    whose inputs are done, so that seeds finish one after another."""
+    if not work:
         return
-    overrides = [*overrides, f"run.threads={max(1, (os.cpu_count() or 1) // jobs)}"]
+    if jobs > 1:
+        overrides = [*overrides, f"run.threads={max(1, (os.cpu_count() or 1) // jobs)}"]
+    started, finished, made = set(), set(), {}
+
+    def next_item():
+        for i, j in enumerate(work):
+            needs = [("prefix", j.config, j.root, j.seed)]
+            if j.strong:
+                needs += [("prefix", j.config, j.root, STRONG_SEED), ("strong", j.config, j.root)]
+            needs.append(("run", i))
+            for item in needs:
+                if item not in started:
+                    return item
+                if item not in finished:
+                    break
+        return None
+
+    def call(item):
+        if item[0] == "prefix":
+            return prefix, (item[2], item[3], overrides, item[1])
+        if item[0] == "strong":
+            return strong_reward_models, (item[1], item[2], overrides, *strong_size)
+        j = work[item[1]]
+        return run_job, (j, overrides, made.get((j.config, j.root)) if j.strong else None)
+
+    def finish(item, outcome):
+        finished.add(item)
+        if item[0] == "strong":
+            made[item[1:]] = outcome
+
+    if jobs <= 1:
+        while (item := next_item()) is not None:
+            started.add(item)
+            fn, args = call(item)
+            finish(item, fn(*args))
+        return
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        prefixes = {pool.submit(prefix, root, seed, overrides): seed for seed in seeds}
-        runs = []
-        for done in as_completed(prefixes):
-            done.result()
-            runs += [pool.submit(run_arm, root, prefixes[done], arm, table[arm], overrides)
-                     for arm in arms]
-        for done in as_completed(runs):
-            done.result()
+        running = {}
+        while True:
+            while len(running) < jobs and (item := next_item()) is not None:
+                started.add(item)
+                fn, args = call(item)
+                running[pool.submit(fn, *args)] = item
+            if not running:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                finish(running.pop(future), future.result())
+
+
+def strong_reward_models(config: str, root: Path, overrides: list[str],
+                         questions: int = STRONG_QUESTIONS,
+                         samples: int = STRONG_SAMPLES) -> dict[str, str]:
+    """{kind: path} of the task's strong ORM and PRM, made once under root/strong from the warm
+    start's `samples` samples of each of `questions` RL questions."""
+    out = root / "strong"
+    done = out / "done.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"prm": out / "prm.jsonl", "orm": out / "orm.jsonl"}
+    manifest = json.loads((root / f"seed{STRONG_SEED}-prefix" / "manifest.json").read_text())
+    warm = Path(manifest["units"]["sft"]["outputs"]["policy"])
+    warm = warm if warm.is_absolute() else root / f"seed{STRONG_SEED}-prefix" / warm
+    if not all(p.exists() for p in data.values()):
+        _strong_data(config, overrides, data, str(warm), questions, samples)
+    layers = json.loads((warm / "config.json").read_text())["num_hidden_layers"]
+    deeper = f"rm.extra_layers_from=[{','.join(str(i) for i in range(layers))}]"
+    made = {}
+    for kind, path in data.items():
+        code = igrpo.main(["train-rm", "--config", config, f"run.root={root}",
+                           "run.name=strong", f"run.seed={STRONG_SEED}",
+                           "run.wandb_mode=disabled", f"rm.kind={kind}", f"rm.data_path={path}",
+                           f"rm.init_path={warm}", *overrides, *STRONG_TRAIN, deeper])
+        if code != 0:
+            raise SystemExit(f"{config}: the strong {kind.upper()} did not train (exit {code})")
+        made[kind] = str((root / "strong" / f"rm-{kind}" / "final").resolve())
+    done.write_text(json.dumps(made, indent=2))
+    return made
+
+
+def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], policy: str,
+                 questions: int, samples: int) -> None:
+    """The warm start's (`policy`) samples of the strong set, labelled by the task's oracle, as
+    Math-Shepherd rows: every step for the PRM, the whole solution by its final answer for the
+    ORM."""
+    import torch
+
+    from policy.generation.rollout import generate_groups
+    from process_supervision.formats import StepExample, write_math_shepherd_jsonl
+    from runtime.data import load_splits
+    from runtime.models import load_causal_lm, load_tokenizer
+    from runtime.steps import split_steps
+    from tasks import synthetic
+    from tasks.grading import grade
+    from tasks.prompts import prompt_format
+
+    cfg = igrpo.load_config(config, [o for o in overrides if not o.startswith("run.threads")])
+    torch.manual_seed(STRONG_SEED)
+    rl = load_splits(cfg.data, STRONG_SEED).rl
+    offset = min(STRONG_OFFSET, max(0, len(rl) - questions))  # (a small test config's pool)
+    records = rl[offset:offset + questions]
+    model, tokenizer = load_causal_lm(policy).eval(), load_tokenizer(policy)
+    fmt = prompt_format(cfg.data)
+    prm, orm = [], []
+    for start in range(0, len(records), 16):
+        chunk = records[start:start + 16]
+        rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), samples,
+                                  max_new_tokens=cfg.policy.max_new_tokens, temperature=1.0)
+        for q, rec in enumerate(chunk):
+            for text in rollout.texts[q * samples:(q + 1) * samples]:
+                steps = tuple(split_steps(text) or ["(empty)"])
+                truth = synthetic.step_correctness(rec.question, steps)
+                prm.append(StepExample(rec.question, steps, tuple(float(t) for t in truth)))
+                right = grade(text, rec.answer, cfg.eval.grade_timeout_s)
+                orm.append(StepExample(rec.question, (cfg.data.step_separator.join(steps),),
+                                       (float(right),)))
+        print(f"[study] strong set: {start + len(chunk)}/{len(records)} questions sampled",
+              flush=True)
+    write_math_shepherd_jsonl(paths["prm"], prm, cfg.rm.step_tag)
+    write_math_shepherd_jsonl(paths["orm"], orm, cfg.rm.step_tag)
 
 
 def compute_minutes(run: Path) -> float:
@@ -164,160 +340,192 @@ def finished(run: Path) -> bool:
     return len(json.loads((run / "summary.json").read_text())["iterations"]) == planned + 1
 
 
-def previous_run(doc: Path) -> tuple[str, str] | None:
-    """The command and wall-time lines of the run that last wrote `doc` (kept by --report-only)."""
-    if not doc.exists():
-        return None
-    lines = doc.read_text().splitlines()
-    found = [next((x for x in lines if x.startswith(p)), None) for p in ("- Command:",
-                                                                          "- Wall time:")]
-    return tuple(found) if all(found) else None  # type: ignore[return-value]
+def run_record(run: Path, job: Job, seconds: float) -> dict:
+    """What the study keeps of a finished run (scripts/study_results.py)."""
+    from runtime.tracking import read_metrics
 
-
-def arm_result(run: Path) -> dict:
-    """Final metrics, change from the warm start, and the reward models of one finished arm."""
     iterations = json.loads((run / "summary.json").read_text())["iterations"]
-    first, last = iterations[0], iterations[-1]
-    evals = sorted((run / "eval").glob("iteration-*.json"))
-    final_eval = run / "eval" / f"iteration-{last['iteration']}.json"
-    return {"first": first, "last": last, "minutes": compute_minutes(run),
-            "change": change_from(run / "eval" / "iteration-0.json", final_eval),
-            "curves": {"before": at_k_curves(json.loads(evals[0].read_text()), KS),
-                       "after": at_k_curves(json.loads(final_eval.read_text()), KS)}}
+    evals = sorted((run / "eval").glob("iteration-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    proxy, gold = [], []
+    for k in range(1, len(iterations)):
+        for row in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl"):
+            if "reward/mean" in row:
+                proxy.append(round(row["reward/mean"], 5))
+                gold.append(round(row.get("reward/accuracy", float("nan")), 5))
+    last = iterations[-1]
+    return {"task": _task_of(job.config), "arm": job.arm, "seed": job.seed,
+            "config": job.config, "overrides": job.args, "minutes": round(compute_minutes(run), 2),
+            "wall_minutes": round(seconds / 60, 2), "commit": _commit(),
+            "warm": sr.compact_outcomes(json.loads(evals[0].read_text())),
+            "final": sr.compact_outcomes(json.loads(evals[-1].read_text())),
+            "grpo": {"proxy": proxy, "gold": gold},
+            "reward_models": {k: v for k, v in last.get("rm", {}).items()
+                              if isinstance(v, (int, float))}}
 
 
-def _cell(entry: dict, key: str) -> str:
-    """`0.634 [0.611, 0.657]`; a metric the run lacks: "no step oracle" where its data has
-    none (the trace metrics), else "-" (a run from before the metric)."""
-    ev = entry["eval"]
-    if key not in ev:
-        return ev.get("trace_metrics", "-") if key in TRACE_KEYS else "-"
-    return f"{ev[key]:.3f} [{ev[key + '_lo']:.3f}, {ev[key + '_hi']:.3f}]"
+def _task_of(config: str) -> str:
+    return next((t for t, c in TASKS.items() if c == config), Path(config).stem)
 
 
-def _change(d: dict | None) -> str:
-    return "-" if d is None else f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
-def report(root: Path, seeds: list[int], arms: list[str], seconds: float | None,
-           command: str, extra: list[str]) -> str:
-    results = {(arm, s): arm_result(root / f"seed{s}-{arm}") for arm in arms for s in seeds
-               if finished(root / f"seed{s}-{arm}")}
-    runs = [(arm, s) for arm in arms for s in seeds if (arm, s) in results]
-    lines = ["# Replication study: DeepSeekMath's RL comparisons on the tiny task", "",
-             "Generated by `scripts/replicate.py`; do not edit above the reading section.", "",
+def study_jobs(root: Path, tasks: list[str], arms: list[str], seeds: list[int] | None,
+               results: Path) -> list[Job]:
+    """Every (task, seed, arm) the study asks for (an arm's own seed count, or `seeds`) whose
+    results are not kept yet, seed by seed."""
+    work = []
+    for task in tasks:
+        for arm in arms:
+            spec = ARMS[arm]
+            if task not in spec.tasks:
+                continue
+            for seed in (seeds if seeds is not None else range(spec.seeds)):
+                result = results / task / f"seed{seed}-{arm}.json"
+                if not result.exists():
+                    work.append(Job(TASKS[task], root / task, seed, arm,
+                                    [*spec.overrides], spec.strong, result))
+    # Seed by seed (every arm of seed 0 first), so that a stopped study leaves whole seeds.
+    return sorted(work, key=lambda j: j.seed)
+
+
+# -- the report ---------------------------------------------------------------------------------
+COMPARISONS = (
+    ("1. How much can process supervision give here?", "steps", "B", "A"),
+    ("1. How much can process supervision give here?", "tiny", "B", "A"),
+    ("2. Process against outcome supervision, learned reward models", "steps", "D", "C"),
+    ("2. Process against outcome supervision, learned reward models", "steps", "E", "C"),
+    ("2. Process against outcome supervision, learned reward models", "steps", "D+", "C+"),
+    ("3. Does iterating the reward models help?", "steps", "G", "D"),
+    ("4. Which credit form makes a learned PRM safe?", "steps", "E", "D"),
+    ("4. Which credit form makes a learned PRM safe?", "steps", "F", "D"),
+    ("4. Which credit form makes a learned PRM safe?", "steps", "F", "E"),
+    ("4. Which credit form makes a learned PRM safe?", "steps", "D", "A"),
+    ("4. Which credit form makes a learned PRM safe?", "steps", "E", "A"),
+    ("4. Which credit form makes a learned PRM safe?", "steps", "F", "A"),
+    ("5. Uesato: fewer lucky answers at a similar final-answer accuracy?", "steps", "C", "A"),
+    ("Controls", "steps", "H", "A"),
+    ("Controls", "steps", "I", "D"),
+)
+WINDOW = 5
+
+
+def _ci(e: dict, scale: float = 1.0, sign: bool = False) -> str:
+    fmt = "{:+.3f}" if sign else "{:.3f}"
+    if e["seeds"] < 2:
+        return fmt.format(e["mean"] * scale) + " (1 seed)"
+    return (fmt.format(e["mean"] * scale) + " [" + fmt.format(e["lo"] * scale) + ", "
+            + fmt.format(e["hi"] * scale) + "]")
+
+
+def report(runs: dict, command: str, seconds: float | None, tasks: list[str],
+           invocations: list[dict] = ()) -> str:
+    lines = ["# Replication study: DeepSeekMath's RL questions on the tiny tasks", "",
+             "Generated by `scripts/replicate.py` from the kept results (docs/replication/); do "
+             "not edit above the reading section.", "",
              f"- Command: `{command}`",
-             f"- Wall time: {seconds / 60:.1f} min on 2 CPU cores for this invocation (arms "
-             "finished before are reused; each arm's compute is its `minutes`)" if seconds
-             else "- Wall time: see the previous full run",
-             f"- Config: `{CONFIG}` with {' '.join(f'`{e}`' for e in extra) or 'no overrides'}; "
-             "every arm starts from the shipped warm start and runs the same GRPO steps, group "
-             "size and held-out evaluation.",
-             "- Arms: " + "; ".join(f"{a} (`{' '.join(arm_overrides(a, extra))}`)"
-                                    for a in arms), ""]
-    lines += _accuracy_section(results, runs, seeds, arms) + _change_section(results, runs)
-    lines += _reward_model_section(results, runs)
-    lines += _curves_section(results, seeds, arms, root / "figure7.png")
+             f"- Wall time: {seconds / 60:.1f} min on 2 CPU cores for this invocation (runs kept "
+             "before are reused; each run's compute is its `minutes`)" if seconds
+             else "- Wall time: see the previous run",
+             f"- The whole study: {len(runs)} runs kept, {sum(r['minutes'] for r in runs.values()) / 60:.1f} "
+             f"hours of compute; {sum(i['wall_minutes'] for i in invocations) / 60:.1f} hours "
+             f"of wall time over {len(invocations)} invocations on 2 CPU cores "
+             "(docs/replication/invocations.jsonl)",
+             "- Budget, every arm alike: `igrpo iterate`, 2 iterations x "
+             f"{' '.join(f'`{b}`' for b in BUDGET)} GRPO steps of 2 questions x G = 64, beta "
+             "= 0.04, the reference reset between the iterations; 500 held-out questions a seed "
+             "(k = 4 at temperature 1, and greedy).",
+             "- Tasks: " + "; ".join(f"`{t}` = `{c}`" for t, c in TASKS.items()), ""]
+    lines += _arms_section(runs, tasks) + _comparison_section(runs) + _proxy_gold_section(runs)
     return "\n".join(lines) + "\n"
 
 
-def _accuracy_section(results: dict, runs: list, seeds: list[int], arms: list[str]) -> list:
-    lines = ["## Held-out accuracy after RL", "",
-             "Each cell: mean and 95% bootstrap interval over the held-out questions. The warm "
-             "start row is iteration 0 (the same for every arm of a seed). `trace acc`: samples "
-             "whose answer and every step are right (the task's step oracle); `lucky answers`: "
-             "of the right samples, the share reached through a wrong step (docs/metrics.md).",
-             "",
-             "| arm | seed | " + " | ".join(t for _, t in METRICS) + " |",
-             "|---|---|" + "---|" * len(METRICS)]
-    for s in seeds:
-        any_arm = next((results[(a, s)] for a in arms if (a, s) in results), None)
-        if any_arm:
-            lines.append(f"| warm start | {s} | " + " | ".join(
-                _cell(any_arm["first"], k) for k, _ in METRICS) + " |")
-    for arm, s in runs:
-        lines.append(f"| {arm} | {s} | " + " | ".join(
-            _cell(results[(arm, s)]["last"], k) for k, _ in METRICS) + " |")
+def _arms_section(runs: dict, tasks: list[str]) -> list[str]:
+    lines = ["## Every arm after RL", "",
+             "Mean over the arm's seeds with the 95% t interval over seeds (the spread between "
+             "training runs). `trace acc`: samples whose answer and every step are right; `lucky "
+             "answers`: of the right samples, the share reached through a wrong step "
+             "(docs/metrics.md). `minutes`: one run's compute, mean over seeds (one thread, two "
+             "runs side by side on 2 cores; the seed's shared prefix included).", "",
+             "| task | arm | reward | advantages | seeds | "
+             + " | ".join(sr.LABELS[m] for m in sr.METRICS) + " | minutes |",
+             "|---|---|---|---|---|" + "---|" * (len(sr.METRICS) + 1)]
+    for task in tasks:
+        warm = sr.warm_summary(runs, task)
+        if warm:
+            seeds = warm["mean_at_k"]["seeds"]
+            lines.append(f"| {task} | warm start | - | - | {seeds} | "
+                         + " | ".join(_ci(warm[m]) if m in warm else "-" for m in sr.METRICS)
+                         + " | - |")
+        for arm, spec in ARMS.items():
+            summary = sr.arm_summary(runs, task, arm)
+            if not summary:
+                continue
+            mins = [r["minutes"] for (t, a, _), r in runs.items() if t == task and a == arm]
+            lines.append(f"| {task} | {arm} | {spec.reward} | {spec.advantages} | "
+                         f"{summary['mean_at_k']['seeds']} | "
+                         + " | ".join(_ci(summary[m]) if m in summary else "-"
+                                      for m in sr.METRICS)
+                         + f" | {sum(mins) / len(mins):.1f} |")
     return lines
 
 
-def _change_section(results: dict, runs: list) -> list:
-    lines = ["", "## Change from the warm start", "",
-             "Paired over the same questions: the mean change and its 95% bootstrap interval; "
-             "`gap closed` is the share of the warm start's gap between mean@k and pass@k that "
-             "RL closed; `minutes` is the compute of the arm's run, its share of the seed's "
-             "iteration 0 included.", "",
-             "| arm | seed | " + " | ".join(t for _, t in METRICS) + " | gap closed | minutes |",
-             "|---|---|" + "---|" * (len(METRICS) + 2)]
-    for arm, s in runs:
-        ch = results[(arm, s)]["change"]
-        closed = ch.get("gap_closed")
-        closed = "-" if closed is None else f"{closed:.0%}"
-        lines.append(f"| {arm} | {s} | " + " | ".join(_change(ch.get(k)) for k, _ in METRICS)
-                     + f" | {closed} | {results[(arm, s)]['minutes']:.1f} |")
-    return lines
-
-
-def _reward_model_section(results: dict, runs: list) -> list:
-    lines = ["", "## Reward models and best-of-N after RL", "",
-             "Step accuracy and AUROC of the reward models on held-out solutions with known "
-             "first wrong steps; best-of-16 picks among the final policy's samples.", "",
-             "| arm | seed | PRM step acc | ORM step acc | BoN PRM | BoN ORM | BoN majority "
-             "| BoN random | reward | KL |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for arm, s in runs:
-        last = results[(arm, s)]["last"]
-        rm, bon, g = last.get("rm", {}), last.get("bon", {}), last.get("grpo", {})
-        cells = [rm.get("prm/step_accuracy"), rm.get("orm/step_accuracy"),
-                 bon.get("prm_pick"), bon.get("orm_pick"), bon.get("majority"),
-                 bon.get("random"), g.get("reward/mean"), g.get("train/kl")]
-        lines.append(f"| {arm} | {s} | " + " | ".join(
-            "-" if c is None else f"{c:.1e}" if 0 < abs(c) < 1e-3 else f"{c:.3f}"
-            for c in cells) + " |")
-    return lines
-
-
-def _curves_section(results: dict, seeds: list[int], arms: list[str], figure: Path) -> list:
-    ks = next(iter(results.values()))["curves"]["before"]["k"] if results else KS
-    lines = ["", "## Maj@K and Pass@K against K (the paper's Figure 7)", "",
-             "From the k samples per held-out question: pass@K by the unbiased estimator, "
-             "maj@K as the majority of the first K samples. Mean over seeds.", "",
-             "| policy | " + " | ".join(f"pass@{k}" for k in ks) + " | "
-             + " | ".join(f"maj@{k}" for k in ks) + " |",
-             "|---|" + "---|" * (2 * len(ks))]
-    rows = {"warm start": [r["curves"]["before"] for (a, _), r in results.items()
-                           if a == arms[0]]}
-    for arm in arms:
-        rows[arm] = [results[(arm, s)]["curves"]["after"] for s in seeds if (arm, s) in results]
-    for name, curves in rows.items():
-        if curves:
-            mean = {key: [sum(c[key][i] for c in curves) / len(curves) for i in range(len(ks))]
-                    for key in ("pass", "maj")}
-            lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in mean["pass"]) + " | "
-                         + " | ".join(f"{v:.3f}" for v in mean["maj"]) + " |")
-    _plot(rows, ks, figure)
-    return lines
-
-
-def _plot(rows: dict, ks: list[int], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
-    for name, curves in rows.items():
-        if not curves:
+def _comparison_section(runs: dict) -> list[str]:
+    lines = ["", "## The questions, arm against arm", "",
+             "Each cell: the mean over seeds of the per-seed difference (the first arm minus the "
+             "second, both of a seed on the same held-out questions) with its 95% t interval "
+             "over seeds, then after `q` the interval over held-out "
+             "questions (a paired bootstrap over every seed's questions together), which leaves "
+             "out the spread between training runs. **Bold**: the interval over seeds leaves out "
+             "0 (resolved at 95%).", "",
+             "| question | task | difference | seeds | "
+             + " | ".join(sr.LABELS[m] for m in sr.METRICS) + " |",
+             "|---|---|---|---|" + "---|" * len(sr.METRICS)]
+    for question, task, arm, against in COMPARISONS:
+        diff = sr.compare(runs, task, arm, against)
+        if not diff:
             continue
-        for ax, key in zip(axes, ("maj", "pass")):
-            ys = [sum(c[key][i] for c in curves) / len(curves) for i in range(len(ks))]
-            ax.plot(ks, ys, marker="o", label=name)
-    for ax, title in zip(axes, ("Maj@K", "Pass@K")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ks, [str(k) for k in ks])
-        ax.set_xlabel("K")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    finish_figure(fig, axes, "held-out accuracy", path, legend_on=1)
+        cells = []
+        for m in sr.METRICS:
+            if m not in diff:
+                cells.append("-")
+                continue
+            e = diff[m]
+            text = _ci(e, sign=True)
+            cells.append((f"**{text}**" if e["resolved"] else text)
+                         + f" q [{e['q_lo']:+.3f}, {e['q_hi']:+.3f}]")
+        seeds = diff["mean_at_k"]["seeds"]
+        lines.append(f"| {question} | {task} | {arm} - {against} | {seeds} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def _proxy_gold_section(runs: dict) -> list[str]:
+    lines = ["", "## Proxy and gold reward during GRPO", "",
+             "Proxy: the reward the arm is trained on (`reward/mean`); gold: the share of the "
+             f"step's samples whose final answer is right (`reward/accuracy`). Means over the "
+             f"first and the last {WINDOW} GRPO steps, then over seeds. Reward hacking shows as "
+             "the proxy rising while gold stays flat or falls.", "",
+             "| task | arm | seeds | proxy first -> last | gold first -> last |",
+             "|---|---|---|---|---|"]
+    for task in TASKS:
+        for arm in ARMS:
+            series = [r["grpo"] for (t, a, _), r in runs.items() if t == task and a == arm]
+            if not series:
+                continue
+            cells = []
+            for key in ("proxy", "gold"):
+                first = [sum(s[key][:WINDOW]) / WINDOW for s in series if len(s[key]) >= WINDOW]
+                last = [sum(s[key][-WINDOW:]) / WINDOW for s in series if len(s[key]) >= WINDOW]
+                cells.append(f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}"
+                             if first else "-")
+            lines.append(f"| {task} | {arm} | {len(series)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def finish_figure(fig, axes, ylabel: str, path: Path, legend_on: int = 0) -> None:
@@ -346,6 +554,16 @@ def write_doc(doc: Path, text: str, figure: Path | None = None,
     return doc
 
 
+def previous_run(doc: Path) -> tuple[str, str] | None:
+    """The command and wall-time lines of the run that last wrote `doc` (kept by --report-only)."""
+    if not doc.exists():
+        return None
+    lines = doc.read_text().splitlines()
+    found = [next((x for x in lines if x.startswith(p)), None) for p in ("- Command:",
+                                                                          "- Wall time:")]
+    return tuple(found) if all(found) else None  # type: ignore[return-value]
+
+
 def study_parser(description: str, root: Path, flag: str, arms, jobs: int):
     """The options a study script shares: --root, --seeds, the arms, --jobs, --report-only."""
     parser = argparse.ArgumentParser(description=description)
@@ -359,29 +577,53 @@ def study_parser(description: str, root: Path, flag: str, arms, jobs: int):
     return parser
 
 
-def main() -> int:
-    parser = study_parser(__doc__.split("\n\n")[0], ROOT / "runs" / "study", "--arms", ARMS, 1)
+def main(argv: list[str] | None = None) -> int:
+    parser = study_parser(__doc__.split("\n\n")[0], ROOT / "runs" / "study", "--arms", ARMS, 2)
+    parser.set_defaults(seeds=None)
+    parser.add_argument("--tasks", default=",".join(TASKS),
+                        help=f"comma-separated tasks of {', '.join(TASKS)}")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where finished runs' results are kept (and read from)")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "replication.md")
+    parser.add_argument("--strong-questions", type=int, default=STRONG_QUESTIONS,
+                        help="RL questions the strong reward models' samples are drawn on")
+    parser.add_argument("--strong-samples", type=int, default=STRONG_SAMPLES,
+                        help="the warm start's samples of each of them")
     parser.add_argument("overrides", nargs="*",
-                        help="key=value overrides for every arm (the compute budget)")
-    args = parser.parse_intermixed_args()
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    args.arms = args.arms.split(",")
-    unknown = sorted(set(args.arms) - set(ARMS))
-    if unknown:
-        parser.error(f"--arms: unknown {', '.join(unknown)}; known: {', '.join(ARMS)}")
-    command = " ".join(["python scripts/replicate.py", *sys.argv[1:]])
+                        help="key=value overrides for every arm alike (the compute budget)")
+    args = parser.parse_intermixed_args(argv)
+    seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",")]
+    arms, tasks = args.arms.split(","), args.tasks.split(",")
+    for flag, given, known in (("--arms", arms, ARMS), ("--tasks", tasks, TASKS)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    for task in tasks:  # a bad key or value stops here, before any run starts
+        try:
+            igrpo.load_config(TASKS[task], [*BUDGET, *args.overrides])
+        except ValueError as e:
+            parser.error(f"{TASKS[task]} with the given overrides: {e}")
+    command = " ".join(["python scripts/replicate.py", *(argv if argv is not None else sys.argv[1:])])
     start = time.perf_counter()
     if not args.report_only:
-        run_study(args.root, args.seeds, args.arms, args.overrides, args.jobs)
+        work = study_jobs(args.root, tasks, arms, seeds, args.results)
+        print(f"[study] {len(work)} runs to do", flush=True)
+        try:
+            run_jobs(work, [*BUDGET, *args.overrides], args.jobs,
+                     (args.strong_questions, args.strong_samples))
+        finally:  # (a stopped invocation's hours count too)
+            if work:
+                sr.log_invocation(args.results, command, time.perf_counter() - start,
+                                  sum(j.result.exists() for j in work))
     seconds = None if args.report_only else time.perf_counter() - start
-    text = report(args.root, args.seeds, args.arms, seconds, command, args.overrides)
+    text = report(sr.read_runs(args.results), command, seconds, list(TASKS),
+                  sr.read_invocations(args.results))
     kept = previous_run(args.doc) if args.report_only else None
     if kept:  # a rebuilt report still names the run that made the numbers
         lines = text.splitlines()
         lines[4:6] = kept
         text = "\n".join(lines) + "\n"
-    doc = write_doc(args.doc, text, args.root / "figure7.png")
+    doc = write_doc(args.doc, text)
     print(f"wrote {doc}")
     return 0
 

@@ -257,52 +257,6 @@ def test_table_shows_trace_columns_or_says_there_is_no_step_oracle():
     assert "lucky" not in text.splitlines()[0] and "no step oracle" in text
 
 
-def test_replication_tables_show_trace_accuracy_and_lucky_answers(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "replicate.py"
-    spec = importlib.util.spec_from_file_location("replicate", script)
-    replicate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replicate)
-    rights = [[True, True], [True, False]]
-    for arm, trace in (("grpo-process", True), ("grpo-outcome", False)):
-        run = tmp_path / f"seed0-{arm}"
-        (run / "eval").mkdir(parents=True)
-        (run / "config.yaml").write_text("iterate:\n  iterations: 1\n")
-        (run / "manifest.json").write_text(json.dumps(
-            {"units": {"grpo/1": {"state": "done", "started": 0.0, "finished": 60.0}}}))
-        iterations = [_trace_entry(0, 0.25, 0.5), _trace_entry(1, 0.75, 0.0)]
-        for k, traces in enumerate(([[True, False], [False, False]],
-                                    [[True, True], [True, False]])):
-            outcomes = {"questions": ["a", "b"], "k": 2, "sample_right": rights,
-                        "sample_votes": [["1", "1"], ["1", "2"]],
-                        "mean_at_k": [1.0, 0.5], "pass_at_k": [1.0, 1.0]}
-            if trace:
-                outcomes.update(trace_accuracy=[sum(t) / 2 for t in traces], sample_trace=traces)
-            else:
-                for key in ("trace_accuracy", "lucky_answer_rate"):
-                    for suffix in ("", "_lo", "_hi"):
-                        iterations[k]["eval"].pop(key + suffix)
-                iterations[k]["eval"]["trace_metrics"] = "no step oracle"
-            (run / "eval" / f"iteration-{k}.json").write_text(json.dumps(outcomes))
-        (run / "summary.json").write_text(json.dumps({"iterations": iterations}))
-    text = replicate.report(tmp_path, [0], ["grpo-process", "grpo-outcome"], None, "cmd", [])
-    assert text.count("| trace acc | lucky answers |") == 2  # accuracy and change tables
-    def rows(start):
-        return [line for line in text.splitlines() if line.startswith(start)]
-
-    assert rows("| warm start | 0 |")[0].endswith(
-        "| 0.250 [0.200, 0.300] | 0.500 [0.450, 0.550] |")
-    final, change_row = rows("| grpo-process | 0 |")[:2]  # (then the reward models)
-    assert final.endswith("| 0.750 [0.700, 0.800] | 0.000 [-0.050, 0.050] |")
-    # The change: trace accuracy 0.25 -> 0.75 per question mean; lucky 2 of 3 -> 0 of 3.
-    assert "| +0.500 [" in change_row and "| -0.667 [" in change_row
-    outcome_rows = rows("| grpo-outcome | 0 |")
-    assert "| no step oracle | no step oracle |" in outcome_rows[0]
-    assert "| - | - |" in outcome_rows[1]
-
-
 def test_t_interval_over_seeds_by_hand():
     """Three seeds' differences 1, 2, 3: mean 2, sd 1, t(2 df) = 4.303, half-width 4.303/sqrt(3)
     = 2.484; one seed has no interval."""

@@ -144,56 +144,6 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     assert "policy.beta" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_replication_study_shares_iteration_zero_and_reports_every_arm(tmp_path):
-    import subprocess
-    import sys
-
-    import os
-
-    from fault_injection import DIST_VARS
-
-    doc = tmp_path / "replication.md"
-    arms = ["grpo-process", "grpo-process-iterative", "grpo-process-no-lik"]
-    # A fresh process group: not the port this test process may already hold.
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    subprocess.run([sys.executable, "scripts/replicate.py", "--root", str(tmp_path / "study"),
-                    "--seeds", "0", "--doc", str(doc), "--arms", ",".join(arms), "--jobs", "2", *SMALL,
-                    "rm.likelihood_feature=true"], check=True, env=env)
-    study = tmp_path / "study"
-    units = {arm: json.loads((study / f"seed0-{arm}" / "manifest.json").read_text())["units"]
-             for arm in arms}
-    # Iteration 0 ran once, in the prefix, and each arm resumed from it (same start time);
-    # the arm without the likelihood feature retrained its reward models.
-    prefix = json.loads((study / "seed0-prefix" / "manifest.json").read_text())["units"]
-    assert units["grpo-process"]["label/0"] == prefix["label/0"]
-    assert units["grpo-process"]["rm-prm/0"] == prefix["rm-prm/0"]
-    assert units["grpo-process-no-lik"]["rm-prm/0"]["started"] > prefix["rm-prm/0"]["finished"]
-    # Frozen reward models: no refresh; Algorithm 1: refreshed before iteration 2.
-    assert "rm-prm/1" not in units["grpo-process"] and "label/1" not in units["grpo-process"]
-    assert units["grpo-process-iterative"]["rm-prm/1"]["state"] == "done"
-    text = doc.read_text()
-    for arm in arms:
-        assert f"| {arm} | 0 |" in text
-    assert "| warm start | 0 |" in text and "gap closed" in text and "Maj@K" in text
-    # Two runs at a time (--jobs 2), each on its share of the cores.
-    config = (study / "seed0-grpo-process" / "iterate" / "config.yaml").read_text()
-    assert f"threads: {max(1, (os.cpu_count() or 1) // 2)}" in config
-    assert (tmp_path / "replication_figure7.png").exists()
-    assert "<!-- reading: kept by scripts/replicate.py -->" in text
-    # A rebuilt report keeps the command and wall time of the run that made the numbers, and
-    # leaves out an arm whose run has not finished.
-    summary = study / "seed0-grpo-process" / "summary.json"
-    finished = json.loads(summary.read_text())
-    summary.write_text(json.dumps({"iterations": finished["iterations"][:1]}))
-    subprocess.run([sys.executable, "scripts/replicate.py", "--root", str(study), "--seeds", "0",
-                    "--doc", str(doc), "--arms", ",".join(arms), "--report-only"], check=True,
-                   env=env)
-    rebuilt = doc.read_text()
-    assert rebuilt.split("\n")[4:6] == text.split("\n")[4:6] and "--jobs 2" in rebuilt
-    assert "| grpo-process | 0 |" not in rebuilt and "| grpo-process-iterative | 0 |" in rebuilt
-
-
 def test_manifest_eta_counts_each_unfinished_unit_as_its_kind_took(tmp_path):
     from iteration.manifest import Manifest
 
