@@ -42,10 +42,10 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,18 +237,21 @@ def run_jobs(work: list[Job], overrides: list[str], jobs: int,
             fn, args = call(item)
             finish(item, fn(*args))
         return
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # A fresh process a job; leaving the block (finished, failed or stopped) ends every worker.
+    with multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1) as pool:
         running = {}
         while True:
             while len(running) < jobs and (item := next_item()) is not None:
                 started.add(item)
                 fn, args = call(item)
-                running[pool.submit(fn, *args)] = item
+                running[pool.apply_async(fn, args)] = item
             if not running:
                 return
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                finish(running.pop(future), future.result())
+            done = [r for r in running if r.ready()]
+            if not done:
+                time.sleep(1)
+            for result in done:
+                finish(running.pop(result), result.get())
 
 
 def strong_reward_models(config: str, root: Path, overrides: list[str],
@@ -629,4 +632,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Stopped by a signal, the workers end and the invocation is logged (main's `finally`).
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     sys.exit(main())

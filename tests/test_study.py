@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,7 +167,23 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
             "--doc", str(doc), "--tasks", "steps", "--seeds", "0", "--arms", "A,B,D,G,D+",
             "--jobs", "2", "--strong-questions", "4", "--strong-samples", "2", *SMALL, *ITERATE,
             "rm.likelihood_feature=true"]
-    subprocess.run(args, check=True, env=env, cwd=ROOT)
+    # Stopped (SIGTERM) while its first runs work: every worker ends, the invocation is logged.
+    import psutil
+
+    log = open(tmp_path / "stopped.log", "w")
+    first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    manifest = root / "steps" / "seed0-prefix" / "manifest.json"
+    while not (manifest.exists() and '"label/0"' in manifest.read_text()):
+        assert first.poll() is None
+        time.sleep(0.2)
+    workers = psutil.Process(first.pid).children(recursive=True)
+    first.terminate()
+    assert first.wait(timeout=60) == 128 + 15, (tmp_path / "stopped.log").read_text()[-3000:]
+    _, alive = psutil.wait_procs(workers, timeout=20)  # (the resource tracker ends last)
+    assert not alive
+    assert sr.read_invocations(results)[0]["runs"] == 0
+    (results / "invocations.jsonl").unlink()
+    subprocess.run(args, check=True, env=env, cwd=ROOT)  # resumes in the same folders
     runs = root / "steps"
     units = {arm: json.loads((runs / f"seed0-{arm}" / "manifest.json").read_text())["units"]
              for arm in ("A", "B", "D", "G", "D+")}
