@@ -12,7 +12,7 @@ Arms (overrides of configs/tiny.yaml, `iterate.iterations=4`: twice the demo's G
 
 Both rewards are logged by GRPO at every step (`reward/mean`: the PRM's aggregated score of the
 samples; `reward/accuracy`: the share whose final answer is right). Writes
-`docs/reward_hacking.png` and the "Proxy and gold reward" section of docs/replication.md (between
+`docs/reward_hacking.png` and the "Proxy and gold reward" section of docs/demo_settings.md (between
 its markers; the rest of the document is left as it is). Runs resume as the study's do.
 """
 
@@ -125,7 +125,7 @@ def write_section(doc: Path, section: str) -> None:
 def main() -> int:
     parser = replicate.study_parser(__doc__.split("\n\n")[0], ROOT / "runs" / "hacking",
                                     "--arms", ARMS, 2)
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "replication.md")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "demo_settings.md")
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every arm")
     args = parser.parse_intermixed_args()
     seeds, arms = [int(s) for s in args.seeds.split(",")], args.arms.split(",")

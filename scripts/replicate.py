@@ -38,6 +38,7 @@ run resumes from its folder under --root.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -117,7 +118,8 @@ def iterate(root: Path, name: str, seed: int, *overrides: str, config: str = CON
     code = igrpo.main(["iterate", "--config", config, f"run.root={root}", f"run.name={name}",
                        f"run.seed={seed}", "run.wandb_mode=disabled", *overrides])
     if code != 0:
-        raise SystemExit(f"{name}: igrpo iterate exited {code}")
+        # (not SystemExit: a pool worker reports an Exception, and dies silently on SystemExit)
+        raise RuntimeError(f"{name}: igrpo iterate exited {code}")
 
 
 def prefix(root: Path, seed: int, extra: list[str], config: str = CONFIG) -> Path:
@@ -138,8 +140,10 @@ def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
     shutil.copytree(prefix_run, tmp, ignore=shutil.ignore_patterns("config.yaml", "wandb"))
     manifest = json.loads((tmp / "manifest.json").read_text())
     if reward_models:
-        for kind, path in reward_models.items():
-            manifest["units"][f"rm-{kind}/0"]["outputs"] = {"path": str(Path(path).resolve())}
+        for kind, path in reward_models.items():  # (relative: the study's root may move)
+            manifest["units"][f"rm-{kind}/0"] = {
+                **manifest["units"][f"rm-{kind}/0"], "started": 0.0, "finished": 0.0,
+                "outputs": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}}
             shutil.rmtree(tmp / f"rm-{kind}" / "iteration-0", ignore_errors=True)
         manifest["units"].pop("eval/0", None)
     elif "rm.likelihood_feature=false" in arm_args:
@@ -189,7 +193,8 @@ def run_job(job: Job, overrides: list[str], reward_models: dict[str, str] | None
     start = time.perf_counter()
     run = run_arm(job.root, job.seed, job.arm, job.args, overrides, job.config, reward_models)
     if job.result is not None:
-        sr.write_run(job.result, run_record(run, job, time.perf_counter() - start))
+        sr.write_run(job.result, run_record(run, job, time.perf_counter() - start, overrides,
+                                            reward_models))
     return run
 
 
@@ -224,7 +229,7 @@ def run_jobs(work: list[Job], overrides: list[str], jobs: int,
         if item[0] == "strong":
             return strong_reward_models, (item[1], item[2], overrides, *strong_size)
         j = work[item[1]]
-        return run_job, (j, overrides, made.get((j.config, j.root)) if j.strong else None)
+        return run_job, (j, overrides, _paths(made.get((j.config, j.root))) if j.strong else None)
 
     def finish(item, outcome):
         finished.add(item)
@@ -254,6 +259,26 @@ def run_jobs(work: list[Job], overrides: list[str], jobs: int,
                 finish(running.pop(result), result.get())
 
 
+def keep_strong(root: Path, results: Path) -> None:
+    """Each task's strong reward models' record (size, minutes, weights' sha256; no paths) into
+    `results`/<task>/strong.json, beside the runs that read them."""
+    for task in TASKS:
+        done = root / task / "strong" / "done.json"
+        if done.exists():
+            made = {k: v for k, v in json.loads(done.read_text()).items() if k not in ("orm", "prm")}
+            sr.write_run(results / task / "strong.json", made)
+
+
+def read_strong(results: Path) -> dict:
+    return {path.parent.name: json.loads(path.read_text())
+            for path in sorted(results.glob("*/strong.json"))}
+
+
+def _paths(made: dict | None) -> dict[str, str] | None:
+    """{kind: path} of strong_reward_models' record."""
+    return None if made is None else {kind: made[kind] for kind in ("orm", "prm")}
+
+
 def strong_reward_models(config: str, root: Path, overrides: list[str],
                          questions: int = STRONG_QUESTIONS,
                          samples: int = STRONG_SAMPLES) -> dict[str, str]:
@@ -262,8 +287,14 @@ def strong_reward_models(config: str, root: Path, overrides: list[str],
     out = root / "strong"
     done = out / "done.json"
     if done.exists():
-        return json.loads(done.read_text())
+        made = json.loads(done.read_text())
+        if (made.get("questions"), made.get("samples")) != (questions, samples):
+            raise RuntimeError(f"{out}: strong reward models made from {made.get('questions')} "
+                               f"questions x {made.get('samples')} samples; this study asks for "
+                               f"{questions} x {samples}: remove the folder or use another --root")
+        return made
     out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     data = {"prm": out / "prm.jsonl", "orm": out / "orm.jsonl"}
     manifest = json.loads((root / f"seed{STRONG_SEED}-prefix" / "manifest.json").read_text())
     warm = Path(manifest["units"]["sft"]["outputs"]["policy"])
@@ -279,10 +310,22 @@ def strong_reward_models(config: str, root: Path, overrides: list[str],
                            "run.wandb_mode=disabled", f"rm.kind={kind}", f"rm.data_path={path}",
                            f"rm.init_path={warm}", *overrides, *STRONG_TRAIN, deeper])
         if code != 0:
-            raise SystemExit(f"{config}: the strong {kind.upper()} did not train (exit {code})")
+            raise RuntimeError(f"{config}: the strong {kind.upper()} did not train (exit {code})")
         made[kind] = str((root / "strong" / f"rm-{kind}" / "final").resolve())
+    made.update(questions=questions, samples=samples,
+                minutes=round((time.perf_counter() - start) / 60, 2),
+                sha256={kind: weights_sha256(made[kind]) for kind in data})
     done.write_text(json.dumps(made, indent=2))
     return made
+
+
+def weights_sha256(folder: str | Path) -> str:
+    """The first 16 hex digits of the sha256 of a model's weight files: the same model on any
+    machine."""
+    digest = hashlib.sha256()
+    for weights in sorted(Path(folder).glob("*.safetensors")):
+        digest.update(weights.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], policy: str,
@@ -301,7 +344,9 @@ def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], poli
     from tasks.grading import grade
     from tasks.prompts import prompt_format
 
-    cfg = igrpo.load_config(config, [o for o in overrides if not o.startswith("run.threads")])
+    cfg = igrpo.load_config(config, overrides)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(STRONG_SEED)
     rl = load_splits(cfg.data, STRONG_SEED).rl
     offset = min(STRONG_OFFSET, max(0, len(rl) - questions))  # (a small test config's pool)
@@ -327,10 +372,16 @@ def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], poli
     write_math_shepherd_jsonl(paths["orm"], orm, cfg.rm.step_tag)
 
 
-def compute_minutes(run: Path) -> float:
-    """Minutes the units of one run folder took (a copied prefix's units included)."""
-    units = json.loads((run / "manifest.json").read_text())["units"].values()
-    return sum(u["finished"] - u["started"] for u in units if u.get("state") == "done") / 60
+def compute_minutes(run: Path, without: Path | None = None) -> float:
+    """Minutes the units of one run folder took (a copied prefix's units included), less the
+    units it shares with the run folder `without` (its prefix)."""
+    def units(folder):
+        return json.loads((folder / "manifest.json").read_text())["units"]
+
+    shared = {name: (u.get("started"), u.get("finished"))
+              for name, u in (units(without) if without is not None else {}).items()}
+    return sum(u["finished"] - u["started"] for name, u in units(run).items()
+               if u.get("state") == "done" and shared.get(name) != (u["started"], u["finished"])) / 60
 
 
 def finished(run: Path) -> bool:
@@ -343,8 +394,11 @@ def finished(run: Path) -> bool:
     return len(json.loads((run / "summary.json").read_text())["iterations"]) == planned + 1
 
 
-def run_record(run: Path, job: Job, seconds: float) -> dict:
-    """What the study keeps of a finished run (scripts/study_results.py)."""
+def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
+               reward_models: dict[str, str] | None = None) -> dict:
+    """What the study keeps of a finished run (scripts/study_results.py): with the overrides
+    every arm shared (`overrides`, less how it ran: run.threads) and, for a strong arm, its
+    reward models' weights (sha256)."""
     from runtime.tracking import read_metrics
 
     iterations = json.loads((run / "summary.json").read_text())["iterations"]
@@ -357,7 +411,12 @@ def run_record(run: Path, job: Job, seconds: float) -> dict:
                 gold.append(round(row.get("reward/accuracy", float("nan")), 5))
     last = iterations[-1]
     return {"task": _task_of(job.config), "arm": job.arm, "seed": job.seed,
-            "config": job.config, "overrides": job.args, "minutes": round(compute_minutes(run), 2),
+            "config": job.config, "overrides": job.args,
+            "minutes": round(compute_minutes(run, job.root / f"seed{job.seed}-prefix"), 2),
+            "prefix_minutes": round(compute_minutes(job.root / f"seed{job.seed}-prefix"), 2),
+            "common_overrides": common_overrides(overrides),
+            **({"strong_sha256": {k: weights_sha256(v) for k, v in reward_models.items()}}
+               if reward_models else {}),
             "wall_minutes": round(seconds / 60, 2), "commit": _commit(),
             "warm": sr.compact_outcomes(json.loads(evals[0].read_text())),
             "final": sr.compact_outcomes(json.loads(evals[-1].read_text())),
@@ -366,20 +425,25 @@ def run_record(run: Path, job: Job, seconds: float) -> dict:
                               if isinstance(v, (int, float))}}
 
 
+def common_overrides(overrides) -> list[str]:
+    """The overrides that change what a run computes (run.* keys say how it ran)."""
+    return [o for o in overrides if not o.startswith("run.")]
+
+
 def _task_of(config: str) -> str:
     return next((t for t, c in TASKS.items() if c == config), Path(config).stem)
 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, text=True,
                               capture_output=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def study_jobs(root: Path, tasks: list[str], arms: list[str], seeds: list[int] | None,
-               results: Path) -> list[Job]:
+               results: Path, overrides: list[str] | None = None) -> list[Job]:
     """Every (task, seed, arm) the study asks for (an arm's own seed count, or `seeds`) whose
     results are not kept yet, seed by seed."""
     work = []
@@ -390,6 +454,13 @@ def study_jobs(root: Path, tasks: list[str], arms: list[str], seeds: list[int] |
                 continue
             for seed in (seeds if seeds is not None else range(spec.seeds)):
                 result = results / task / f"seed{seed}-{arm}.json"
+                if result.exists() and overrides is not None:
+                    kept = json.loads(result.read_text()).get("common_overrides")
+                    if kept != common_overrides(overrides):
+                        raise ValueError(
+                            f"{result} was made with the overrides {kept}, not "
+                            f"{common_overrides(overrides)}: every run of a study shares "
+                            "them; give this one another --results folder")
                 if not result.exists():
                     work.append(Job(TASKS[task], root / task, seed, arm,
                                     [*spec.overrides], spec.strong, result))
@@ -414,6 +485,10 @@ COMPARISONS = (
     ("5. Uesato: fewer lucky answers at a similar final-answer accuracy?", "steps", "C", "A"),
     ("Controls", "steps", "H", "A"),
     ("Controls", "steps", "I", "D"),
+    ("The demo's default (G) against the arms run on both tasks", "steps", "A", "G"),
+    ("The demo's default (G) against the arms run on both tasks", "tiny", "A", "G"),
+    ("The demo's default (G) against the arms run on both tasks", "steps", "B", "G"),
+    ("The demo's default (G) against the arms run on both tasks", "tiny", "B", "G"),
 )
 WINDOW = 5
 
@@ -427,7 +502,9 @@ def _ci(e: dict, scale: float = 1.0, sign: bool = False) -> str:
 
 
 def report(runs: dict, command: str, seconds: float | None, tasks: list[str],
-           invocations: list[dict] = ()) -> str:
+           invocations: list[dict] = (), strong: dict | None = None) -> str:
+    """docs/replication.md's generated part from the kept `runs`, the study's `invocations` and
+    the strong reward models' record (`strong`: {task: strong_reward_models' record})."""
     lines = ["# Replication study: DeepSeekMath's RL questions on the tiny tasks", "",
              "Generated by `scripts/replicate.py` from the kept results (docs/replication/); do "
              "not edit above the reading section.", "",
@@ -435,15 +512,20 @@ def report(runs: dict, command: str, seconds: float | None, tasks: list[str],
              f"- Wall time: {seconds / 60:.1f} min on 2 CPU cores for this invocation (runs kept "
              "before are reused; each run's compute is its `minutes`)" if seconds
              else "- Wall time: see the previous run",
-             f"- The whole study: {len(runs)} runs kept, {sum(r['minutes'] for r in runs.values()) / 60:.1f} "
-             f"hours of compute; {sum(i['wall_minutes'] for i in invocations) / 60:.1f} hours "
-             f"of wall time over {len(invocations)} invocations on 2 CPU cores "
+             f"- The whole study: {len(runs)} runs kept, {_compute_hours(runs, strong):.1f} "
+             "hours of compute (the runs, each task's and seed's shared prefix, the strong "
+             f"reward models); {sum(i['wall_minutes'] for i in invocations) / 60:.1f} hours of "
+             f"wall time over {len(invocations)} invocations on 2 CPU cores "
              "(docs/replication/invocations.jsonl)",
+             "- Overrides every run shared: " + (", ".join(
+                 "`" + " ".join(s) + "`" for s in sorted({tuple(r.get("common_overrides", ()))
+                                                         for r in runs.values()})) or "-"),
              "- Budget, every arm alike: `igrpo iterate`, 2 iterations x "
              f"{' '.join(f'`{b}`' for b in BUDGET)} GRPO steps of 2 questions x G = 64, beta "
              "= 0.04, the reference reset between the iterations; 500 held-out questions a seed "
              "(k = 4 at temperature 1, and greedy).",
-             "- Tasks: " + "; ".join(f"`{t}` = `{c}`" for t, c in TASKS.items()), ""]
+             "- Tasks: " + "; ".join(f"`{t}` = `{c}`" for t, c in TASKS.items())]
+    lines += _strong_lines(runs, strong or {}) + [""]
     lines += _arms_section(runs, tasks) + _comparison_section(runs) + _proxy_gold_section(runs)
     return "\n".join(lines) + "\n"
 
@@ -454,7 +536,9 @@ def _arms_section(runs: dict, tasks: list[str]) -> list[str]:
              "training runs). `trace acc`: samples whose answer and every step are right; `lucky "
              "answers`: of the right samples, the share reached through a wrong step "
              "(docs/metrics.md). `minutes`: one run's compute, mean over seeds (one thread, two "
-             "runs side by side on 2 cores; the seed's shared prefix included).", "",
+             "runs side by side on 2 cores), without the seed's shared prefix (the warm start's "
+             "labels, the first reward models and its evaluation: "
+             f"{_prefix_minutes(runs)} minutes a seed).", "",
              "| task | arm | reward | advantages | seeds | "
              + " | ".join(sr.LABELS[m] for m in sr.METRICS) + " | minutes |",
              "|---|---|---|---|---|" + "---|" * (len(sr.METRICS) + 1)]
@@ -478,6 +562,40 @@ def _arms_section(runs: dict, tasks: list[str]) -> list[str]:
     return lines
 
 
+def _strong_lines(runs: dict, strong: dict) -> list[str]:
+    """What the strong arms read, and whether every one of their runs read the same weights."""
+    lines = []
+    for task, made in strong.items():
+        read = {json.dumps(r["strong_sha256"], sort_keys=True) for (t, _, _), r in runs.items()
+                if t == task and "strong_sha256" in r}
+        same = read <= {json.dumps(made["sha256"], sort_keys=True)}
+        lines.append(f"- Strong reward models ({task}): {made['questions']} questions x "
+                     f"{made['samples']} samples of the warm start, oracle-labelled, twice as "
+                     f"deep; {made['minutes']:.0f} minutes to make; weights sha256 "
+                     + ", ".join(f"{k.upper()} `{v}`" for k, v in sorted(made["sha256"].items()))
+                     + ("; every strong run read them" if same else
+                        "; **some strong runs read other weights**: " + "; ".join(sorted(read))))
+    return lines
+
+
+def _compute_hours(runs: dict, strong: dict | None) -> float:
+    """Hours of one core: every kept run's own units, each (task, seed) prefix once, each task's
+    strong reward models once."""
+    prefixes = {(task, seed): r.get("prefix_minutes", 0.0) for (task, _, seed), r in runs.items()}
+    made = sum(s.get("minutes", 0.0) for s in (strong or {}).values())
+    return (sum(r["minutes"] for r in runs.values()) + sum(prefixes.values()) + made) / 60
+
+
+def _prefix_minutes(runs: dict) -> str:
+    """The shared prefix's compute per task: `steps 17.1, tiny 12.0` (mean over seeds)."""
+    by_task: dict[str, dict[int, float]] = {}
+    for (task, _, seed), r in runs.items():
+        if "prefix_minutes" in r:
+            by_task.setdefault(task, {})[seed] = r["prefix_minutes"]
+    return ", ".join(f"{task} {sum(m.values()) / len(m):.1f}" for task, m in by_task.items()) \
+        or "-"
+
+
 def _comparison_section(runs: dict) -> list[str]:
     lines = ["", "## The questions, arm against arm", "",
              "Each cell: the mean over seeds of the per-seed difference (the first arm minus the "
@@ -485,7 +603,9 @@ def _comparison_section(runs: dict) -> list[str]:
              "over seeds, then after `q` the interval over held-out "
              "questions (a paired bootstrap over every seed's questions together), which leaves "
              "out the spread between training runs. **Bold**: the interval over seeds leaves out "
-             "0 (resolved at 95%).", "",
+             "0 (resolved at 95%). Lucky answers: the mean of the per-seed differences of each "
+             "run's share; its `q` interval is that of the share pooled over every seed's "
+             "questions.", "",
              "| question | task | difference | seeds | "
              + " | ".join(sr.LABELS[m] for m in sr.METRICS) + " |",
              "|---|---|---|---|" + "---|" * len(sr.METRICS)]
@@ -602,14 +722,20 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     for task in tasks:  # a bad key or value stops here, before any run starts
-        try:
-            igrpo.load_config(TASKS[task], [*BUDGET, *args.overrides])
-        except ValueError as e:
-            parser.error(f"{TASKS[task]} with the given overrides: {e}")
+        for arm in ["(prefix)", *(a for a in arms if task in ARMS[a].tasks)]:
+            extra = ARMS[arm].overrides if arm in ARMS else ("iterate.iterations=0",)
+            try:
+                igrpo.load_config(TASKS[task], [*BUDGET, *args.overrides, *extra])
+            except ValueError as e:
+                parser.error(f"{TASKS[task]}, arm {arm}, with the given overrides: {e}")
     command = " ".join(["python scripts/replicate.py", *(argv if argv is not None else sys.argv[1:])])
     start = time.perf_counter()
     if not args.report_only:
-        work = study_jobs(args.root, tasks, arms, seeds, args.results)
+        try:
+            work = study_jobs(args.root, tasks, arms, seeds, args.results,
+                              [*BUDGET, *args.overrides])
+        except ValueError as e:
+            parser.error(str(e))
         print(f"[study] {len(work)} runs to do", flush=True)
         try:
             run_jobs(work, [*BUDGET, *args.overrides], args.jobs,
@@ -618,9 +744,10 @@ def main(argv: list[str] | None = None) -> int:
             if work:
                 sr.log_invocation(args.results, command, time.perf_counter() - start,
                                   sum(j.result.exists() for j in work))
+            keep_strong(args.root, args.results)
     seconds = None if args.report_only else time.perf_counter() - start
     text = report(sr.read_runs(args.results), command, seconds, list(TASKS),
-                  sr.read_invocations(args.results))
+                  sr.read_invocations(args.results), read_strong(args.results))
     kept = previous_run(args.doc) if args.report_only else None
     if kept:  # a rebuilt report still names the run that made the numbers
         lines = text.splitlines()

@@ -191,7 +191,10 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     # Iteration 0 ran once, in the prefix; D+ reads the strong reward models instead.
     assert units["D"]["rm-prm/0"] == prefix["rm-prm/0"] == units["A"]["rm-prm/0"]
     strong = json.loads((runs / "strong" / "done.json").read_text())
-    assert units["D+"]["rm-prm/0"]["outputs"]["path"] == strong["prm"]
+    # (a path relative to the arm's folder: the study's root may move)
+    assert (runs / "seed0-D+" / units["D+"]["rm-prm/0"]["outputs"]["path"]).resolve() == \
+        Path(strong["prm"])
+    assert kept_strong_is_in_the_results(results, strong)
     assert units["D+"]["eval/0"]["started"] > prefix["eval/0"]["finished"]
     strong_cfg = json.loads((Path(strong["prm"]) / "config.json").read_text())
     warm_cfg = json.loads((runs / "seed0-prefix" / prefix["sft"]["outputs"]["policy"]
@@ -207,11 +210,22 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
         "iterate.reward=step_oracle"
     assert record["final"]["questions_sha"] == kept[("steps", "A", 0)]["final"]["questions_sha"]
     assert "trace" in record["final"]  # the steps task has a step oracle
+    # Its minutes are its own units', the shared prefix's counted apart.
+    assert 0 < record["minutes"] and 0 < record["prefix_minutes"] == kept[("steps", "A", 0)][
+        "prefix_minutes"]
+    assert record["common_overrides"][0] == "policy.steps=20" and "run.threads=1" not in \
+        record["common_overrides"]
+    assert kept[("steps", "D+", 0)]["strong_sha256"] == strong["sha256"]
     text = doc.read_text()
     assert "| steps | B | " in text and "| B - A |" in text and "<!-- reading: kept by" in text
     invocation, = sr.read_invocations(results)
     assert invocation["runs"] == 5 and "--arms A,B,D,G,D+" in invocation["command"]
     assert "The whole study: 5 runs kept" in text
+    assert f"PRM `{strong['sha256']['prm']}`; every strong run read them" in text
+    # Another budget into the same results stops before any run, naming the kept file.
+    other = subprocess.run([*args, "policy.steps=3"], env=env, cwd=ROOT, capture_output=True,
+                           text=True)
+    assert other.returncode == 2 and "seed0-A.json was made with the overrides" in other.stderr
     # A rerun finds every result kept and runs nothing; --report-only keeps the command line.
     rerun = subprocess.run(args, check=True, env=env, cwd=ROOT, capture_output=True, text=True)
     assert "[study] 0 runs to do" in rerun.stdout
@@ -238,3 +252,17 @@ def test_jobs_run_seed_by_seed_each_after_its_prefix_and_the_strong_models(tmp_p
         ("prefix", "steps", 1), ("run", "steps", "A", 1, None),
         ("run", "steps", "D+", 1, {"prm": "P", "orm": "O"}), ("prefix", "tiny", 1),
         ("run", "tiny", "A", 1, None)]
+
+
+def kept_strong_is_in_the_results(results, strong):
+    kept = json.loads((results / "steps" / "strong.json").read_text())
+    return kept["sha256"] == strong["sha256"] and "prm" not in kept and kept["questions"] == 4
+
+
+def test_a_failed_run_stops_the_study_with_its_error(tmp_path):
+    """A run that fails in a worker process ends the study with the run's error (a worker dies
+    silently on SystemExit, which would leave the study waiting for it forever)."""
+    replicate = _script("replicate")
+    work = [replicate.Job("configs/no_such.yaml", tmp_path, 0, "A", [])]
+    with pytest.raises(RuntimeError, match="seed0-prefix: igrpo iterate exited"):
+        replicate.run_jobs(work, [], 2)
