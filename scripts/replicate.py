@@ -140,7 +140,7 @@ def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
     shutil.copytree(prefix_run, tmp, ignore=shutil.ignore_patterns("config.yaml", "wandb"))
     manifest = json.loads((tmp / "manifest.json").read_text())
     if reward_models:
-        for kind, path in reward_models.items():  # (relative: the study's root may move)
+        for kind, path in _paths(reward_models).items():  # (relative: the root may move)
             manifest["units"][f"rm-{kind}/0"] = {
                 **manifest["units"][f"rm-{kind}/0"], "started": 0.0, "finished": 0.0,
                 "outputs": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}}
@@ -415,7 +415,7 @@ def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
             "minutes": round(compute_minutes(run, job.root / f"seed{job.seed}-prefix"), 2),
             "prefix_minutes": round(compute_minutes(job.root / f"seed{job.seed}-prefix"), 2),
             "common_overrides": common_overrides(overrides),
-            **({"strong_sha256": {k: weights_sha256(v) for k, v in reward_models.items()}}
+            **({"strong_sha256": {k: weights_sha256(v) for k, v in _paths(reward_models).items()}}
                if reward_models else {}),
             "wall_minutes": round(seconds / 60, 2), "commit": _commit(),
             "warm": sr.compact_outcomes(json.loads(evals[0].read_text())),
