@@ -746,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
                                   sum(j.result.exists() for j in work))
             keep_strong(args.root, args.results)
     seconds = None if args.report_only else time.perf_counter() - start
+    keep_strong(args.root, args.results)
     text = report(sr.read_runs(args.results), command, seconds, list(TASKS),
                   sr.read_invocations(args.results), read_strong(args.results))
     kept = previous_run(args.doc) if args.report_only else None
