@@ -271,7 +271,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_value_family(cfg.policy, cfg.ppo, cfg.rollout.backend, where)
     _check_mini_batches(cfg.policy, cfg.grpo.token_budget_share, where)
     _check_algorithm_options(cfg.policy, cfg.grpo, where)
-    _check_loop_reward(cfg.policy.supervision, cfg.iterate.reward, where)
+    _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
@@ -312,9 +312,12 @@ def _check_value_family(g, p, backend: str, where: str) -> None:
                           f"{p.lam_critic}; expected values in [0, 1]")
 
 
-def _check_loop_reward(supervision: str, reward: str, where: str) -> None:
-    """`iterate.reward` must give the rewards the supervision reads: step rewards for process
-    supervision (the PRM or the step oracle), one per sample otherwise."""
+def _check_loop_reward(algorithm: str, supervision: str, reward: str, where: str) -> None:
+    """`iterate.reward` must give the rewards a policy-gradient algorithm's supervision reads:
+    step rewards for process supervision (the PRM or the step oracle), one per sample otherwise.
+    (DPO and offline RFT judge their samples by the final answer whatever the supervision.)"""
+    if algorithm not in ("grpo", "ppo", "t_ppo"):
+        return
     if supervision == "process" and reward == "rule":
         raise ConfigError(f"{where}: iterate.reward=rule with policy.supervision=process: the "
                           "final-answer check gives no step rewards; use rm (the PRM) or "

@@ -216,3 +216,23 @@ def test_the_allowed_values_are_the_tables_keys():
     assert set(CHOICES["policy.supervision"]) == set(ADVANTAGE_ESTIMATORS) | {"process"}
     assert set(CHOICES["grpo.process_credit"]) == set(PROCESS_CREDIT)
     assert set(CHOICES["rm.family"]) == {"", *FAMILIES}
+
+
+def test_the_loops_reward_must_fit_the_supervision():
+    """GRPO's process advantages need step rewards (the PRM or the step oracle) and the step
+    oracle's rewards need process supervision; DPO and offline RFT judge by the final answer
+    whatever the supervision says."""
+    from configs import load_config
+    from configs.loader import ConfigError
+
+    with pytest.raises(ConfigError, match="iterate.reward=rule with policy.supervision=process"):
+        load_config("configs/tiny.yaml", ["policy.supervision=process", "iterate.reward=rule"])
+    with pytest.raises(ConfigError, match="iterate.reward=step_oracle with policy.supervision="
+                                          "outcome"):
+        load_config("configs/tiny.yaml", ["policy.supervision=outcome",
+                                          "iterate.reward=step_oracle"])
+    cfg = load_config("configs/tiny_steps.yaml", ["policy.supervision=process",
+                                                  "iterate.reward=step_oracle"])
+    assert cfg.iterate.reward == "step_oracle"
+    dpo = load_config("configs/tiny.yaml", ["run.recipe=dpo"])
+    assert (dpo.policy.supervision, dpo.iterate.reward) == ("process", "rule")
