@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
 import replicate  # noqa: E402
-from runtime.tracking import read_metrics  # noqa: E402
 
 ARMS = {
     "frozen": ["policy.supervision=process", "iterate.refresh=false"],
@@ -43,17 +42,8 @@ WINDOW = 20
 
 def trace(run: Path) -> dict:
     """Per GRPO step of every iteration in order: proxy and gold reward; the iteration ends."""
-    proxy, gold, ends = [], [], []
-    k = 1
-    while (run / "grpo" / f"iteration-{k}" / "metrics.jsonl").exists():
-        rows = [r for r in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
-                if "reward/mean" in r]
-        proxy += [r["reward/mean"] for r in rows]
-        gold += [r["reward/accuracy"] for r in rows]
-        ends.append(len(proxy))
-        k += 1
     evals = json.loads((run / "summary.json").read_text())["iterations"]
-    return {"proxy": proxy, "gold": gold, "ends": ends,
+    return {**replicate.proxy_and_gold(run),
             "mean_at_k": [it["eval"]["mean_at_k"] for it in evals],
             "refresh": [it.get("refresh", {}).get("prm") for it in evals]}
 

@@ -31,15 +31,15 @@ KINDS = {"prm": ("Process reward model", "process-reward-model", "a score for ea
 """`rm.kind` -> (title, Hub tag, what it scores)."""
 
 
-def name_labels(config, label_index: int) -> dict[int, str]:
-    """Name a token classifier's classes in its `config` (a transformers `PretrainedConfig`):
-    class `label_index` is `right_step`, the other of two `wrong_step` (of more, `LABEL_k` as
-    transformers names them). Returns the `id2label` set."""
-    n = config.num_labels
+def name_labels(hf_config, label_index: int) -> dict[int, str]:
+    """Name a token classifier's classes in `hf_config` (the model's transformers
+    `PretrainedConfig`, not the project's): class `label_index` is `right_step`, the other of two
+    `wrong_step` (of more, `LABEL_k` as transformers names them). Returns the `id2label` set."""
+    n = hf_config.num_labels
     names = {i: RIGHT_STEP if i == label_index else WRONG_STEP if n == 2 else f"LABEL_{i}"
              for i in range(n)}
-    config.id2label = names
-    config.label2id = {name: i for i, name in names.items()}
+    hf_config.id2label = names
+    hf_config.label2id = {name: i for i, name in names.items()}
     return names
 
 

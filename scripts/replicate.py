@@ -330,16 +330,15 @@ def weights_sha256(folder: str | Path) -> str:
 
 def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], policy: str,
                  questions: int, samples: int) -> None:
-    """The warm start's (`policy`) samples of the strong set, labelled by the task's oracle, as
-    Math-Shepherd rows: every step for the PRM, the whole solution by its final answer for the
-    ORM."""
+    """The warm start's (`policy`) samples of the strong set (the labelling stage's sampler,
+    its solutions cached beside `paths`), labelled by the task's oracle, as Math-Shepherd rows:
+    every step for the PRM, the whole solution by its final answer for the ORM."""
     import torch
 
-    from policy.generation.rollout import generate_groups
     from process_supervision.formats import StepExample, write_math_shepherd_jsonl
+    from process_supervision.sampling import sample_solutions
     from runtime.data import load_splits
     from runtime.models import load_causal_lm, load_tokenizer
-    from runtime.steps import split_steps
     from tasks import synthetic
     from tasks.grading import grade
     from tasks.prompts import prompt_format
@@ -347,27 +346,19 @@ def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], poli
     cfg = igrpo.load_config(config, overrides)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
-    torch.manual_seed(STRONG_SEED)
     rl = load_splits(cfg.data, STRONG_SEED).rl
     offset = min(STRONG_OFFSET, max(0, len(rl) - questions))  # (a small test config's pool)
-    records = rl[offset:offset + questions]
     model, tokenizer = load_causal_lm(policy).eval(), load_tokenizer(policy)
-    fmt = prompt_format(cfg.data)
+    solutions = sample_solutions(model, tokenizer, rl[offset:offset + questions],
+                                 prompt_format(cfg.data), samples, cfg.policy.max_new_tokens, 1.0,
+                                 cache=paths["prm"].with_name("samples.jsonl"), seed=STRONG_SEED)
     prm, orm = [], []
-    for start in range(0, len(records), 16):
-        chunk = records[start:start + 16]
-        rollout = generate_groups(model, tokenizer, fmt.prompts(tokenizer, chunk), samples,
-                                  max_new_tokens=cfg.policy.max_new_tokens, temperature=1.0)
-        for q, rec in enumerate(chunk):
-            for text in rollout.texts[q * samples:(q + 1) * samples]:
-                steps = tuple(split_steps(text) or ["(empty)"])
-                truth = synthetic.step_correctness(rec.question, steps)
-                prm.append(StepExample(rec.question, steps, tuple(float(t) for t in truth)))
-                right = grade(text, rec.answer, cfg.eval.grade_timeout_s)
-                orm.append(StepExample(rec.question, (cfg.data.step_separator.join(steps),),
-                                       (float(right),)))
-        print(f"[study] strong set: {start + len(chunk)}/{len(records)} questions sampled",
-              flush=True)
+    for s in solutions:
+        truth = synthetic.step_correctness(s.record.question, s.steps)
+        prm.append(StepExample(s.record.question, s.steps, tuple(float(x) for x in truth)))
+        text = cfg.data.step_separator.join(s.steps)
+        orm.append(StepExample(s.record.question, (text,),
+                               (float(grade(text, s.record.answer, cfg.eval.grade_timeout_s)),)))
     write_math_shepherd_jsonl(paths["prm"], prm, cfg.rm.step_tag)
     write_math_shepherd_jsonl(paths["orm"], orm, cfg.rm.step_tag)
 
@@ -394,21 +385,33 @@ def finished(run: Path) -> bool:
     return len(json.loads((run / "summary.json").read_text())["iterations"]) == planned + 1
 
 
+def proxy_and_gold(run: Path) -> dict[str, list]:
+    """Per GRPO step of every iteration in order, the proxy reward (`reward/mean`: what the run
+    is trained on) and the gold one (`reward/accuracy`: the share of the step's samples whose
+    final answer is right); `ends`: the steps at which each iteration ends."""
+    from runtime.tracking import read_metrics
+
+    proxy, gold, ends = [], [], []
+    k = 1
+    while (run / "grpo" / f"iteration-{k}" / "metrics.jsonl").exists():
+        rows = [r for r in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+                if "reward/mean" in r]
+        proxy += [r["reward/mean"] for r in rows]
+        gold += [r.get("reward/accuracy", float("nan")) for r in rows]
+        ends.append(len(proxy))
+        k += 1
+    return {"proxy": proxy, "gold": gold, "ends": ends}
+
+
 def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
                reward_models: dict[str, str] | None = None) -> dict:
     """What the study keeps of a finished run (scripts/study_results.py): with the overrides
     every arm shared (`overrides`, less how it ran: run.threads) and, for a strong arm, its
     reward models' weights (sha256)."""
-    from runtime.tracking import read_metrics
-
     iterations = json.loads((run / "summary.json").read_text())["iterations"]
     evals = sorted((run / "eval").glob("iteration-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-    proxy, gold = [], []
-    for k in range(1, len(iterations)):
-        for row in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl"):
-            if "reward/mean" in row:
-                proxy.append(round(row["reward/mean"], 5))
-                gold.append(round(row.get("reward/accuracy", float("nan")), 5))
+    rewards = proxy_and_gold(run)
+    proxy, gold = ([round(x, 5) for x in rewards[key]] for key in ("proxy", "gold"))
     last = iterations[-1]
     return {"task": _task_of(job.config), "arm": job.arm, "seed": job.seed,
             "config": job.config, "overrides": job.args,

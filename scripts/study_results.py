@@ -44,19 +44,22 @@ def compact_outcomes(outcomes: dict) -> dict:
 
 
 def per_question(compact: dict) -> dict[str, np.ndarray]:
-    """Each metric's per-question values (the lucky-answer rate as its numerator `lucky` and
-    denominator `right_samples`, pooled over questions) from a compact evaluation."""
-    right = [[c == "1" for c in q] for q in compact["right"].split(",")]
-    out = {"greedy_accuracy": np.array([c == "1" for c in compact["greedy"]], float),
-           "maj_accuracy": np.array([c == "1" for c in compact["majority"]], float),
-           "mean_at_k": np.array([sum(r) / len(r) for r in right]),
-           "pass_at_k": np.array([float(any(r)) for r in right]),
-           "right_samples": np.array([sum(r) for r in right], float)}
-    if "trace" in compact:
-        trace = [[c == "1" for c in q] for q in compact["trace"].split(",")]
-        out["trace_accuracy"] = np.array([sum(t) / len(t) for t in trace])
-        out["lucky"] = np.array([sum(r and not t for r, t in zip(rs, ts))
-                                 for rs, ts in zip(right, trace)], float)
+    """Each metric's per-question values (policy/evaluate.py's, the lucky-answer rate as its
+    numerator `lucky` and denominator `right_samples`, pooled over questions) from a compact
+    evaluation."""
+    from policy.evaluate import lucky_counts
+    from policy.evaluate import per_question as values_of
+
+    def flags(bits: str) -> list[bool]:
+        return [c == "1" for c in bits]
+
+    right = [flags(q) for q in compact["right"].split(",")]
+    trace = [flags(q) for q in compact["trace"].split(",")] if "trace" in compact else None
+    values = values_of(flags(compact["greedy"]), right, flags(compact["majority"]), trace)
+    out = {name: np.asarray(v, dtype=float) for name, v in values.items()}
+    out["right_samples"] = np.array([sum(r) for r in right], float)
+    if trace is not None:
+        out["lucky"] = np.asarray(lucky_counts(right, trace)[0], dtype=float)
     return out
 
 

@@ -30,7 +30,7 @@ EXAMPLES = [StepExample("What is 3 + 4?", ("3 + 4 = 7", "The answer is 7"), (1.0
 # (the editable install's finder is shadowed), the card's python block is run as it is, and its
 # `step_scores` read every example.
 CARD_RUNNER = r"""
-import json, re, sys
+import json, os, re, runpy, sys, tempfile
 
 PROJECT = {"configs", "tasks", "runtime", "policy", "reward_model", "process_supervision",
            "iteration", "igrpo"}
@@ -45,8 +45,9 @@ class NoProject:
 
 sys.meta_path.insert(0, NoProject())
 code = re.search(r"```python\n(.*?)```", open("README.md").read(), re.S).group(1)
-scope = {"__name__": "card"}
-exec(code, scope)
+script = os.path.join(tempfile.mkdtemp(), "card_snippet.py")  # (not among the export's files)
+open(script, "w").write(code)  # the card's own code, run as a user's script would run it
+scope = runpy.run_path(script, run_name="card")
 assert not PROJECT & set(sys.modules), sorted(PROJECT & set(sys.modules))
 rows = json.loads(sys.argv[1])
 print("SCORES " + json.dumps([scope["step_scores"](question, steps) for question, steps in rows]))
