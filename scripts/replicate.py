@@ -527,7 +527,8 @@ def report(runs: dict, command: str, tasks: list[str], invocations: list[dict] =
              "(k = 4 at temperature 1, and greedy).",
              "- Tasks: " + "; ".join(f"`{t}` = `{c}`" for t, c in TASKS.items())]
     lines += _strong_lines(runs, strong or {}) + [""]
-    lines += _arms_section(runs, tasks) + _comparison_section(runs) + _proxy_gold_section(runs)
+    lines += (_arms_section(runs, tasks) + _runs_section(runs, tasks)
+              + _comparison_section(runs) + _proxy_gold_section(runs))
     return "\n".join(lines) + "\n"
 
 
@@ -560,6 +561,40 @@ def _arms_section(runs: dict, tasks: list[str]) -> list[str]:
                          + " | ".join(_ci(summary[m]) if m in summary else "-"
                                       for m in sr.METRICS)
                          + f" | {sum(mins) / len(mins):.1f} |")
+    return lines
+
+
+def _runs_section(runs: dict, tasks: list[str]) -> list[str]:
+    """Each training run's mean@4, seed by seed, with its gold reward over GRPO's first and last
+    steps: the spread between training runs that the intervals over seeds summarise."""
+    seeds = sorted({s for (_, _, s) in runs})
+    lines = ["", "## Every training run", "",
+             "mean@4 of each run after RL, seed by seed, and in brackets its gold reward (the share "
+             f"of GRPO's samples answered right) over the first and the last {WINDOW} GRPO steps.",
+             "", "| task | arm | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+             "|---|---|" + "---|" * len(seeds)]
+    for task in tasks:
+        warm = {s: r["warm"] for (t, _, s), r in runs.items() if t == task}
+        if not warm:
+            continue
+        lines.append(f"| {task} | warm start | " + " | ".join(
+            f"{sr.metric(sr.per_question(warm[s]), 'mean_at_k'):.3f}" if s in warm else "-"
+            for s in seeds) + " |")
+        for arm in ARMS:
+            cells = []
+            for s in seeds:
+                record = runs.get((task, arm, s))
+                if record is None:
+                    cells.append("-")
+                    continue
+                cell = f"{sr.metric(sr.per_question(record['final']), 'mean_at_k'):.3f}"
+                gold = record["grpo"]["gold"]
+                if len(gold) >= WINDOW:
+                    cell += (f" ({sum(gold[:WINDOW]) / WINDOW:.2f} -> "
+                             f"{sum(gold[-WINDOW:]) / WINDOW:.2f})")
+                cells.append(cell)
+            if any(c != "-" for c in cells):
+                lines.append(f"| {task} | {arm} | " + " | ".join(cells) + " |")
     return lines
 
 

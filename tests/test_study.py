@@ -117,7 +117,7 @@ def test_report_bolds_what_is_resolved_and_lists_every_arm(monkeypatch):
                                              gold=(0.4,) * 5 + (0.3,) * 5)
         runs[("steps", "A", seed)] = _record("steps", "A", seed, _eval(*Y))
     text = replicate.report(runs, "python scripts/replicate.py", ["steps"])
-    arms_table = text.split("## Every arm after RL")[1].split("## The questions")[0]
+    arms_table = text.split("## Every arm after RL")[1].split("## Every training run")[0]
     rows = {line.split(" | ")[1]: line for line in arms_table.splitlines()
             if line.startswith("| steps | ")}
     assert set(rows) >= {"warm start", "A", "B"}
@@ -127,6 +127,10 @@ def test_report_bolds_what_is_resolved_and_lists_every_arm(monkeypatch):
     assert "**+0.278 [" in question and "q [" in question  # resolved: bold
     assert "| steps | B | 3 | 0.200 -> 0.900 | 0.400 -> 0.300 |" in text
     assert "- Command: `python scripts/replicate.py` (the last invocation" in text
+    # Each training run, seed by seed: B's mean@2 on seeds 0-2 with its gold's first and last 5.
+    assert "| task | arm | seed 0 | seed 1 | seed 2 |" in text
+    assert ("| steps | B | 0.500 (0.40 -> 0.30) | 0.667 (0.40 -> 0.30) | 0.667 (0.40 -> 0.30) |"
+            in text)
 
 
 def test_study_plans_each_arm_at_its_seeds_and_skips_kept_results(tmp_path):
