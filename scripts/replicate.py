@@ -564,6 +564,14 @@ def _arms_section(runs: dict, tasks: list[str]) -> list[str]:
     return lines
 
 
+def _ends(values: list[float]) -> tuple[float, float] | None:
+    """The mean of a per-step series over its first and its last WINDOW GRPO steps (None when
+    the run logged fewer steps than that)."""
+    if len(values) < WINDOW:
+        return None
+    return sum(values[:WINDOW]) / WINDOW, sum(values[-WINDOW:]) / WINDOW
+
+
 def _runs_section(runs: dict, tasks: list[str]) -> list[str]:
     """Each training run's mean@4, seed by seed, with its gold reward over GRPO's first and last
     steps: the spread between training runs that the intervals over seeds summarise."""
@@ -588,10 +596,9 @@ def _runs_section(runs: dict, tasks: list[str]) -> list[str]:
                     cells.append("-")
                     continue
                 cell = f"{sr.metric(sr.per_question(record['final']), 'mean_at_k'):.3f}"
-                gold = record["grpo"]["gold"]
-                if len(gold) >= WINDOW:
-                    cell += (f" ({sum(gold[:WINDOW]) / WINDOW:.2f} -> "
-                             f"{sum(gold[-WINDOW:]) / WINDOW:.2f})")
+                ends = _ends(record["grpo"]["gold"])
+                if ends:
+                    cell += f" ({ends[0]:.2f} -> {ends[1]:.2f})"
                 cells.append(cell)
             if any(c != "-" for c in cells):
                 lines.append(f"| {task} | {arm} | " + " | ".join(cells) + " |")
@@ -679,10 +686,9 @@ def _proxy_gold_section(runs: dict) -> list[str]:
                 continue
             cells = []
             for key in ("proxy", "gold"):
-                first = [sum(s[key][:WINDOW]) / WINDOW for s in series if len(s[key]) >= WINDOW]
-                last = [sum(s[key][-WINDOW:]) / WINDOW for s in series if len(s[key]) >= WINDOW]
-                cells.append(f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}"
-                             if first else "-")
+                ends = [e for e in (_ends(s[key]) for s in series) if e]
+                cells.append(f"{sum(e[0] for e in ends) / len(ends):.3f} -> "
+                             f"{sum(e[1] for e in ends) / len(ends):.3f}" if ends else "-")
             lines.append(f"| {task} | {arm} | {len(series)} | " + " | ".join(cells) + " |")
     return lines
 
