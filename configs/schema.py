@@ -154,6 +154,11 @@ class DeepSpeedConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    """AdamW's epsilon. Adam's update lr * m / (sqrt(v) + eps) changes by up to lr / eps per unit
+    of gradient, so with eps = 1e-8 the last-bit differences of a near-zero gradient (another
+    reduction order: more processes, other kernels) become weight differences of the learning
+    rate's order; tests that compare weights across process counts at a large rate raise it."""
     fused_adam: bool = False
     """torch's fused AdamW kernel (one pass over each tensor): the optimizer step of a 14M model
     on 2 CPU cores takes 9 ms instead of 60. Equal to the default loop up to rounding, so off in

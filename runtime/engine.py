@@ -137,7 +137,7 @@ def deepspeed_config(ds, *, lr: float | list[float], micro_batch_size: int,
         **({"data_types": {"grad_accum_dtype": "fp32"}} if ds.bf16 and ds.zero_stage >= 2
            else {}),
         "optimizer": {"type": "AdamW", "params": {
-            "lr": base_lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8,
+            "lr": base_lr, "weight_decay": ds.weight_decay, "betas": [0.9, 0.999], "eps": ds.adam_eps,
             "torch_adam": True, **({"fused": True} if ds.fused_adam else {})}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from configs.schema import DeepSpeedConfig
-from runtime.engine import build_engine, checked_backward, engine_step
+from runtime.engine import build_engine, checked_backward, deepspeed_config, engine_step
 from runtime.tiny_model import build_model, build_tokenizer
 
 
@@ -39,6 +39,34 @@ def test_fused_adam_trains_to_the_default_loops_weights(stage, bf16):
     tolerance = 1e-2 if bf16 else 1e-6  # (bf16 weights: one rounding step of the copy)
     for a, b in zip(fused, plain):
         assert torch.allclose(a, b, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("eps", [1e-8, 1e-3])
+def test_adam_eps_bounds_what_a_gradients_last_bits_move(eps):
+    """`deepspeed.adam_eps`, as DeepSpeed is given it: one AdamW step at lr 1e-2 on a weight
+    whose gradient is a cancellation near zero (1e-9, in a tensor of RMS ~1e-3), and on that
+    gradient one float32 ulp of the RMS (1.19e-10) lower, as another reduction order may give
+    it. The first step is lr * g / (|g| + eps). By hand, eps = 1e-8: 1e-2 * 1e-9 / 1.1e-8 =
+    9.09e-4 against 1e-2 * 8.81e-10 / 1.0881e-8 = 8.10e-4, 1e-4 apart (a hundred times a 1e-6
+    tolerance, from one ulp); eps = 1e-3: both ~10 g, 1.2e-9 apart (at most lr / eps per unit
+    of gradient)."""
+    params = deepspeed_config(DeepSpeedConfig(adam_eps=eps), lr=1e-2, micro_batch_size=1,
+                              grad_accum=1)["optimizer"]["params"]
+
+    def stepped(gradient: float) -> float:
+        weight = torch.nn.Parameter(torch.tensor([0.5, 0.5]))
+        optimizer = torch.optim.AdamW([weight], lr=params["lr"], betas=params["betas"],
+                                      eps=params["eps"], weight_decay=params["weight_decay"])
+        weight.grad = torch.tensor([1e-3, gradient])
+        optimizer.step()
+        return 0.5 - float(weight.detach()[1])
+
+    ulp = torch.finfo(torch.float32).eps * 1e-3
+    if eps == 1e-8:
+        assert stepped(1e-9) == pytest.approx(9.09e-4, rel=1e-3)
+        assert stepped(1e-9) - stepped(1e-9 - ulp) == pytest.approx(9.9e-5, rel=0.02)
+    else:
+        assert abs(stepped(1e-9) - stepped(1e-9 - ulp)) <= 1e-2 / eps * ulp * 1.01
 
 
 def test_finish_process_leaves_one_process_and_a_failure_alone():

@@ -237,6 +237,27 @@ def vllm_ranks() -> dict:
             "transformers_greedy": gather_objects(local)}
 
 
+def perturb_gradients(ulps: float) -> None:
+    """Before every optimizer step, add to each gradient tensor noise of `ulps` float32 units in
+    the last place of its RMS (seeded by the rank): what another reduction order (more ranks,
+    other kernels) may change. Comparisons of weights across process counts must hold under it
+    on any CPU."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    noise = torch.Generator().manual_seed(int(os.environ.get("RANK", "0")))
+    ulp = torch.finfo(torch.float32).eps
+
+    def perturb(optimizer, args, kwargs):
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and param.grad.numel():
+                    rms = param.grad.float().pow(2).mean().sqrt()
+                    param.grad.add_(torch.randn(param.grad.shape, generator=noise)
+                                    .to(param.grad) * rms * ulp * ulps)
+
+    register_optimizer_step_pre_hook(perturb)
+
+
 def main() -> None:
     kind, out = sys.argv[1], Path(sys.argv[2])
     from configs import load_config
@@ -244,6 +265,8 @@ def main() -> None:
     from runtime.tracking import MetricsLogger
 
     torch.set_num_threads(1)
+    if os.environ.get("DIST_CHECK_GRAD_ULPS"):
+        perturb_gradients(float(os.environ["DIST_CHECK_GRAD_ULPS"]))
     if kind == "world":  # what a stage sees when nothing initialised the process group
         out.mkdir(parents=True, exist_ok=True)
         (out / f"world-rank{os.environ['RANK']}.txt").write_text(repr(world()))
@@ -283,10 +306,14 @@ def main() -> None:
         from iteration.resolve import resolve
         from runtime.data import load_splits
 
-        # DPO: a second step, whose reference (the starting policy) differs from the policy
+        # DPO: a second step, whose reference (the starting policy) differs from the policy.
+        # At lr 1e-2 AdamW's eps bounds how far a gradient's rounding can move a weight (lr/eps
+        # per unit, `deepspeed.adam_eps`): 10 here, 1e6 at the default 1e-8, where another
+        # reduction order's last bits on a near-zero gradient move it by ~lr.
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, "policy.mu=1",
                                                 "policy.temperature=1.0", "policy.rollout_questions=1",
-                                                "policy.lr=1e-2", f"policy.steps={1 + ('dpo' in kind)}"],
+                                                "policy.lr=1e-2", "deepspeed.adam_eps=1e-3",
+                                                f"policy.steps={1 + ('dpo' in kind)}", *sys.argv[5:]],
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
         resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")

@@ -15,11 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
-def torchrun(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node nproc ARGS` in the repository root; asserts it succeeded."""
+def torchrun(nproc: int, *args, timeout: int = 300, env: dict | None = None
+             ) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node nproc ARGS` in the repository root (`env`: variables added to
+    `ENV`); asserts it succeeded."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *map(str, args)]
-    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
