@@ -34,6 +34,7 @@ CHOICES = {
     "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
     "iterate.refresh_from": ("previous", "base"),
+    "watch.guard": ("off", "warn", "stop", "refresh"),
     "rm.aggregate": ("min", "prod", "last", "mean"),
     "model.attn_implementation": ("", "sdpa", "eager", "flash_attention_2"),
     "model.tiny.architecture": ("llama", "qwen2", "mistral", "gpt_neox"),

@@ -345,6 +345,33 @@ class InspectConfig:
     """Groups (questions) shown per inspection."""
     samples: int = 4
     """Samples shown per inspected group."""
+    trace: bool = True
+    """Write every GRPO rollout of every step (question, completion, step ends and scores,
+    reward, verdict, per-step and per-token advantages, log-probs) to `<stage>/trace/`, one
+    parquet file a step (docs/metrics.md#traces); `igrpo inspect` browses them."""
+
+
+@dataclass
+class WatchConfig:
+    """The reward-hacking watch of a GRPO stage (`watch/*` metrics, docs/metrics.md#the-watch)
+    and the guard that acts on it."""
+
+    enabled: bool = True
+    """Log the watch on every step: the reward's and the advantage's in-group AUROC against the
+    exact check, the wrong answers' share of the positive advantage, gold beside proxy."""
+    kl_init_every: int = 5
+    """Steps between measurements of `watch/kl_init`, the policy's KL from the run's starting
+    policy across reference resets (two extra forwards, and a third model held, from the outer
+    loop's second iteration on); 0 = never."""
+    window: int = 5
+    """Steps the guard averages."""
+    guard: str = "off"
+    """off | warn (print and log `guard/*`) | stop (end the GRPO stage) | refresh (end it; the
+    outer loop labels and refreshes the reward models on that policy, then runs the steps left)."""
+    min_group_auroc: float = 0.6
+    """The guard fires when the window's mean `watch/group_auroc` is under this ..."""
+    max_wrong_push: float = 0.5
+    """... or its mean `watch/wrong_push` over this."""
 
 @dataclass
 class EvalConfig:
@@ -608,6 +635,7 @@ class Config:
     rft: RFTConfig = field(default_factory=RFTConfig)
     controls: ControlsConfig = field(default_factory=ControlsConfig)
     inspect: InspectConfig = field(default_factory=InspectConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rm: RewardModelConfig = field(default_factory=RewardModelConfig)
     label: LabelConfig = field(default_factory=LabelConfig)

@@ -19,6 +19,7 @@ start of iteration k+1, so the last iteration does not train reward models nothi
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -28,7 +29,7 @@ from iteration.manifest import Manifest
 from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
 from iteration.resolve import Wiring, make_reward
 from iteration.stages import KINDS
-from iteration.summary import change_from, plot_accuracy, write_summary
+from iteration.summary import change_from, plot_accuracy, step_means, watch_ends, write_summary
 from policy.algorithms.sft import train_sft
 from process_supervision.label import label_statistics
 from reward_model.examples import as_orm, worked_examples, worked_orm_examples
@@ -115,17 +116,32 @@ class IterationRun:
         return worked_examples(records)
 
     def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
-        """GRPO from `policy` with the reference reset to it, rewarded by the current RMs."""
+        """GRPO from `policy` with the reference reset to it, rewarded by the current RMs, on
+        the RL question stream where the previous iteration's GRPO left it."""
         tokenizer = load_tokenizer(policy, self.w.stage.model)
         logger = self.make_logger(f"grpo/iteration-{k}")
+        offset = self._question_offset(k)
         try:
-            final = self.w.train_policy(self.run, policy, self._reward(tokenizer, rm_iteration),
-                                 self.splits.rl, self.splits.eval, logger, self.config_yaml,
-                                 out_name=f"grpo/iteration-{k}", reference_path=policy,
-                                 evaluate_ends=False)  # eval/{k-1} and eval/k do that
+            final = self.w.policy_trainer(offset, self._policy_after(0))(
+                self.run, policy, self._reward(tokenizer, rm_iteration), self.splits.rl,
+                self.splits.eval, logger, self.config_yaml, out_name=f"grpo/iteration-{k}",
+                reference_path=policy, evaluate_ends=False)  # eval/{k-1} and eval/k do that
         finally:
             logger.close()
-        return {"policy": self._rel(final), "reference": self._rel(policy)}
+        done = self.run / "grpo" / f"iteration-{k}" / "done.json"  # (the main rank wrote it)
+        steps = broadcast_from_main(json.loads(done.read_text())["steps"] if is_main() else None)
+        return {"policy": self._rel(final), "reference": self._rel(policy),
+                "question_steps": [offset, offset + int(steps)]}
+
+    def _question_offset(self, k: int) -> int:
+        """Where iteration k's GRPO starts in the RL question stream: where iteration k-1's
+        ended (a run recorded before the stream walked on: k-1 stages of `policy.steps`)."""
+        if k == 1:
+            return 0
+        before = self.manifest.outputs(f"grpo/{k - 1}")
+        if "question_steps" in before:
+            return before["question_steps"][1]
+        return (k - 1) * self.w.stage.policy.steps
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N:
@@ -148,6 +164,7 @@ class IterationRun:
             for kind in KINDS}
         if k > 0 and is_main():  # (the main rank wrote the outcomes it compares)
             entry["grpo"] = self._grpo_means(k)
+            entry["watch"] = watch_ends(self._grpo_rows(k))
             entry["change"] = change_from(self.run / "eval" / "iteration-0.json",
                                           self.run / "eval" / f"iteration-{k}.json")
         logger = self.make_logger("eval")  # wandb: the held-out metrics against the iteration
@@ -236,15 +253,14 @@ class IterationRun:
         return make_reward(self.w, policy_tokenizer, self.w.iterate.reward,
                            lambda kinds: self._scorers(rm_iteration, kinds))
 
-    def _grpo_means(self, k: int) -> dict:
-        """GRPO metrics averaged over iteration k's steps."""
-        rows = [r for r in read_metrics(self.run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+    def _grpo_rows(self, k: int) -> list[dict]:
+        return [r for r in read_metrics(self.run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
                 if "train/loss" in r]
+
+    def _grpo_means(self, k: int) -> dict:
+        """GRPO metrics averaged over iteration k's steps (the watch's keys apart: `watch`)."""
         # Wall-clock numbers stay in metrics.jsonl: the summary holds what the seed determines.
-        keys = sorted({key for r in rows for key in r
-                       if not key.startswith(("eval/", "time/")) and "per_s" not in key} - {"step"})
-        return {key: sum(r[key] for r in rows if key in r) / max(1, sum(key in r for r in rows))
-                for key in keys}
+        return step_means(self._grpo_rows(k), skip=("eval/", "time/", "watch/"))
 
     def _rel(self, path) -> str:
         """Paths in the manifest and summary are relative to the run folder (relocatable); a

@@ -17,7 +17,7 @@ below them, every function takes its explicit arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -136,6 +136,13 @@ class Wiring:
         `rm.worked_solutions` (0 by default): a run from an instruct model keeps every one."""
         return self.data.sft_questions if self.sft.enabled else self.rm.rm.worked_solutions
 
+    def policy_trainer(self, question_offset: int, init_path: str | None = None) -> Callable:
+        """`train_policy` drawing its questions from step `question_offset` of the RL question
+        stream on (`PolicyStage.question_offset`), its watch measuring KL from `init_path`."""
+        return partial(TRAINERS[self.stage.policy.algorithm],
+                       replace(self.stage, question_offset=question_offset, init_path=init_path),
+                       self.method)
+
     def splits(self) -> Splits:
         """The run's splits (`runtime.data.load_splits`), `worked_questions` out of RL's."""
         return load_splits(self.data, self.seed, worked_questions=self.worked_questions)
@@ -151,7 +158,7 @@ def resolve(cfg) -> Wiring:
         prompts=prompt_format(cfg.data), evaluation=evaluation(cfg.eval, cfg.data, seed),
         shaping=Shaping(round(cfg.grpo.overlong_buffer_share * p.max_new_tokens),
                         cfg.grpo.overlong_penalty, cfg.controls.shuffle_rewards),
-        inspect=cfg.inspect)
+        inspect=cfg.inspect, watch=cfg.watch)
     method = _method_spec(cfg)
     return Wiring(seed, stage, method,
                   partial(TRAINERS[p.algorithm], stage, method), per_step(p.supervision),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from policy.evaluate import METRICS, lucky_counts
@@ -42,6 +43,30 @@ def change_from(before_path: Path, after_path: Path) -> dict:
         mean0, pass0 = (sum(before[n]) / len(before[n]) for n in ("mean_at_k", "pass_at_k"))
         out["gap_closed"] = out["mean_at_k"]["diff"] / (pass0 - mean0) if pass0 > mean0 else None
     return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def step_means(rows: list[dict], skip: tuple[str, ...] = ()) -> dict:
+    """Each numeric key's mean over the metric rows holding a finite value of it (keys starting
+    with `skip`, and those of a rate, left out)."""
+    keys = sorted({key for r in rows for key, v in r.items() if _number(v)
+                   and not key.startswith(skip) and not key.endswith("_per_s")} - {"step"})
+    means = {}
+    for key in keys:
+        values = [r[key] for r in rows if _number(r.get(key))]
+        means[key] = sum(values) / len(values)
+    return means
+
+
+def watch_ends(rows: list[dict], n: int = 5) -> dict:
+    """Each `watch/*` key's mean over an iteration's first `n` and last `n` GRPO steps
+    ({"first": ..., "last": ...}; a key undefined on all of them is None there)."""
+    first, last = step_means(rows[:n]), step_means(rows[-n:])
+    keys = sorted({k for r in rows for k, v in r.items() if k.startswith("watch/") and _number(v)})
+    return {key: {"first": first.get(key), "last": last.get(key)} for key in keys}
 
 
 def write_summary(path: Path, iterations: list[dict]) -> None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from configs.schema import DeepSpeedConfig, InspectConfig, ModelConfig, PolicyConfig, PPOConfig
+from configs.schema import (DeepSpeedConfig, InspectConfig, ModelConfig, PolicyConfig, PPOConfig,
+                            WatchConfig)
 from policy.math.advantages import GroupNorm, ProcessCredit
 from policy.math.losses import LossOutput
 
@@ -78,6 +79,14 @@ class PolicyStage:
     evaluation: Evaluation
     shaping: Shaping
     inspect: InspectConfig
+    watch: WatchConfig
+    question_offset: int = 0
+    """Steps of the RL question stream that earlier stages of the run drew: step s of this stage
+    draws the stream's step `question_offset + s`, so the outer loop's iterations walk on
+    through the RL split instead of redrawing iteration 1's questions."""
+    init_path: str | None = None
+    """The run's starting policy (the outer loop's warm start), against which `watch/kl_init`
+    measures across reference resets; None: the stage's own starting policy."""
 
 
 @dataclass(frozen=True)

@@ -53,14 +53,16 @@ class MetricsLogger:
             self.offline = mode == "offline"
 
     def log(self, metrics: dict, step: int, media: dict | None = None) -> None:
-        """Scalars to the JSONL file and wandb; `media` (tables, HTML, histograms) to wandb only."""
+        """Scalars to the JSONL file and wandb; lists (a step's question ids) to the JSONL file
+        only; `media` (tables, HTML, histograms) to wandb only."""
         if not self.enabled:
             return
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log({**metrics, **(media or {})}, step=step)
+            scalars = {k: v for k, v in metrics.items() if not isinstance(v, (list, tuple))}
+            self.wandb_run.log({**scalars, **(media or {})}, step=step)
 
     def rewind(self, step: int) -> None:
         """Drop JSONL rows logged after `step` (a resumed stage redoes those steps, so they would

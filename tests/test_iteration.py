@@ -120,6 +120,28 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         assert not any("eval/greedy_accuracy" in r for r in
                        read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl"))
 
+    # The RL question stream walks on: iteration 2's GRPO draws where iteration 1's stopped, no
+    # question twice (256 RL questions, 2 x 2 steps x 2 questions); the ids are in every row.
+    drawn = {k: [q for r in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+                 for q in r["watch/question_ids"]] for k in (1, 2)}
+    assert len(drawn[1]) == len(drawn[2]) == 4 and len(set(drawn[1] + drawn[2])) == 8
+    assert [manifest[f"grpo/{k}"]["outputs"]["question_steps"] for k in (1, 2)] == [[0, 2], [2, 4]]
+    # The watch's first and last 5-step means of each iteration in summary.json.
+    assert its[1]["watch"]["watch/gold"]["first"] == its[1]["grpo"]["reward/accuracy"]
+    assert its[2]["watch"]["watch/kl_init"]["first"] > 0  # iteration 2 starts off the warm start
+    # Every rollout traced: one parquet file a step, 2 questions x G = 4 rows each, read by
+    # pandas and datasets as they are.
+    import datasets
+    import pandas
+
+    trace = run / "grpo" / "iteration-2" / "trace"
+    assert sorted(p.name for p in trace.iterdir()) == ["step-000001.parquet",
+                                                        "step-000002.parquet"]
+    frame = pandas.read_parquet(trace)
+    assert len(frame) == 16 and list(frame["question_id"]) == [q for q in drawn[2] for _ in range(4)]
+    loaded = datasets.load_dataset("parquet", data_files=str(trace / "*.parquet"), split="train")
+    assert loaded.num_rows == 16 and len(loaded[0]["tokens"]) == len(loaded[0]["token_advantages"])
+
     # A run killed between units, then re-run with the same command, ends the same.
     calls = {"n": 0}
     original = IterationRun.grpo

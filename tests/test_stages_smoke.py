@@ -62,6 +62,14 @@ def test_cli_sft_then_grpo_process(tmp_path):
     for key in STEP_METRICS:
         assert offline["history"][-1][key] == pytest.approx(rows[-1][key]), key
     assert offline["config"]["policy"]["reward"] == "step_oracle"  # the resolved config, verbatim
+    # The watch (policy/watch.py) on every step, in both; the question ids in metrics.jsonl only.
+    for key in ("watch/gold", "watch/proxy", "watch/group_auroc", "watch/adv_auroc",
+                "watch/wrong_push", "watch/steps_per_solution", "watch/tokens_per_step"):
+        assert all(key in r for r in rows[1:]) and key in offline["history"][-1], key
+    assert offline["history"][1]["watch/kl_init"] == rows[1]["watch/kl_init"] == 0.0
+    assert offline["history"][-1]["watch/gold"] == pytest.approx(rows[-1]["reward/accuracy"])
+    assert len(rows[-1]["watch/question_ids"]) == 2
+    assert "watch/question_ids" not in offline["history"][-1]
     # The synthetic task has a step oracle: trace accuracy joins the final evaluation, in wandb.
     assert offline["history"][-1]["eval/trace_accuracy"] == rows[-1]["eval/trace_accuracy"]
     assert (run / "config.yaml").exists() and (run / "grpo" / "config.yaml").exists()

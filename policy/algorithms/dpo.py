@@ -132,7 +132,8 @@ def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: st
         step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
         sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,
                              g.questions_per_step // world_size, timing)
-        sampled = sample(step_questions(rl_records, step, g.questions_per_step, seed),
+        sampled = sample(step_questions(rl_records, stage.question_offset + step,
+                                        g.questions_per_step, seed),
                          (trainer.state.get("sample_seed", seed), step, 0))
         updating = time.perf_counter()
         policy_sampler.rest()

@@ -97,7 +97,8 @@ def sample_steps(stage: PolicyStage, policy_path, reward_fn: RewardFn,
         if spent >= budget:
             break
         started = perf_counter()
-        records = step_questions(rl_records, step, g.questions_per_step, seed)
+        records = step_questions(rl_records, stage.question_offset + step, g.questions_per_step,
+                                 seed)
         torch.manual_seed(derive_seed(seed, "rft-sampling", step))
         rollout = generate_groups(model, tokenizer, stage.prompts.prompts(tokenizer, records),
                                   g.group_size, max_new_tokens=g.max_new_tokens,

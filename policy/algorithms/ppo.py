@@ -50,7 +50,7 @@ def train_ppo(stage: PolicyStage, spec: PPOSpec, run_path: Path, policy_path: st
         timing = {"rollout": 0.0, "scoring": 0.0}
         sampled = make_sample(value.sampler, value.tokenizer, reward_fn, stage, rank, per_rank,
                               timing)(
-            step_questions(rl_records, step, g.questions_per_step, seed),
+            step_questions(rl_records, stage.question_offset + step, g.questions_per_step, seed),
             (trainer.state.get("sample_seed", seed), step))
         value.sampler.rest()
         metrics = ppo_update(trainer, value.critic, value.reference, sampled, g, spec, value.plan,
