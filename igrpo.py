@@ -84,6 +84,9 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
                + key_help(sections, command.ignored))
     if name == "config":
         sub.add_argument("action", choices=("show",))
+    if name == "inspect":
+        sub.add_argument("trace_dir", help="a GRPO stage's trace folder (<stage>/trace)")
+        sub.add_argument("--out", default=None, help="the page (default: TRACE_DIR/index.html)")
     sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
     sub.add_argument("--recipe", default=None, metavar="NAME",
                      help="a named algorithm from configs/recipes/ applied over the config "
@@ -469,7 +472,7 @@ COMMANDS = {
                            "sft.enabled=true"),
     "grpo": Command("GRPO alone from the warm start, rewarded by policy.reward -> <run>/grpo/final",
                     ("run", "data", "model", "deepspeed", "sft", "policy", "grpo", "ppo", "rft",
-                     "controls", "inspect", "eval", "rollout"),
+                     "controls", "inspect", "watch", "eval", "rollout"),
                     run_grpo, lambda cfg: "grpo",
                     example="igrpo grpo --config configs/tiny.yaml --recipe dapo "
                             "policy.group_size=16"),
@@ -506,6 +509,9 @@ COMMANDS = {
                     "is run", ("data", "model", "deepspeed", "policy", "grpo", "eval", "label",
                                 "rm", "rollout"),
                     example="igrpo plan --config configs/deepseekmath_7b.yaml --gpus 8"),
+    "inspect": Command("one static HTML page of a GRPO stage's rollout traces: steps, groups, "
+                       "tokens coloured by advantage, the wrong answers the update pushed up",
+                       (), example="igrpo inspect runs/tiny/grpo/iteration-1/trace"),
     "config": Command("`igrpo config show`: print the resolved config", ALL_SECTIONS,
                       example="igrpo config show --config configs/tiny.yaml policy.lr=3e-6"),
 }
@@ -524,6 +530,15 @@ def _run(argv: list[str] | None) -> int:
     args = _parse(argv)
     from runtime.rundir import UnsafePathError
 
+    if args.stage == "inspect":  # reads a trace folder, no config
+        from policy.trace import write_trace_page
+
+        try:
+            print(write_trace_page(Path(args.trace_dir), args.out and Path(args.out)))
+        except FileNotFoundError as err:
+            print(f"igrpo: {err}", file=sys.stderr)
+            return 2
+        return 0
     try:
         cfg = load_config(args.config, args.overrides, recipe=args.recipe)
         for key in unread_overrides(args.stage, args.overrides):

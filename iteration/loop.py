@@ -115,33 +115,27 @@ class IterationRun:
                                        self.w.data.step_separator)
         return worked_examples(records)
 
-    def grpo(self, k: int, policy: str, rm_iteration: int) -> dict:
-        """GRPO from `policy` with the reference reset to it, rewarded by the current RMs, on
-        the RL question stream where the previous iteration's GRPO left it."""
+    def grpo(self, k: int, policy: str, rm_iteration: int, segment: int = 0,
+             steps: int | None = None, offset: int = 0) -> dict:
+        """GRPO from `policy` with the reference reset to it, rewarded by the current RMs
+        (RM_{rm_iteration}), from step `offset` of the RL question stream on (where the previous
+        GRPO unit left it). `segment` > 0: the `steps` left of iteration k after a guard fired
+        `refresh` (`grpo/iteration-K.J`)."""
         tokenizer = load_tokenizer(policy, self.w.stage.model)
-        logger = self.make_logger(f"grpo/iteration-{k}")
-        offset = self._question_offset(k)
+        folder = f"grpo/iteration-{k}" + (f".{segment}" if segment else "")
+        logger = self.make_logger(folder)
         try:
-            final = self.w.policy_trainer(offset, self._policy_after(0))(
+            final = self.w.policy_trainer(offset, self._policy_after(0), steps)(
                 self.run, policy, self._reward(tokenizer, rm_iteration), self.splits.rl,
-                self.splits.eval, logger, self.config_yaml, out_name=f"grpo/iteration-{k}",
+                self.splits.eval, logger, self.config_yaml, out_name=folder,
                 reference_path=policy, evaluate_ends=False)  # eval/{k-1} and eval/k do that
         finally:
             logger.close()
-        done = self.run / "grpo" / f"iteration-{k}" / "done.json"  # (the main rank wrote it)
-        steps = broadcast_from_main(json.loads(done.read_text())["steps"] if is_main() else None)
+        done = self.run / folder / "done.json"  # (the main rank wrote it)
+        done = broadcast_from_main(json.loads(done.read_text()) if is_main() else None)
         return {"policy": self._rel(final), "reference": self._rel(policy),
-                "question_steps": [offset, offset + int(steps)]}
-
-    def _question_offset(self, k: int) -> int:
-        """Where iteration k's GRPO starts in the RL question stream: where iteration k-1's
-        ended (a run recorded before the stream walked on: k-1 stages of `policy.steps`)."""
-        if k == 1:
-            return 0
-        before = self.manifest.outputs(f"grpo/{k - 1}")
-        if "question_steps" in before:
-            return before["question_steps"][1]
-        return (k - 1) * self.w.stage.policy.steps
+                "question_steps": [offset, offset + int(done["steps"])],
+                **({"guard": done["guard"]} if "guard" in done else {})}
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
         """Held-out accuracy of the policy, and the reward models' step metrics and best-of-N:
@@ -156,8 +150,8 @@ class IterationRun:
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
                  **stages.reward_model_report(w, self._scorers(rm_iteration), model,
                                               tokenizer, self.splits.eval)}
-        if k > 1 and w.iterate.refresh and w.rm.rm.bon_questions:
-            entry["refresh"] = self.manifest.outputs(f"refresh-check/{k - 1}")
+        if rm_iteration > 0 and w.rm.rm.bon_questions:
+            entry["refresh"] = self.manifest.outputs(f"refresh-check/{rm_iteration}")
         # What the reward models that judged this iteration trained on: new, replayed, worked.
         entry["reward_model_data"] = {
             kind: self.manifest.outputs(f"rm-{kind}/{rm_iteration}").get("composition")
@@ -185,55 +179,105 @@ class IterationRun:
 
     # -- the loop ----------------------------------------------------------------------------
     def units(self) -> list[tuple[str, Callable[[], dict]]]:
-        """(name, work) of every unit of the run, in the order `run_all` runs them. A unit reads
-        the policy it starts from out of the manifest when it runs (`_policy_after`)."""
-        refresh = self.w.iterate.refresh
+        """(name, work) of every unit of the run as far as the manifest decides it, in the order
+        `run_all` runs them. A labelling round r (`label/r`, `rm-*/r`, `refresh-check/r`) labels
+        the policy of the unit before it and refreshes the reward models: one before each
+        iteration after the first (`iterate.refresh`), and one after a GRPO unit whose guard
+        fired `refresh` (`watch.guard`) with steps left, followed by a GRPO unit for them
+        (`grpo/K.J`). A unit reads what it starts from out of the manifest when it runs."""
         units = [("sft", self.warm_start),
                  ("label/0", lambda: self.label(0, self._policy_after(0))),
                  *((f"rm-{kind}/0", partial(self.reward_model, kind, 0)) for kind in KINDS),
                  ("eval/0", lambda: self.evaluate(0, self._policy_after(0), 0))]
+        round_, source, last_grpo = 0, "sft", None
         for k in range(1, self.w.iterate.iterations + 1):
-            if k > 1 and refresh:
-                units += [(f"label/{k - 1}", partial(self._label_after, k - 1)),
-                          *((f"rm-{kind}/{k - 1}", partial(self.reward_model, kind, k - 1))
-                            for kind in KINDS),
-                          (f"refresh-check/{k - 1}", partial(self._refresh_check_after, k - 1))]
-            rms = k - 1 if refresh else 0  # single-stage GRPO keeps the first reward models
-            units += [(f"grpo/{k}", partial(self._grpo_after, k, rms)),
-                      (f"eval/{k}", partial(self._evaluate_after, k, rms))]
+            if k > 1 and self.w.iterate.refresh:
+                round_ += 1
+                units += self._round_units(round_, source)
+            # (single-stage GRPO keeps the first reward models, unless a guard refreshed them)
+            segment, left = 0, self.w.stage.policy.steps
+            while True:
+                name = f"grpo/{k}" + (f".{segment}" if segment else "")
+                units.append((name, partial(self._grpo_unit, k, source, last_grpo, round_,
+                                            segment, left)))
+                source = last_grpo = name
+                ran = self._refresh_fired(name)
+                if ran is None or ran >= left:
+                    break
+                left, segment, round_ = left - ran, segment + 1, round_ + 1
+                units += self._round_units(round_, name)
+            units.append((f"eval/{k}", partial(self._evaluate_unit, k, source, round_)))
         return units
 
+    def _round_units(self, r: int, source: str) -> list[tuple[str, Callable[[], dict]]]:
+        """Labelling round r on the policy of unit `source`: label, refresh both reward models,
+        compare them with the ones they replace."""
+        return [(f"label/{r}", lambda: self.label(r, self._policy_of(source))),
+                *((f"rm-{kind}/{r}", partial(self.reward_model, kind, r)) for kind in KINDS),
+                (f"refresh-check/{r}", lambda: self.refresh_check(r, self._policy_of(source)))]
+
+    def _refresh_fired(self, name: str) -> int | None:
+        """The steps GRPO unit `name` ran if its guard fired `refresh`, else None (or not run)."""
+        if not self.manifest.done(name):
+            return None
+        outputs = self.manifest.outputs(name)
+        if outputs.get("guard", {}).get("action") != "refresh":
+            return None
+        first, last = outputs["question_steps"]
+        return last - first
+
     def plan(self) -> list[str]:
-        """Every unit of the run, in the order `run_all` runs them."""
+        """Every unit of the run as far as it is decided, in the order `run_all` runs them."""
         return [name for name, _ in self.units()]
 
     def run_all(self) -> list[dict]:
-        """Run (or, finished, read back) every unit in order; the summary and the accuracy plot
-        are rewritten after each evaluation."""
-        units, iterations = self.units(), []
-        plan = [name for name, _ in units]
-        for name, work in units:
-            outputs = self.manifest.run(name, work, plan)
+        """Run (or, finished, read back) every unit in order, planning again after each (a
+        fired guard adds units); the summary and the accuracy plot are rewritten after each
+        evaluation."""
+        iterations, ran = [], set()
+        while True:
+            units = self.units()
+            todo = [(name, work) for name, work in units if name not in ran]
+            if not todo:
+                return iterations
+            name, work = todo[0]
+            outputs = self.manifest.run(name, work, [n for n, _ in units])
+            ran.add(name)
             if name.startswith("eval/"):
                 iterations.append(outputs)
                 self._write(iterations)
-        return iterations
+
+    def _policy_of(self, unit: str) -> str:
+        return self._abs(self.manifest.outputs(unit)["policy"])
 
     def _policy_after(self, k: int) -> str:
-        """The policy at the end of iteration k: the warm start's (k = 0) or GRPO's."""
-        return self._abs(self.manifest.outputs("sft" if k == 0 else f"grpo/{k}")["policy"])
+        """The policy at the end of iteration k: the warm start's (k = 0) or its last GRPO
+        unit's."""
+        return self._policy_of("sft" if k == 0 else self._grpo_units(k)[-1])
 
-    def _label_after(self, k: int) -> dict:
-        return self.label(k, self._policy_after(k))
+    def _grpo_units(self, k: int) -> list[str]:
+        """Iteration k's finished GRPO units, in order (`grpo/K`, then `grpo/K.1`, ...)."""
+        names, segment = [], 0
+        while self.manifest.done(name := f"grpo/{k}" + (f".{segment}" if segment else "")):
+            names.append(name)
+            segment += 1
+        return names
 
-    def _refresh_check_after(self, k: int) -> dict:
-        return self.refresh_check(k, self._policy_after(k))
+    def _grpo_unit(self, k: int, source: str, last_grpo: str | None, rms: int, segment: int,
+                   steps: int) -> dict:
+        offset = 0 if last_grpo is None else self._question_end(last_grpo)
+        return self.grpo(k, self._policy_of(source), rms, segment, steps, offset)
 
-    def _grpo_after(self, k: int, rms: int) -> dict:
-        return self.grpo(k, self._policy_after(k - 1), rms)
+    def _question_end(self, unit: str) -> int:
+        """Where GRPO unit `unit` left the RL question stream (a run recorded before the
+        stream walked on: after its iteration's `policy.steps`)."""
+        outputs = self.manifest.outputs(unit)
+        if "question_steps" in outputs:
+            return outputs["question_steps"][1]
+        return int(unit.split("/")[1].split(".")[0]) * self.w.stage.policy.steps
 
-    def _evaluate_after(self, k: int, rms: int) -> dict:
-        return self.evaluate(k, self._policy_after(k), rms)
+    def _evaluate_unit(self, k: int, source: str, rms: int) -> dict:
+        return self.evaluate(k, self._policy_of(source), rms)
 
     # -- helpers -----------------------------------------------------------------------------
     def base_rm_init(self) -> str:
@@ -254,7 +298,10 @@ class IterationRun:
                            lambda kinds: self._scorers(rm_iteration, kinds))
 
     def _grpo_rows(self, k: int) -> list[dict]:
-        return [r for r in read_metrics(self.run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+        """Iteration k's GRPO step rows, over its units in order."""
+        folders = [f"iteration-{name.split('/')[1]}" for name in self._grpo_units(k)]
+        return [r for folder in folders
+                for r in read_metrics(self.run / "grpo" / folder / "metrics.jsonl")
                 if "train/loss" in r]
 
     def _grpo_means(self, k: int) -> dict:

@@ -136,12 +136,18 @@ class Wiring:
         `rm.worked_solutions` (0 by default): a run from an instruct model keeps every one."""
         return self.data.sft_questions if self.sft.enabled else self.rm.rm.worked_solutions
 
-    def policy_trainer(self, question_offset: int, init_path: str | None = None) -> Callable:
+    def policy_trainer(self, question_offset: int, init_path: str | None = None,
+                       steps: int | None = None) -> Callable:
         """`train_policy` drawing its questions from step `question_offset` of the RL question
-        stream on (`PolicyStage.question_offset`), its watch measuring KL from `init_path`."""
+        stream on (`PolicyStage.question_offset`), its watch measuring KL from `init_path`, for
+        `steps` steps (default `policy.steps`)."""
+        from omegaconf import OmegaConf
+
+        policy = self.stage.policy if steps is None else \
+            OmegaConf.merge(self.stage.policy, {"steps": steps})  # (a structured config)
         return partial(TRAINERS[self.stage.policy.algorithm],
-                       replace(self.stage, question_offset=question_offset, init_path=init_path),
-                       self.method)
+                       replace(self.stage, question_offset=question_offset, init_path=init_path,
+                               policy=policy), self.method)
 
     def splits(self) -> Splits:
         """The run's splits (`runtime.data.load_splits`), `worked_questions` out of RL's."""

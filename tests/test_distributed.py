@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from configs import load_config
+from policy.trace import read_trace
 from runtime.tiny_model import build_tiny
 from runtime.tracking import read_metrics
 
@@ -98,6 +99,23 @@ def _same_step(one: tuple, two: tuple) -> None:
                 "rollout/truncation_rate", "train/entropy", "train/kept_groups"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["train/grad_norm"] > 0 and one["train/kl"] > 0  # mu=2: the 2nd update sees KL
+    # The watch reads every rank's rows: its measures and the step's questions agree too.
+    for key in ("watch/group_auroc", "watch/adv_auroc", "watch/wrong_push", "watch/gold",
+                "watch/proxy", "watch/kl_init", "watch/steps_per_solution",
+                "watch/tokens_per_step", "watch/mixed_groups"):
+        if isinstance(one[key], str):  # "nan": no group held both right and wrong samples
+            assert two[key] == one[key], key
+        else:
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    assert two["watch/question_ids"] == one["watch/question_ids"]
+    # ... and so does the trace the main rank wrote of every rank's samples.
+    rows1, rows2 = (read_trace(out / "grpo" / "trace") for out in (out1, out2))
+    assert len(rows1) == 16 and [r["question_id"] for r in rows2] == \
+        [r["question_id"] for r in rows1]
+    for a, b in zip(rows1, rows2):
+        assert (a["completion"], a["reward"], a["step_ends"]) == \
+            (b["completion"], b["reward"], b["step_ends"])
+        assert b["token_advantages"] == pytest.approx(a["token_advantages"], rel=1e-4, abs=1e-6)
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
 
 
@@ -168,6 +186,11 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, base, credit):
     one = _grpo_step(1, tmp_path / "p1", base, 2, *extra)
     for stage in (2, 3):
         _same_step(one, _grpo_step(2, tmp_path / f"z{stage}", base, stage, *extra))
+    # Groups hold right and wrong samples, so the watch's AUROCs are measured; the anchored form
+    # puts the exact check into the advantage: it ranks right above wrong in every group.
+    assert one[0]["watch/mixed_groups"] > 0
+    if credit == "anchored":
+        assert one[0]["watch/adv_auroc"] == 1.0 and one[0]["watch/wrong_push"] == 0.0
 
 
 @pytest.mark.slow

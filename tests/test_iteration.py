@@ -146,11 +146,11 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     calls = {"n": 0}
     original = IterationRun.grpo
 
-    def crash_on_second_grpo(self, k, policy, rm_iteration):
+    def crash_on_second_grpo(self, k, *args):
         calls["n"] += 1
         if k == 2:
             raise KeyboardInterrupt("killed")
-        return original(self, k, policy, rm_iteration)
+        return original(self, k, *args)
 
     monkeypatch.setattr(IterationRun, "grpo", crash_on_second_grpo)
     with pytest.raises(KeyboardInterrupt):

@@ -106,8 +106,9 @@ def init_policy(stage: PolicyStage, policy_path, reference_path, reference, devi
     init = Path(stage.init_path or policy_path)
     if reference is not None and init == Path(reference_path or policy_path):
         return reference
-    return build_inference_engine(load_causal_lm(init, stage.model, device=device),
-                                  stage.deepspeed)
+    with torch.random.fork_rng(devices=[]):  # loading draws nothing the run then draws
+        return build_inference_engine(load_causal_lm(init, stage.model, device=device),
+                                      stage.deepspeed)
 
 
 def init_kl(stage: PolicyStage, step: int, initial, engine, rollout: Rollout, micro: int
