@@ -373,6 +373,33 @@ def test_grpo_resumes_after_crash(tmp_path):
     assert (tmp_path / "grpo" / "final" / "config.json").exists()
 
 
+def test_a_resumed_stage_neither_loses_nor_repeats_trace_rows(tmp_path):
+    """Saved every 2 steps and crashed in step 4: steps 1-3 were traced, step 3 after the last
+    save. The resumed stage redoes steps 3 and 4; its trace holds each step once, equal to an
+    uninterrupted stage's (the rollouts of a step are seeded by the step)."""
+    from policy.trace import read_trace
+
+    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=4",
+                                            "policy.save_every=2", "policy.eval_every=0",
+                                            "run.wandb_mode=disabled", "policy.supervision=outcome"])
+    splits = load_splits(cfg.data, 0)
+    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        resolve(cfg).train_policy(tmp_path, base, _CrashAt(4), splits.rl, splits.eval, logger,
+                                  "", out_name="crashed")
+    assert len(list((tmp_path / "crashed" / "trace").glob("*.parquet"))) == 3
+    resolve(cfg).train_policy(tmp_path, base, RuleReward(), splits.rl, splits.eval, logger, "",
+                              out_name="crashed")
+    torch.manual_seed(0)
+    resolve(cfg).train_policy(tmp_path, base, RuleReward(), splits.rl, splits.eval, logger, "",
+                              out_name="straight")
+    resumed, straight = (read_trace(tmp_path / name / "trace") for name in ("crashed", "straight"))
+    assert [r["step"] for r in resumed] == [s for s in (1, 2, 3, 4) for _ in range(8)]
+    assert resumed == straight
+
+
 @pytest.mark.parametrize("extra", [["policy.mu=1"], ["policy.mu=2"], ["policy.algorithm=ppo"]],
                          ids=["grpo", "grpo-mu2", "ppo"])
 def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extra):
