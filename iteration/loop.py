@@ -324,4 +324,5 @@ class IterationRun:
     def _write(self, iterations: list[dict]) -> None:
         if is_main():
             write_summary(self.run / "summary.json", iterations)
-            plot_accuracy(self.run / "accuracy.png", iterations)
+            steps = [self._grpo_rows(it["iteration"]) for it in iterations if it["iteration"]]
+            plot_accuracy(self.run / "accuracy.png", iterations, steps)

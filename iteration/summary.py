@@ -73,16 +73,21 @@ def write_summary(path: Path, iterations: list[dict]) -> None:
     atomic_write_json(path, {"iterations": iterations})
 
 
-def plot_accuracy(path: Path, iterations: list[dict]) -> Path:
+def plot_accuracy(path: Path, iterations: list[dict],
+                  steps: list[list[dict]] | None = None) -> Path:
     """Accuracy per iteration for greedy / mean@k / maj@k / pass@k with their 95% intervals
-    (iteration 0 = warm start)."""
+    (iteration 0 = warm start); with `steps` (each iteration's GRPO metric rows), a second
+    panel: gold (the samples' exact-check accuracy) and proxy (the mean reward) per GRPO step,
+    with the reward's in-group AUROC, the watch of reward hacking (gold falling as proxy rises)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     xs = [it["iteration"] for it in iterations]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    watched = bool(steps) and any("watch/gold" in r for rows in steps for r in rows)
+    fig, axes = plt.subplots(1, 2 if watched else 1, figsize=(12 if watched else 6, 4))
+    ax = axes[0] if watched else axes
     for offset, (key, label) in zip((-0.09, -0.03, 0.03, 0.09), CURVES):
         points = [(x, lookup(it, key), lookup(it, key + "_lo"), lookup(it, key + "_hi"))
                   for x, it in zip(xs, iterations) if lookup(it, key) is not None]
@@ -100,12 +105,33 @@ def plot_accuracy(path: Path, iterations: list[dict]) -> Path:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
+    if watched:
+        _plot_watch(axes[1], steps)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def _plot_watch(ax, steps: list[list[dict]]) -> None:
+    """Gold, proxy and in-group AUROC per GRPO step over the run, iterations marked."""
+    rows = [r for part in steps for r in part]
+    x = list(range(1, len(rows) + 1))
+    for key, label, style in (("watch/gold", "gold (exact check)", "-"),
+                              ("watch/proxy", "proxy (mean reward)", "-"),
+                              ("watch/group_auroc", "in-group AUROC", ":")):
+        ax.plot(x, [r[key] if _number(r.get(key)) else float("nan") for r in rows], style,
+                label=label)
+    at = 0
+    for part in steps[:-1]:
+        at += len(part)
+        ax.axvline(at + 0.5, color="grey", alpha=0.4)
+    ax.set_xlabel("GRPO step (lines: iterations)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def with_interval(entry: dict, key: str) -> str:
@@ -160,10 +186,12 @@ def _table_rest(iterations: list[dict]) -> str:
                ("benchmark.score", "PRM bench", "{:.3f}"),
                ("refresh.prm", "PRM refresh", "{}"),
                ("bon.random", "BoN random", "{:.3f}"), ("grpo.reward/mean", "reward", "{:.3f}"),
-               ("grpo.train/kl", "KL", "{:.4f}")]
+               ("grpo.train/kl", "KL", "{:.4f}"), ("watch.watch/gold", "gold 5->5", "{}"),
+               ("watch.watch/group_auroc", "AUROC 5->5", "{}")]
     # The PRM's benchmark score shows where a run has one (`eval.prm_benchmark`), the refresh
     # check (in-group AUROC of the previous -> the refreshed PRM) where the run refreshed.
-    columns = [c for c in columns if c[0] not in ("benchmark.score", "refresh.prm")
+    columns = [c for c in columns if c[0] not in ("benchmark.score", "refresh.prm",
+                                                  "watch.watch/gold", "watch.watch/group_auroc")
                or any(lookup(it, c[0]) is not None for it in iterations)]
     lines = ["  ".join(f"{title:>12}" for _, title, _ in columns)]
     for it in iterations:
@@ -173,6 +201,9 @@ def _table_rest(iterations: list[dict]) -> str:
             if key == "refresh.prm" and value is not None:
                 value = (f"{value['previous']['group_auroc']:.2f}->"
                          f"{value['refreshed']['group_auroc']:.2f}")
+            if key.startswith("watch.") and value is not None:  # first and last 5 GRPO steps
+                value = "->".join("-" if v is None else f"{v:.2f}"
+                                  for v in (value["first"], value["last"]))
             cells.append(f"{fmt.format(value) if value is not None else '-':>12}")
         lines.append("  ".join(cells))
     return "\n".join(lines)

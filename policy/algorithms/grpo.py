@@ -32,12 +32,9 @@ from policy.sampling import (Sampled, Sampler, concat_sampled, due_evaluation, f
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
 from policy.rewards import RewardFn, Scores
 from policy.stage import GRPOSpec, PolicyStage
-from policy.trace import drop_steps_after, trace_rows, write_trace
-from policy.watch import Guard, k3_kl, mean_token_advantage, positive_mass, watch_metrics
+from policy.stage_watch import StageWatch
 from runtime.data import MathRecord
-from runtime.engine import (build_inference_engine, current_lr, gather_objects, gather_rows,
-                            global_sum, is_main, memory_metrics, memory_phase, world)
-from runtime.models import load_causal_lm
+from runtime.engine import current_lr, gather_rows, global_sum, memory_metrics, memory_phase, world
 from runtime.training import StageLoop, stage_done
 from runtime.seeds import derive_seed
 
@@ -54,24 +51,18 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
-    tokenizer, plan, reference, trainer, sampler = start_stage(stage, out, out_name, logger,
-                                                               policy_path, reference_path)
+    tokenizer, plan, reference, trainer, sampler, watch = start_stage(
+        stage, out, out_name, logger, policy_path, reference_path)
     evaluate = make_evaluator(stage.evaluation, sampler, tokenizer, eval_records, stage.prompts,
                               trainer, evaluate_ends)
     rank, per_rank = world()[0], p.questions_per_step // world()[1]
-    initial = init_policy(stage, policy_path, reference_path, reference, trainer.engine.device)
-    guard = Guard(stage.watch.guard, stage.watch.window, stage.watch.min_group_auroc,
-                  stage.watch.max_wrong_push)
-    if stage.inspect.trace and is_main():
-        drop_steps_after(out / "trace", trainer.step)  # a crash may have traced steps it redoes
     while trainer.running():
         step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
         sampled = sample_step(make_sample(sampler, tokenizer, reward_fn, stage, rank, per_rank,
                                           timing), rl_records, step, p, spec, seed,
                               trainer.state.get("sample_seed", seed), tokenizer.pad_token_id,
                               stage.question_offset)
-        kl_init = init_kl(stage, step, initial, trainer.engine, sampled.rollout,
-                          plan.micro_batch_size)
+        watch.before_update(step, sampled.rollout, plan.micro_batch_size)
         batch, stats = learn_step(trainer, reference, sampled, p, spec, plan, seed, timing,
                                   f"{out_name} step {step + 1}",
                                   step == 0 and starts_at(reference_path, policy_path))
@@ -80,15 +71,18 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
                               timing), **sampled.stats, **sampler.stats(),
                    **memory_metrics(timing["rollout_memory"]),
                    "train/lr": current_lr(trainer.engine),
-                   **(watch_step(sampled, batch, spec, kl_init) if stage.watch.enabled else {}),
-                   **due_evaluation(trainer, p, evaluate, evaluate_ends)}
-        if stage.inspect.trace:
-            trace_step(out / "trace", trainer.step, sampled, batch, stats, tokenizer, per_rank)
-        metrics.update(guard_step(guard, trainer, metrics))
+                   **due_evaluation(trainer, p, evaluate, evaluate_ends),
+                   **watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs)}
         trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
                                                      spec, tokenizer, sampled, batch, logger))
         if trainer.due(p.save_every) or trainer.stopped:
             trainer.save()
+    return end_stage(trainer, sampler, tokenizer, out, config_yaml)
+
+
+def end_stage(trainer: StageLoop, sampler: Sampler, tokenizer, out: Path, config_yaml: str
+              ) -> Path:
+    """Export the final policy and write done.json (with the guard's record, where it fired)."""
     sampler.rest()  # the export gathers a ZeRO-3 policy: vLLM's pool is freed first
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0),
@@ -96,102 +90,19 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
     return out / "final"
 
 
-def init_policy(stage: PolicyStage, policy_path, reference_path, reference, device):
-    """The model `watch/kl_init` compares the policy with: the run's starting policy
-    (`stage.init_path`, default the stage's own), as the reference engine where that is it,
-    else a frozen engine of its own; None when the watch does not measure it."""
-    w = stage.watch
-    if not (w.enabled and w.kl_init_every):
-        return None
-    init = Path(stage.init_path or policy_path)
-    if reference is not None and init == Path(reference_path or policy_path):
-        return reference
-    with torch.random.fork_rng(devices=[]):  # loading draws nothing the run then draws
-        return build_inference_engine(load_causal_lm(init, stage.model, device=device),
-                                      stage.deepspeed)
-
-
-def init_kl(stage: PolicyStage, step: int, initial, engine, rollout: Rollout, micro: int
-            ) -> float | None:
-    """`watch/kl_init` every `watch.kl_init_every` steps (and on the first): the token mean of
-    k3 KL(policy || run's starting policy) on the step's samples, before the update (the
-    policy that sampled them); every rank runs the forwards (a collective under ZeRO-3)."""
-    if initial is None or step % stage.watch.kl_init_every:
-        return None
-    policy = forward_logprobs(engine.module, rollout, micro)
-    start = forward_logprobs(initial.module if hasattr(initial, "module") else initial,
-                             rollout, micro)
-    mask = rollout.completion_mask.float()
-    parts = gather_rows(torch.tensor([k3_kl(policy, start, mask) * float(mask.sum()),
-                                      float(mask.sum())]))[0].view(-1, 2)
-    return float(parts[:, 0].sum() / parts[:, 1].sum().clamp(min=1))
-
-
-def watch_step(sampled: Sampled, batch: StepBatch, spec: GRPOSpec, kl_init: float | None
-               ) -> dict:
-    """The step's `watch/*` keys over every rank's rows (policy/watch.py), and its question
-    ids (kept in metrics.jsonl; wandb takes the numbers)."""
-    scores, mask = sampled.scores, batch.loss_mask
-    if scores.correct is None:
-        return {}
-    rows = [sampled.rewards.float(), scores.correct.float(),
-            mean_token_advantage(batch.advantages, mask), positive_mass(batch.advantages, mask)]
-    if spec.per_step and scores.step_mask is not None:
-        rows += [scores.step_mask.sum(-1).float(), sampled.rollout.completion_mask.sum(-1).float()]
-    r = gather_rows(*rows)
-    metrics = watch_metrics(r[0], r[1].bool(), r[2], r[3], sampled.rollout.group_size,
-                            *r[4:6])
-    if kl_init is not None:
-        metrics["watch/kl_init"] = kl_init
-    metrics["watch/question_ids"] = [i for ids in gather_objects(
-        [record.source_id for record in sampled.records]) for i in ids]
-    return metrics
-
-
-def trace_step(folder: Path, step: int, sampled: Sampled, batch: StepBatch, stats: UpdateStats,
-               tokenizer, per_rank: int) -> None:
-    """Every sample of the step to `<stage>/trace/step-NNNNNN.parquet` (policy/trace.py), the
-    main rank writing every rank's rows."""
-    rows = trace_rows(step, sampled.records, sampled.rollout, sampled.scores, sampled.rewards,
-                      batch.advantages, batch.normalised, batch.keep, tokenizer,
-                      first_group=world()[0] * per_rank, trainer_logprobs=stats.logprobs)
-    gathered = [row for part in gather_objects(rows) for row in part]
-    if is_main():
-        write_trace(folder, step, gathered)
-
-
-def guard_step(guard: Guard, trainer: StageLoop, metrics: dict) -> dict:
-    """Keep the step's watch measures in the stage's state and let the guard judge them:
-    `warn` prints and logs `guard/*`, `stop` and `refresh` also end the stage, recording when
-    and why in its state (and done.json)."""
-    if guard.action == "off" or "watch/group_auroc" not in metrics:
-        return {}
-    history = trainer.state.setdefault("watch_history", [])
-    history.append([metrics["watch/group_auroc"], metrics["watch/wrong_push"]])
-    del history[:-guard.window]
-    reason = guard.check(history)
-    if reason is None:
-        return {}
-    if is_main():
-        print(f"[igrpo] guard ({guard.action}) at step {trainer.step}: {reason}", flush=True)
-    if guard.action in ("stop", "refresh"):
-        trainer.stopped = True
-        trainer.state["guard"] = {"fired_at": trainer.step, "reason": reason,
-                                  "action": guard.action}
-    return {"guard/fired": 1.0, "guard/fired_at": float(trainer.step)}
-
-
 def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_path,
                 reference_path) -> tuple:
-    """(tokenizer, batch plan, reference, trainer, sampler) of a GRPO stage in `out`."""
+    """(tokenizer, batch plan, reference, trainer, sampler, watch) of a GRPO stage in `out`."""
     with memory_phase("start-up"):
         tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
         trainer = StageLoop(out, engine, logger, stage.policy.steps, desc=out_name,
                           max_seconds=stage.policy.max_minutes * 60,
                           fresh_state={"sample_seed": sampling_seed()})
         sampler = Sampler(engine, trainer, stage.vllm, policy_path)
-        trainer.stopped = "guard" in trainer.state  # a fired guard ended the stage before a kill
-    return tokenizer, plan, reference, trainer, sampler
+        rank, size = world()
+        watch = StageWatch(stage, out / "trace", trainer, reference, policy_path, reference_path,
+                           first_group=rank * stage.policy.questions_per_step // size)
+    return tokenizer, plan, reference, trainer, sampler, watch
 
 
 def learn_step(trainer: StageLoop, reference, sampled: Sampled, p: PolicyConfig, spec: GRPOSpec,
@@ -340,6 +251,12 @@ class UpdateStats:
     logprobs: torch.Tensor | None = None
     """[N, T] the policy's log-probs of the first pass (detached; the trace's), None if none ran."""
 
+    def restore_order(self, order: torch.Tensor) -> None:
+        """The per-row tensors, measured in mini-batch order `order`, back in the rollout's."""
+        self.entropy = torch.zeros_like(self.entropy).index_copy(0, order, self.entropy)
+        if self.logprobs is not None:
+            self.logprobs = torch.zeros_like(self.logprobs).index_copy(0, order, self.logprobs)
+
 
 @dataclass
 class MicroBatchLoss:
@@ -426,9 +343,7 @@ def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatc
             stats.grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
                                                f"{where}, update {update + 1}", stats.grad_norm)
     if order is not None:  # back in the rollout's order, for the step's metrics
-        stats.entropy = torch.zeros_like(stats.entropy).index_copy(0, order, stats.entropy)
-        if stats.logprobs is not None:
-            stats.logprobs = torch.zeros_like(stats.logprobs).index_copy(0, order, stats.logprobs)
+        stats.restore_order(order)
     for name in ("loss", "kl", "clip", "clip_high", "logprob_diff"):
         setattr(stats, name, global_sum(getattr(stats, name)))
     return stats
