@@ -23,9 +23,11 @@ import torch
 from policy.batch import StepBatch
 from policy.generation.rollout import Rollout
 from policy.sampling import Sampled, forward_logprobs
-from policy.stage import GRPOSpec, PolicyStage
+from policy.stage import Evaluation, GRPOSpec, PolicyStage
 from policy.trace import drop_steps_after, trace_rows, write_trace
-from policy.watch import Guard, k3_kl, mean_token_advantage, positive_mass, watch_metrics
+from policy.evaluate import trace_flags
+from policy.watch import (Guard, group_auroc, k3_kl, mean_token_advantage, positive_mass,
+                          watch_metrics)
 from runtime.engine import build_inference_engine, gather_objects, gather_rows, is_main
 from runtime.models import load_causal_lm
 from runtime.training import StageLoop
@@ -88,7 +90,7 @@ class StageWatch:
         `trainer.advance()`."""
         metrics = {}
         if self.stage.watch.enabled:
-            metrics.update(watch_step(sampled, batch, spec, self.kl_init))
+            metrics.update(watch_step(sampled, batch, spec, self.kl_init, self.stage.evaluation))
             metrics["time/watch"], self.seconds = self.seconds, 0.0
         if self.stage.inspect.trace:
             started = time.perf_counter()
@@ -104,20 +106,32 @@ class StageWatch:
         return metrics
 
 
-def watch_step(sampled: Sampled, batch: StepBatch, spec: GRPOSpec, kl_init: float | None
-               ) -> dict:
-    """The step's `watch/*` keys over every rank's rows (policy/watch.py), and its question
-    ids (kept in metrics.jsonl; wandb takes the numbers)."""
-    scores, mask = sampled.scores, batch.loss_mask
+def watch_step(sampled: Sampled, batch: StepBatch, spec: GRPOSpec, kl_init: float | None,
+               evaluation: Evaluation | None = None) -> dict:
+    """The step's `watch/*` keys over every rank's rows (policy/watch.py), with the data's step
+    oracle (`evaluation.step_oracle`) `watch/trace_auroc`, and its question ids (kept in
+    metrics.jsonl; wandb takes the numbers)."""
+    scores, mask, size = sampled.scores, batch.loss_mask, sampled.rollout.group_size
     if scores.correct is None:
         return {}
     rows = [sampled.rewards.float(), scores.correct.float(),
             mean_token_advantage(batch.advantages, mask), positive_mass(batch.advantages, mask)]
+    traced = evaluation is not None and evaluation.step_oracle is not None
+    if traced:  # the answer and every step right: punishing a lucky answer is no error here
+        rows.append(torch.tensor([flag for q, record in enumerate(sampled.records)
+                                  for flag in trace_flags(
+                                      evaluation.step_oracle, record.question,
+                                      sampled.rollout.texts[q * size:(q + 1) * size],
+                                      scores.correct[q * size:(q + 1) * size].tolist(),
+                                      evaluation.step_separator)],
+                                 dtype=torch.float32, device=sampled.rewards.device))
     if spec.per_step and scores.step_mask is not None:
         rows += [scores.step_mask.sum(-1).float(), sampled.rollout.completion_mask.sum(-1).float()]
     r = gather_rows(*rows)
-    metrics = watch_metrics(r[0], r[1].bool(), r[2], r[3], sampled.rollout.group_size,
-                            *r[4:6])
+    process = r[5:7] if traced else r[4:6]
+    metrics = watch_metrics(r[0], r[1].bool(), r[2], r[3], size, *process)
+    if traced:
+        metrics["watch/trace_auroc"] = group_auroc(r[0], r[4].bool(), size)[0]
     if kl_init is not None:
         metrics["watch/kl_init"] = kl_init
     metrics["watch/question_ids"] = [i for ids in gather_objects(

@@ -100,7 +100,8 @@ def _same_step(one: tuple, two: tuple) -> None:
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["train/grad_norm"] > 0 and one["train/kl"] > 0  # mu=2: the 2nd update sees KL
     # The watch reads every rank's rows: its measures and the step's questions agree too.
-    for key in ("watch/group_auroc", "watch/adv_auroc", "watch/wrong_push", "watch/gold",
+    for key in ("watch/group_auroc", "watch/adv_auroc", "watch/trace_auroc", "watch/wrong_push",
+                "watch/gold",
                 "watch/proxy", "watch/kl_init", "watch/steps_per_solution",
                 "watch/tokens_per_step", "watch/mixed_groups"):
         if isinstance(one[key], str):  # "nan": no group held both right and wrong samples

@@ -64,6 +64,7 @@ def test_cli_sft_then_grpo_process(tmp_path):
     assert offline["config"]["policy"]["reward"] == "step_oracle"  # the resolved config, verbatim
     # The watch (policy/watch.py) on every step, in both; the question ids in metrics.jsonl only.
     for key in ("watch/gold", "watch/proxy", "watch/group_auroc", "watch/adv_auroc",
+                "watch/trace_auroc",
                 "watch/wrong_push", "watch/steps_per_solution", "watch/tokens_per_step"):
         assert all(key in r for r in rows[1:]) and key in offline["history"][-1], key
     assert offline["history"][1]["watch/kl_init"] == rows[1]["watch/kl_init"] == 0.0

@@ -1,0 +1,126 @@
+"""Does the reward-hacking watch see a collapse before gold shows it? Lead time of the guard's
+trigger over the fall of question-paired gold, on the study's arms.
+
+    python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --jobs 2
+    python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --report-only
+
+Runs the arms with scripts/replicate.py (the steps task, its budget; results kept under
+`<root>/results`, apart from the study's), then reads each run's GRPO metrics. Arm A (the exact
+check) is the reference: runs of the same seed see the same questions step for step (one question
+stream a seed), so the paired gold of arm X at step t is X's gold minus A's on the same
+questions. Per run: the first step at which the 5-step mean of paired gold is 0.10 or more
+below A's (a collapse), the first step at which the guard's rule (policy/watch.py `Guard` at the
+given thresholds) fires, and the difference (lead time, in steps; positive = the watch first).
+A run whose gold never falls and whose watch fires is a false alarm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from policy.watch import Guard  # noqa: E402
+from runtime.tracking import read_metrics  # noqa: E402
+
+FALL, WINDOW = -0.10, 5
+
+
+def grpo_rows(run: Path) -> list[dict]:
+    """Every GRPO step's metrics of a run, iterations (and guard segments) in order."""
+    manifest = json.loads((run / "manifest.json").read_text())["units"]
+    names = sorted((n for n in manifest if n.startswith("grpo/")),
+                   key=lambda n: [int(x) for x in n.split("/")[1].split(".")])
+    return [r for n in names
+            for r in read_metrics(run / "grpo" / f"iteration-{n.split('/')[1]}" / "metrics.jsonl")
+            if "train/loss" in r]
+
+
+def first_fall(paired: list[float]) -> int | None:
+    """The first 1-based step whose 5-step mean of paired gold is at or under FALL."""
+    for t in range(WINDOW, len(paired) + 1):
+        if sum(paired[t - WINDOW:t]) / WINDOW <= FALL:
+            return t
+    return None
+
+
+def first_alarm(rows: list[dict], guard: Guard) -> int | None:
+    history = []
+    for t, r in enumerate(rows, 1):
+        auroc = r.get("watch/group_auroc")
+        history.append([auroc if isinstance(auroc, float) else float("nan"),
+                        r.get("watch/wrong_push") if isinstance(r.get("watch/wrong_push"), float)
+                        else float("nan")])
+        if guard.check(history[-guard.window:]):
+            return t
+    return None
+
+
+def mean_at_k(run: Path) -> float:
+    return json.loads((run / "summary.json").read_text())["iterations"][-1]["eval"]["mean_at_k"]
+
+
+def analyse(root: Path, seeds: list[int], arms: list[str], guard: Guard) -> list[dict]:
+    out = []
+    for seed in seeds:
+        base = root / "steps" / f"seed{seed}-A"
+        gold_a = [r["watch/gold"] for r in grpo_rows(base)]
+        for arm in arms:
+            run = root / "steps" / f"seed{seed}-{arm}"
+            rows = grpo_rows(run)
+            paired = [r["watch/gold"] - a for r, a in zip(rows, gold_a)]
+            fall, alarm = first_fall(paired), first_alarm(rows, guard)
+            auroc = [r["watch/group_auroc"] for r in rows
+                     if isinstance(r.get("watch/group_auroc"), float)]
+            out.append({"seed": seed, "arm": arm, "steps": len(rows),
+                        "mean_at_4_minus_A": round(mean_at_k(run) - mean_at_k(base), 3),
+                        "paired_gold_last5": round(sum(paired[-WINDOW:]) / WINDOW, 3),
+                        "gold_fall_step": fall, "alarm_step": alarm,
+                        "lead_steps": None if fall is None or alarm is None else fall - alarm,
+                        "group_auroc_first5": round(sum(auroc[:WINDOW]) / max(1, len(auroc[:WINDOW])), 3),
+                        "group_auroc_last5": round(sum(auroc[-WINDOW:]) / max(1, len(auroc[-WINDOW:])), 3)})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join("-" if r[k] is None else str(r[k]) for k in keys) + " |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--arms", default="A,D", help="A is always run (the reference)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--min-group-auroc", type=float, default=0.6)
+    parser.add_argument("--max-wrong-push", type=float, default=0.5)
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="for every arm, e.g. iterate.iterations=4")
+    args = parser.parse_intermixed_args()
+    arms = sorted(set(args.arms.split(",")) | {"A"})
+    if not args.report_only:
+        import replicate
+
+        code = replicate.main(["--jobs", str(args.jobs), "--arms", ",".join(arms), "--seeds",
+                               args.seeds, "--tasks", "steps", "--root", str(args.root),
+                               "--results", str(args.root / "results"),
+                               "--doc", str(args.root / "report.md"), *args.overrides])
+        if code:
+            sys.exit(code)
+    guard = Guard("stop", WINDOW, args.min_group_auroc, args.max_wrong_push)
+    rows = analyse(args.root, [int(s) for s in args.seeds.split(",")], arms, guard)
+    (args.root / "lead_time.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
