@@ -86,7 +86,8 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
         sub.add_argument("action", choices=("show",))
     if name == "inspect":
         sub.add_argument("trace_dir", help="a GRPO stage's trace folder (<stage>/trace)")
-        sub.add_argument("--out", default=None, help="the page (default: TRACE_DIR/index.html)")
+        sub.add_argument("--out", default=None,
+                         help="the page (default: trace.html beside TRACE_DIR)")
     sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
     sub.add_argument("--recipe", default=None, metavar="NAME",
                      help="a named algorithm from configs/recipes/ applied over the config "

@@ -272,6 +272,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_value_family(cfg.policy, cfg.ppo, cfg.rollout.backend, where)
     _check_mini_batches(cfg.policy, cfg.grpo.token_budget_share, where)
     _check_algorithm_options(cfg.policy, cfg.grpo, where)
+    _check_watch(cfg.watch, where)
     _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
@@ -327,6 +328,17 @@ def _check_loop_reward(algorithm: str, supervision: str, reward: str, where: str
         raise ConfigError(f"{where}: iterate.reward=step_oracle with policy.supervision="
                           f"{supervision}: the step oracle's rewards are per step; use "
                           "policy.supervision=process")
+
+
+def _check_watch(w, where: str) -> None:
+    """The guard acts on the watch's window: both must be there."""
+    if w.guard != "off" and not w.enabled:
+        raise ConfigError(f"{where}: watch.guard={w.guard} with watch.enabled=false: the guard "
+                          "acts on the watch's measures; set watch.enabled=true")
+    if w.window < 1 or w.kl_init_every < 0:
+        raise ConfigError(f"{where}: watch.window = {w.window}, watch.kl_init_every = "
+                          f"{w.kl_init_every}; expected a window of 1 step or more and an "
+                          "interval >= 0 (0: never)")
 
 
 def _check_algorithm_options(p, g, where: str) -> None:

@@ -133,8 +133,9 @@ class IterationRun:
             logger.close()
         done = self.run / folder / "done.json"  # (the main rank wrote it)
         done = broadcast_from_main(json.loads(done.read_text()) if is_main() else None)
+        drawn = done.get("question_steps", done["steps"])  # (offline RFT: its sampling steps)
         return {"policy": self._rel(final), "reference": self._rel(policy),
-                "question_steps": [offset, offset + int(done["steps"])],
+                "question_steps": [offset, offset + int(drawn)],
                 **({"guard": done["guard"]} if "guard" in done else {})}
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:

