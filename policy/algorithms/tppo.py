@@ -123,7 +123,10 @@ def roll_window(value: ValueStage, stage: PolicyStage, spec: PPOSpec,
     rank, world_size = world()
     share = len(pool) // world_size
     mine = pool[rank * share:(rank + 1) * share]
-    records = [sample_record(rl_records, row["k"], g.group_size, stage.seed) for row in mine]
+    # (the stream goes on from the questions earlier stages' steps drew, `question_offset`)
+    first = stage.question_offset * g.questions_per_step * g.group_size
+    records = [sample_record(rl_records, first + row["k"], g.group_size, stage.seed)
+               for row in mine]
     prompts = encode_prompts(tokenizer, stage.prompts.prompts(tokenizer, records))
     started = time.perf_counter()
     size = window_tokens(spec.settings.window_share, g.max_new_tokens)
