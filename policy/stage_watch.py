@@ -5,10 +5,8 @@ functions in policy/watch.py, the trace's rows and page in policy/trace.py.
 
     watch = StageWatch(stage, out / "trace", trainer, reference, policy_path, reference_path,
                        first_group=rank * per_rank)
-    ...  # sample the step
-    watch.before_update(step, sampled.rollout, micro_batch_size)
-    ...  # advantages, update, trainer.advance()
-    metrics.update(watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs))
+    ...  # sample the step; advantages, update, trainer.advance()
+    metrics.update(watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs, micro))
 
 Every rank calls both (the KL forwards are collectives under ZeRO-3; the rows are gathered).
 """
@@ -45,7 +43,6 @@ class StageWatch:
         w = stage.watch
         self.guard = Guard(w.guard, w.window, w.min_group_auroc, w.max_wrong_push)
         self.initial = self._initial_policy(policy_path, reference_path, reference)
-        self.kl_init: float | None = None
         self.seconds = 0.0
         # A fired guard ended the stage before a kill; a crash may have traced steps it redoes.
         trainer.stopped = "guard" in trainer.state
@@ -67,30 +64,34 @@ class StageWatch:
                 load_causal_lm(init, self.stage.model, device=self.trainer.engine.device),
                 self.stage.deepspeed)
 
-    def before_update(self, step: int, rollout: Rollout, micro: int) -> None:
+    def kl_from_start(self, step: int, rollout: Rollout, micro: int,
+                      policy_logprobs: torch.Tensor | None) -> float | None:
         """`watch/kl_init` every `watch.kl_init_every` steps (and on the first): the token mean
-        of k3 KL(policy || run's starting policy) on the step's samples, before the update (the
-        policy that sampled them)."""
-        self.kl_init = None
+        of k3 KL(policy || run's starting policy) on the step's samples under the policy that
+        sampled them: its log-probs from the update's first pass (`policy_logprobs`), or, when
+        the update was skipped (the weights unchanged), from a forward; the starting policy's
+        from a forward (every rank: a collective under ZeRO-3)."""
         if self.initial is None or step % self.stage.watch.kl_init_every:
-            return
+            return None
         started = time.perf_counter()
-        policy = forward_logprobs(self.trainer.engine.module, rollout, micro)
-        initial = getattr(self.initial, "module", self.initial)
-        start = forward_logprobs(initial, rollout, micro)
+        if policy_logprobs is None:
+            policy_logprobs = forward_logprobs(self.trainer.engine.module, rollout, micro)
+        start = forward_logprobs(getattr(self.initial, "module", self.initial), rollout, micro)
         mask = rollout.completion_mask.float()
-        parts = gather_rows(torch.tensor([[k3_kl(policy, start, mask) * float(mask.sum()),
-                                           float(mask.sum())]]))[0]
-        self.kl_init = float(parts[:, 0].sum() / parts[:, 1].sum().clamp(min=1))
+        kl = k3_kl(policy_logprobs, start, mask)
+        parts = gather_rows(torch.tensor([[kl * float(mask.sum()), float(mask.sum())]]))[0]
         self.seconds = time.perf_counter() - started
+        return float(parts[:, 0].sum() / parts[:, 1].sum().clamp(min=1))
 
     def after_update(self, sampled: Sampled, batch: StepBatch, spec: GRPOSpec, tokenizer,
-                     trainer_logprobs: torch.Tensor | None) -> dict:
+                     trainer_logprobs: torch.Tensor | None, micro: int) -> dict:
         """The step's watch keys, its trace written, the guard's verdict (`guard/*`); call after
-        `trainer.advance()`."""
+        `trainer.advance()` (`trainer_logprobs`: the update's first pass, None if skipped)."""
         metrics = {}
         if self.stage.watch.enabled:
-            metrics.update(watch_step(sampled, batch, spec, self.kl_init, self.stage.evaluation))
+            kl = self.kl_from_start(self.trainer.step - 1, sampled.rollout, micro,
+                                    trainer_logprobs)
+            metrics.update(watch_step(sampled, batch, spec, kl, self.stage.evaluation))
             metrics["time/watch"], self.seconds = self.seconds, 0.0
         if self.stage.inspect.trace:
             started = time.perf_counter()

@@ -62,7 +62,6 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
                                           timing), rl_records, step, p, spec, seed,
                               trainer.state.get("sample_seed", seed), tokenizer.pad_token_id,
                               stage.question_offset)
-        watch.before_update(step, sampled.rollout, plan.micro_batch_size)
         batch, stats = learn_step(trainer, reference, sampled, p, spec, plan, seed, timing,
                                   f"{out_name} step {step + 1}",
                                   step == 0 and starts_at(reference_path, policy_path))
@@ -72,7 +71,8 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
                    **memory_metrics(timing["rollout_memory"]),
                    "train/lr": current_lr(trainer.engine),
                    **due_evaluation(trainer, p, evaluate, evaluate_ends),
-                   **watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs)}
+                   **watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs,
+                                        plan.micro_batch_size)}
         trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
                                                      spec, tokenizer, sampled, batch, logger))
         if trainer.due(p.save_every) or trainer.stopped:
