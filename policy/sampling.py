@@ -321,11 +321,11 @@ def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
 
 def due_evaluation(trainer: StageLoop, g: PolicyConfig, evaluate, evaluate_ends: bool) -> dict:
     """The held-out metrics due after this step: greedy every `policy.eval_every` steps, and
-    (`evaluate_ends`) the sampled ones after the last step."""
+    (`evaluate_ends`) the sampled ones after the last step, or the step a guard ended on."""
     metrics = {}
     if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
         metrics.update(evaluate(sampled=False))
         trainer.bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
-    if trainer.step == g.steps and evaluate_ends:
+    if (trainer.step == g.steps or trainer.stopped) and evaluate_ends:
         metrics.update(evaluate(sampled=True))
     return metrics

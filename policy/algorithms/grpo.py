@@ -70,9 +70,9 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
                               timing), **sampled.stats, **sampler.stats(),
                    **memory_metrics(timing["rollout_memory"]),
                    "train/lr": current_lr(trainer.engine),
-                   **due_evaluation(trainer, p, evaluate, evaluate_ends),
                    **watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs,
-                                        plan.micro_batch_size)}
+                                        plan.micro_batch_size),
+                   **due_evaluation(trainer, p, evaluate, evaluate_ends)}
         trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
                                                      spec, tokenizer, sampled, batch, logger))
         if trainer.due(p.save_every) or trainer.stopped:
