@@ -79,7 +79,8 @@ class StageWatch:
         start = forward_logprobs(getattr(self.initial, "module", self.initial), rollout, micro)
         mask = rollout.completion_mask.float()
         kl = k3_kl(policy_logprobs, start, mask)
-        parts = gather_rows(torch.tensor([[kl * float(mask.sum()), float(mask.sum())]]))[0]
+        parts = gather_rows(torch.tensor([[kl * float(mask.sum()), float(mask.sum())]],
+                                         device="cpu"))[0]
         self.seconds = time.perf_counter() - started
         return float(parts[:, 0].sum() / parts[:, 1].sum().clamp(min=1))
 
