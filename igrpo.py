@@ -74,6 +74,14 @@ def strip_local_rank(argv: list[str]) -> list[str]:
 def _command_parser(name: str) -> argparse.ArgumentParser:
     command = COMMANDS[name]
     text, sections = command.help, command.sections
+    if not sections:  # (inspect) reads files, no config
+        sub = argparse.ArgumentParser(prog=f"igrpo {name}", description=f"{text}; reads no config.",
+                                      epilog=f"example:\n  {command.example}",
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("trace_dir", help="a GRPO stage's trace folder (<stage>/trace)")
+        sub.add_argument("--out", default=None,
+                         help="the page (default: trace.html beside TRACE_DIR)")
+        return sub
     example = command.example or f"igrpo {name} --config configs/tiny.yaml"
     sub = argparse.ArgumentParser(
         prog=f"igrpo {name}", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -84,10 +92,6 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
                + key_help(sections, command.ignored))
     if name == "config":
         sub.add_argument("action", choices=("show",))
-    if name == "inspect":
-        sub.add_argument("trace_dir", help="a GRPO stage's trace folder (<stage>/trace)")
-        sub.add_argument("--out", default=None,
-                         help="the page (default: trace.html beside TRACE_DIR)")
     sub.add_argument("--config", default=None, help="YAML file overriding the schema defaults")
     sub.add_argument("--recipe", default=None, metavar="NAME",
                      help="a named algorithm from configs/recipes/ applied over the config "
@@ -558,8 +562,9 @@ def _run(argv: list[str] | None) -> int:
     except (ConfigError, UnsafePathError) as err:
         print(f"igrpo: {err}", file=sys.stderr)
         return 2
-    if isinstance(result, Path):
-        print(result)
+    if isinstance(result, Path):  # one write: the ranks of a CPU job share the pipe
+        sys.stdout.write(f"{result}\n")
+        sys.stdout.flush()
     return 0
 
 
