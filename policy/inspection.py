@@ -73,7 +73,7 @@ def advantage_rows(step: int, records: list[MathRecord], rollout: Rollout, score
     return rows
 
 
-def _colour(value: float, scale: float) -> str:
+def advantage_colour(value: float, scale: float) -> str:
     """Diverging background: green for positive advantages, red for negative."""
     alpha = 0.0 if scale <= 0 else min(abs(value) / scale, 1.0) * 0.85
     rgb = "34,160,70" if value >= 0 else "210,50,50"
@@ -104,7 +104,7 @@ def render_html(step: int, records: list[MathRecord], rollout: Rollout, advantag
             text = tokenizer.decode(ids[t:t + 1], skip_special_tokens=True)
             a = float(advantages[i, t])
             shown = html.escape(text).replace("\n", "&#8629;\n") or "&#8709;"
-            parts.append(f"<span style='background:{_colour(a, scale)}' "
+            parts.append(f"<span style='background:{advantage_colour(a, scale)}' "
                          f"title='token {t}, A={a:.4f}'>{shown}</span>")
             if t in ends:
                 parts.append(f"<span class='step-end' title='end of step {ends[t]}'>|</span>")

@@ -26,7 +26,8 @@ from policy.trace import drop_steps_after, trace_rows, write_trace
 from policy.evaluate import trace_flags
 from policy.watch import (Guard, group_auroc, k3_kl, mean_token_advantage, positive_mass,
                           watch_metrics)
-from runtime.engine import build_inference_engine, gather_objects, gather_rows, is_main
+from runtime.engine import (build_inference_engine, gather_objects, gather_rows, gather_to_main,
+                            is_main)
 from runtime.models import load_causal_lm
 from runtime.training import StageLoop
 
@@ -100,9 +101,9 @@ class StageWatch:
                               sampled.scores, sampled.rewards, batch.advantages,
                               batch.normalised, batch.keep, tokenizer, self.first_group,
                               trainer_logprobs)
-            gathered = [row for part in gather_objects(rows) for row in part]
-            if is_main():
-                write_trace(self.trace_dir, self.trainer.step, gathered)
+            parts = gather_to_main(rows)
+            if parts is not None:
+                write_trace(self.trace_dir, self.trainer.step, [r for part in parts for r in part])
             metrics["time/trace"] = time.perf_counter() - started
         metrics.update(guard_step(self.guard, self.trainer, metrics))
         return metrics

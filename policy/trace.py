@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from policy.inspection import advantage_colour
+
 TRACE_COLUMNS = (
     "step", "question_id", "question", "group", "sample", "completion", "correct", "reward",
     "kept", "tokens", "token_advantages", "step_ends", "step_scores", "step_values",
@@ -117,11 +119,6 @@ def read_trace(folder: Path) -> list[dict]:
     return [row for f in files for row in pq.read_table(f).to_pylist()]
 
 
-def _colour(value: float, scale: float) -> str:
-    alpha = 0.0 if scale <= 0 else min(abs(value) / scale, 1.0) * 0.85
-    return f"rgba({'34,160,70' if value >= 0 else '210,50,50'},{alpha:.3f})"
-
-
 def render_trace_page(rows: list[dict], title: str) -> str:
     """One static page (no server): a step picker, each step's groups with every sample's tokens
     coloured by advantage (green > 0, red < 0) and its steps' scores, and a filter for the
@@ -173,7 +170,7 @@ def _sample_html(r: dict, scale: float) -> str:
              + ("" if r["kept"] else " (not in the loss)") + "<div class='t'>"]
     for t, (text, a) in enumerate(zip(r["tokens"], advantages)):
         shown = html.escape(text).replace("\n", "&#8629;\n") or "&#8709;"
-        parts.append(f"<span style='background:{_colour(a, scale)}' title='token {t}, "
+        parts.append(f"<span style='background:{advantage_colour(a, scale)}' title='token {t}, "
                      f"A={a:.4f}'>{shown}</span>")
         if t in ends:
             parts.append("<span class='end'>|</span>")

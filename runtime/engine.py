@@ -345,6 +345,18 @@ def broadcast_from_main(obj):
     return holder[0]
 
 
+def gather_to_main(obj) -> list | None:
+    """[rank 0's obj, rank 1's, ...] on rank 0, None on the others (`[obj]` in one process):
+    what only the main rank writes need not travel to every rank."""
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return [obj]
+    out = [None] * world()[1] if is_main() else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def gather_objects(obj) -> list:
     """[rank 0's obj, rank 1's, ...] on every rank (`[obj]` in one process)."""
     import torch.distributed as dist
