@@ -9,6 +9,8 @@ engine and gloo group, killed with SIGKILL (no handler, no cleanup), exactly lik
 
 Kill moments are drawn over an uninterrupted run's timeline (its manifest's units, each with its
 start and finish time) and replayed unit by unit, so kills spread over every stage at any speed.
+Each attempt times its own kill from inside (a watchdog forked as it enters the unit): a watcher
+polling the manifest from outside misses a 0.05 s unit on a loaded machine.
 
 `kill_and_resume` returns where each kill landed: the manifest unit that was running, and any
 half-written files the kill left behind (temporary exports, checkpoint tags `latest` does not name).
@@ -19,20 +21,43 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 ZYGOTE = r"""
-import json, os, socket, sys
+import json, os, signal, socket, sys, time
 sys.path.insert(0, sys.argv[1])
 import igrpo, torch, deepspeed, transformers  # noqa: F401  (imported once, before any fork)
 import policy.algorithms, iteration.loop, reward_model.train, process_supervision.label  # noqa: F401
+from iteration.manifest import Manifest
+
+run_unit = Manifest.run
+
+
+def kill_in(unit, seconds):
+    # SIGKILL this process `seconds` after it enters `unit`, from a watchdog process it forks
+    # there, so a unit of 0.05 s is hit whatever the load: a watcher polling the manifest comes
+    # too late, a timer thread waits for the GIL, and the grader's alarm() cancels an itimer.
+    # Rank 0 only, the rank that writes the manifest (the others, which do not, run ahead of it
+    # into a unit); the zygote then kills the others.
+    def run(self, name, work, plan=None):
+        if name == unit and not self.done(name) and os.environ.get("RANK", "0") == "0":
+            target = os.getpid()
+            if os.fork() == 0:
+                time.sleep(seconds)
+                if os.getppid() == target:  # still running (not ended, its pid not reused)
+                    os.kill(target, signal.SIGKILL)
+                os._exit(0)
+        return run_unit(self, name, work, plan)
+    Manifest.run = run
+
+
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
@@ -52,6 +77,8 @@ for line in sys.stdin:
             log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.dup2(log, 1)
             os.dup2(log, 2)
+            if request.get("kill"):
+                kill_in(*request["kill"])
             code = 1
             try:
                 code = igrpo.main(request["args"]) or 0
@@ -61,7 +88,15 @@ for line in sys.stdin:
                 os._exit(code)
         pids.append(pid)
     print(json.dumps({"pids": pids}), flush=True)
-    print(json.dumps({"statuses": [os.waitpid(pid, 0)[1] for pid in pids]}), flush=True)
+    statuses = {}
+    while len(statuses) < len(pids):
+        pid, status = os.wait()
+        statuses[pid] = status
+        if os.WIFSIGNALED(status):  # a preemption takes the whole node: every rank goes
+            for other in pids:
+                if other not in statuses:
+                    os.kill(other, signal.SIGKILL)
+    print(json.dumps({"statuses": [statuses[pid] for pid in pids]}), flush=True)
 """
 
 
@@ -84,20 +119,30 @@ class Zygote:
 
     def __init__(self, env: dict | None = None, ranks: int = 1):
         clean = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-        self.ranks = ranks
+        self.ranks, self.pids = ranks, []
         self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(ROOT)], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**clean, **(env or {})})
         assert json.loads(self.proc.stdout.readline())["ready"]
 
-    def start(self, args: list[str], log: Path) -> list[int]:
-        self.proc.stdin.write(json.dumps({"args": args, "log": str(log),
-                                          "ranks": self.ranks}) + "\n")
+    def start(self, args: list[str], log: Path,
+              kill: tuple[str, float] | None = None) -> list[int]:
+        """Start an attempt; with `kill` (unit, seconds), every rank is SIGKILLed that many
+        seconds after it enters the unit, the others with the first."""
+        self.proc.stdin.write(json.dumps({"args": args, "log": str(log), "ranks": self.ranks,
+                                          "kill": kill}) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["pids"]
+        self.pids = json.loads(self.proc.stdout.readline())["pids"]
+        return self.pids
 
-    def wait(self) -> list[int]:
-        """Every rank's wait status."""
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """Every rank's wait status; past `timeout` seconds the attempt is killed and the wait
+        fails (a hung run must fail a test, not stall it)."""
+        if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
+            for pid in self.pids:
+                os.kill(pid, signal.SIGKILL)
+            self.proc.stdout.readline()
+            raise TimeoutError(f"the attempt ran past {timeout:.0f} s")
         return json.loads(self.proc.stdout.readline())["statuses"]
 
     def run(self, args: list[str], log: Path) -> int:
@@ -109,14 +154,6 @@ class Zygote:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def where_killed(run_dir: Path) -> dict:
@@ -150,7 +187,7 @@ def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
     `required` unit, the others in a unit drawn uniformly (so short stages such as SFT,
     labelling and RM training are hit as often as long ones), then a moment uniform within it
     (within its first quarter for a required unit, which must be hit even when the killed run
-    goes up to 4x faster than the timeline's, a machine less loaded); in timeline order, so each
+    goes up to 4x faster than the timeline's, on a machine less loaded); in timeline order, so each
     kill lands at or after the previous one's place and the run keeps moving forward whatever
     the machine's speed."""
     order = {name: i for i, (name, _, _) in enumerate(timeline)}
@@ -161,58 +198,21 @@ def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
     return sorted(targets, key=lambda t: (order[t[0]], t[1]))
 
 
-def _unit_state(run_dir: Path, unit: str) -> str | None:
-    try:
-        units = json.loads((run_dir / "manifest.json").read_text())["units"]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return units.get(unit, {}).get("state")
-
-
 def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path,
-                    targets: list[tuple[str, float]]) -> Report:
-    """For each target (unit, offset): start the command if it is not running, wait until the
-    unit runs, then `offset` seconds more (or until the unit is done), and SIGKILL it (every
-    rank); re-run. Finally let the command finish. Returns where each kill landed and the exit
-    code."""
+                    targets: list[tuple[str, float]], timeout: float = 600) -> Report:
+    """For each target (unit, offset): start the command, SIGKILLed (every rank) `offset`
+    seconds after it enters the unit; re-run. Finally let the command finish. Returns where
+    each kill landed and the exit code; a run that ends before a kill ends the report."""
     report = Report()
-    pids: list[int] = []
-
-    def alive() -> bool:
-        return any(_alive(pid) for pid in pids)
-
-    for unit, offset in targets:
-        if not pids:
-            report.attempts += 1
-            pids = zygote.start(args, log)
-        give_up = time.monotonic() + 300
-        while alive() and _unit_state(run_dir, unit) not in ("running", "done"):
-            if time.monotonic() > give_up:  # a hung run must fail the test, not stall it
-                for pid in pids:
-                    os.kill(pid, signal.SIGKILL)
-                raise TimeoutError(f"unit {unit} did not start within 300 s; see {log}")
-            time.sleep(0.01)
-        deadline = time.monotonic() + offset
-        while alive() and time.monotonic() < deadline and \
-                _unit_state(run_dir, unit) != "done":
-            time.sleep(0.01)
-        if not all(_alive(pid) for pid in pids):
-            break  # the run finished (or a rank failed) before this kill
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        statuses = zygote.wait()
-        pids = []
-        if all(os.WIFSIGNALED(s) for s in statuses):
-            report.kills.append({"target": unit, **where_killed(run_dir)})
-        else:
-            report.exit_code = next((os.waitstatus_to_exitcode(s) for s in statuses
-                                     if not os.WIFSIGNALED(s)), None)
-            return report
-    if not pids:
+    for kill in [*targets, None]:
         report.attempts += 1
-        zygote.start(args, log)
-    codes = [os.waitstatus_to_exitcode(s) for s in zygote.wait()]
-    report.exit_code = next((c for c in codes if c != 0), 0)
+        zygote.start(args, log, kill)
+        statuses = zygote.wait(timeout)
+        if kill is None or not all(os.WIFSIGNALED(s) for s in statuses):
+            report.exit_code = next((c for c in map(os.waitstatus_to_exitcode, statuses)
+                                     if c != 0), 0)
+            return report
+        report.kills.append({"target": kill[0], **where_killed(run_dir)})
     return report
 
 
