@@ -3,6 +3,7 @@ trigger over the fall of question-paired gold, on the study's arms.
 
     python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --jobs 2
     python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --report-only
+    python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --refresh D
 
 Runs the arms with scripts/replicate.py (the steps task, its budget; results kept under
 `<root>/results`, apart from the study's), then reads each run's GRPO metrics. Arm A (the exact
@@ -12,12 +13,18 @@ questions. Per run: the first step at which the 5-step mean of paired gold is 0.
 below A's (a collapse), the first step at which the guard's rule (policy/watch.py `Guard` at the
 given thresholds) fires, and the difference (lead time, in steps; positive = the watch first).
 A run whose gold never falls and whose watch fires is a false alarm.
+
+`--refresh D` also runs arm D with `watch.guard=refresh` (under `<root>/refresh`, from a copy of
+each seed's prefix): when the guard fires, the outer loop labels the current policy's samples,
+refreshes the reward models and runs the GRPO steps left. Its rows (arm `D+refresh`) are paired
+with A and with D of the same seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -65,19 +72,25 @@ def mean_at_k(run: Path) -> float:
     return json.loads((run / "summary.json").read_text())["iterations"][-1]["eval"]["mean_at_k"]
 
 
-def analyse(root: Path, seeds: list[int], arms: list[str], guard: Guard) -> list[dict]:
+def analyse(root: Path, seeds: list[int], arms: list[str], guard: Guard,
+            refreshed: str | None = None) -> list[dict]:
     out = []
     for seed in seeds:
         base = root / "steps" / f"seed{seed}-A"
         gold_a = [r["watch/gold"] for r in grpo_rows(base)]
-        for arm in arms:
-            run = root / "steps" / f"seed{seed}-{arm}"
+        runs = [(arm, root / "steps" / f"seed{seed}-{arm}") for arm in arms]
+        if refreshed:
+            runs.append((f"{refreshed}+refresh", root / "refresh" / "steps" / f"seed{seed}-{refreshed}"))
+        for arm, run in runs:
             rows = grpo_rows(run)
             paired = [r["watch/gold"] - a for r, a in zip(rows, gold_a)]
             fall, alarm = first_fall(paired), first_alarm(rows, guard)
             auroc = [r["watch/group_auroc"] for r in rows
                      if isinstance(r.get("watch/group_auroc"), float)]
-            out.append({"seed": seed, "arm": arm, "steps": len(rows),
+            fired = [u["outputs"]["guard"]["fired_at"] for n, u in
+                     json.loads((run / "manifest.json").read_text())["units"].items()
+                     if n.startswith("grpo/") and (u.get("outputs", {}).get("guard") or {}).get("fired_at")]
+            out.append({"seed": seed, "arm": arm, "steps": len(rows), "guard_fired": len(fired),
                         "mean_at_4_minus_A": round(mean_at_k(run) - mean_at_k(base), 3),
                         "paired_gold_last5": round(sum(paired[-WINDOW:]) / WINDOW, 3),
                         "gold_fall_step": fall, "alarm_step": alarm,
@@ -104,6 +117,8 @@ def main() -> None:
     parser.add_argument("--min-group-auroc", type=float, default=0.6)
     parser.add_argument("--max-wrong-push", type=float, default=0.5)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--refresh", metavar="ARM",
+                        help="also run ARM with watch.guard=refresh (under ROOT/refresh)")
     parser.add_argument("overrides", nargs="*", help="for every arm, e.g. iterate.iterations=4")
     args = parser.parse_intermixed_args()
     arms = sorted(set(args.arms.split(",")) | {"A"})
@@ -116,8 +131,24 @@ def main() -> None:
                                "--doc", str(args.root / "report.md"), *args.overrides])
         if code:
             sys.exit(code)
+        if args.refresh:
+            for seed in args.seeds.split(","):  # the same prefix: SFT, labels, reward models
+                src = args.root / "steps" / f"seed{seed}-prefix"
+                dst = args.root / "refresh" / "steps" / src.name
+                if not dst.exists():
+                    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("config.yaml"))
+            code = replicate.main(["--jobs", str(args.jobs), "--arms", args.refresh, "--seeds",
+                                   args.seeds, "--tasks", "steps",
+                                   "--root", str(args.root / "refresh"),
+                                   "--results", str(args.root / "refresh" / "results"),
+                                   "--doc", str(args.root / "refresh" / "report.md"),
+                                   *args.overrides, "watch.guard=refresh",
+                                   f"watch.min_group_auroc={args.min_group_auroc}",
+                                   f"watch.max_wrong_push={args.max_wrong_push}"])
+            if code:
+                sys.exit(code)
     guard = Guard("stop", WINDOW, args.min_group_auroc, args.max_wrong_push)
-    rows = analyse(args.root, [int(s) for s in args.seeds.split(",")], arms, guard)
+    rows = analyse(args.root, [int(s) for s in args.seeds.split(",")], arms, guard, args.refresh)
     (args.root / "lead_time.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
 

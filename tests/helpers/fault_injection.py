@@ -41,19 +41,27 @@ run_unit = Manifest.run
 
 
 def kill_in(unit, seconds):
-    # SIGKILL this process `seconds` after it enters `unit`, from a watchdog process it forks
-    # there, so a unit of 0.05 s is hit whatever the load: a watcher polling the manifest comes
-    # too late, a timer thread waits for the GIL, and the grader's alarm() cancels an itimer.
-    # Rank 0 only, the rank that writes the manifest (the others, which do not, run ahead of it
-    # into a unit); the zygote then kills the others.
+    # SIGKILL this process `seconds` into `unit`'s work (its state `running` written), from a
+    # watchdog process it forks there, so a unit of 0.05 s is hit whatever the load: a watcher
+    # polling the manifest comes too late, a timer thread waits for the GIL, and the grader's
+    # alarm() cancels an itimer. Rank 0 only, the rank that writes the manifest (the others run
+    # ahead of it into a unit); the zygote then kills the others. A unit the resumed run has
+    # already passed (an earlier kill landed after it) is replaced by the first unit it does.
+    armed = []
+
+    def watchdog():
+        target = os.getpid()
+        if os.fork() == 0:
+            time.sleep(seconds)
+            if os.getppid() == target:  # still running (not ended, its pid not reused)
+                os.kill(target, signal.SIGKILL)
+            os._exit(0)
+
     def run(self, name, work, plan=None):
-        if name == unit and not self.done(name) and os.environ.get("RANK", "0") == "0":
-            target = os.getpid()
-            if os.fork() == 0:
-                time.sleep(seconds)
-                if os.getppid() == target:  # still running (not ended, its pid not reused)
-                    os.kill(target, signal.SIGKILL)
-                os._exit(0)
+        if not armed and not self.done(name) and (name == unit or self.done(unit)) \
+                and os.environ.get("RANK", "0") == "0":
+            armed.append(name)
+            return run_unit(self, name, lambda: (watchdog(), work())[1], plan)
         return run_unit(self, name, work, plan)
     Manifest.run = run
 
@@ -181,20 +189,27 @@ def unit_timeline(manifest: Path) -> list[tuple[str, float, float]]:
                    for name, u in units.items()), key=lambda row: row[1])
 
 
+REQUIRED_WITHIN = 0.01
+"""Seconds: a required unit's kill lands this early in it (the shortest, a labelling round of
+the small test runs, takes 0.05 s on a quiet machine)."""
+
+
 def kill_targets(timeline: list[tuple[str, float, float]], kills: int,
                  rng: random.Random, required: tuple[str, ...] = ()) -> list[tuple[str, float]]:
     """`kills` moments of the uninterrupted run, as (unit, seconds into it): one in each
     `required` unit, the others in a unit drawn uniformly (so short stages such as SFT,
     labelling and RM training are hit as often as long ones), then a moment uniform within it
-    (within its first quarter for a required unit, which must be hit even when the killed run
-    goes up to 4x faster than the timeline's, on a machine less loaded); in timeline order, so each
-    kill lands at or after the previous one's place and the run keeps moving forward whatever
-    the machine's speed."""
+    (within its first quarter, and its first REQUIRED_WITHIN seconds, for a required unit, which
+    must be hit even when the killed run goes many times faster than the timeline's: a timeline
+    recorded while the suite loads both cores ran 12x slower than the same run alone); in
+    timeline order, so each kill lands at or after the previous one's place and the run keeps
+    moving forward whatever the machine's speed."""
     order = {name: i for i, (name, _, _) in enumerate(timeline)}
     durations = {name: end - start for name, start, end in timeline}
-    picks = [*((name, 0.25) for name in required),
-             *((rng.choice(timeline)[0], 1.0) for _ in range(kills - len(required)))]
-    targets = [(name, rng.uniform(0, share * durations[name])) for name, share in picks]
+    picks = [*((name, min(0.25 * durations[name], REQUIRED_WITHIN)) for name in required),
+             *((name, durations[name]) for name, _, _ in
+               (rng.choice(timeline) for _ in range(kills - len(required))))]
+    targets = [(name, rng.uniform(0, within)) for name, within in picks]
     return sorted(targets, key=lambda t: (order[t[0]], t[1]))
 
 
@@ -208,7 +223,10 @@ def kill_and_resume(zygote: Zygote, args: list[str], run_dir: Path, log: Path,
         report.attempts += 1
         zygote.start(args, log, kill)
         statuses = zygote.wait(timeout)
-        if kill is None or not all(os.WIFSIGNALED(s) for s in statuses):
+        # killed: rank 0 by its watchdog, the others by the zygote (or failing first, as the
+        # collective they were in lost rank 0)
+        if kill is None or not any(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGKILL
+                                   for s in statuses):
             report.exit_code = next((c for c in map(os.waitstatus_to_exitcode, statuses)
                                      if c != 0), 0)
             return report
