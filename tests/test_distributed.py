@@ -17,11 +17,28 @@ from policy.trace import read_trace
 from runtime.tiny_model import build_tiny
 from runtime.tracking import read_metrics
 
+from fault_injection import Zygote
 from launch import ENV, ROOT, free_port, torchrun
 from small_config import SMALL
 
 TOL = dict(rtol=1e-4, atol=1e-6)
 """fp32 on CPU: sums split across ranks and micro-batches round differently, nothing more."""
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """Launches `tests/helpers/dist_check.py` as torchrun would, its ranks forked from one
+    process that imported the project once (a cold torchrun launch costs its agent's and every
+    rank's imports, about 5 s a process on 2 cores); torchrun itself is tested below."""
+    zygote = Zygote(env={"DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
+                         "OMP_NUM_THREADS": "1"})
+    yield zygote
+    zygote.close()
+
+
+def _launch(ranks: Zygote, nproc: int, case: str, out: Path, *args, env: dict | None = None):
+    """`torchrun --nproc_per_node NPROC tests/helpers/dist_check.py CASE OUT ARGS`."""
+    ranks.launch(nproc, "dist_check", case, out, *args, log=Path(f"{out}.log"), env=env)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +68,13 @@ def test_a_launched_rank_that_nobody_initialised_sees_its_world(tmp_path):
         ["(0, 2)", "(1, 2)"]
 
 
-def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path):
+def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path, ranks):
     """Two ranks holding different halves of a batch log what one process holding all of it
     logs: rewards, lengths, truncation, entropy and the group counts are gathered, not rank 0's
     share (tests/helpers/dist_check.py builds the batch)."""
     metrics = {}
     for nproc in (1, 2):
-        torchrun(nproc, "tests/helpers/dist_check.py", "metrics", tmp_path / f"p{nproc}")
+        _launch(ranks, nproc, "metrics", tmp_path / f"p{nproc}")
         metrics[nproc] = json.loads((tmp_path / f"p{nproc}" / "metrics.json").read_text())
     one, two = metrics[1], metrics[2]
     assert one.keys() == two.keys()
@@ -73,10 +90,10 @@ def test_step_metrics_of_two_ranks_describe_the_whole_batch(tmp_path):
     assert one["rollout/tokens_per_s"] == pytest.approx(42 / 2.0)
 
 
-def _grpo_step(nproc: int, out: Path, base, stage: int, *overrides) -> tuple:
+def _grpo_step(ranks: Zygote, nproc: int, out: Path, base, stage: int, *overrides) -> tuple:
     """dist_check.py's GRPO step on `nproc` processes: (its metrics row, the advantages the loss
     received, every rank's rows in order, the run folder)."""
-    torchrun(nproc, "tests/helpers/dist_check.py", "grpo", out, base, stage, *overrides)
+    _launch(ranks, nproc, "grpo", out, base, stage, *overrides)
     row = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0]
     advantages = [torch.load(out / f"advantages-rank{r}.pt", weights_only=True)
                   for r in range(nproc)]
@@ -120,14 +137,15 @@ def _same_step(one: tuple, two: tuple) -> None:
     _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
 
 
-def _prm_steps(nproc: int, out: Path, base: Path, stage: int, data: Path, *overrides) -> list:
-    torchrun(nproc, "tests/helpers/dist_check.py", "rm", out, base, stage, data, *overrides)
+def _prm_steps(ranks: Zygote, nproc: int, out: Path, base: Path, stage: int, data: Path,
+               *overrides) -> list:
+    _launch(ranks, nproc, "rm", out, base, stage, data, *overrides)
     return read_metrics(out / "metrics.jsonl")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family,stage", [("token_classification", 3), ("tag_lm", 2)])
-def test_packed_prm_steps_on_two_processes_equal_the_padded_ones_on_one(tmp_path, base, family,
+def test_packed_prm_steps_on_two_processes_equal_the_padded_ones_on_one(tmp_path, ranks, base, family,
                                                                         stage):
     """Reward-model training packed (`rm.pack`, the default: no padding, a question's tokens
     run once for its solutions, batches holding a question's solutions side by side) on 2
@@ -145,8 +163,8 @@ def test_packed_prm_steps_on_two_processes_equal_the_padded_ones_on_one(tmp_path
                 "rm.group_by_question=true", "rm.lr=1e-3"]
     if family == "token_classification":  # (deepening is the tag LM's)
         settings.append("rm.extra_layers_from=[]")
-    padded = _prm_steps(1, tmp_path / "p1", base, 0, data, *settings, "rm.pack=false")
-    packed = _prm_steps(2, tmp_path / "p2", base, stage, data, *settings)
+    padded = _prm_steps(ranks, 1, tmp_path / "p1", base, 0, data, *settings, "rm.pack=false")
+    packed = _prm_steps(ranks, 2, tmp_path / "p2", base, stage, data, *settings)
     assert len(packed) == len(padded) == 2  # 16 rows, 8 a step
     for one, two in zip(padded, packed):
         for key in ("rm/loss", "rm/grad_norm"):
@@ -156,37 +174,37 @@ def test_packed_prm_steps_on_two_processes_equal_the_padded_ones_on_one(tmp_path
 
 
 @pytest.mark.slow
-def test_grpo_step_two_processes_equal_one(tmp_path, base, stage=3):
+def test_grpo_step_two_processes_equal_one(tmp_path, ranks, base, stage=3):
     """One GRPO step under ZeRO-3 on 2 processes: the advantages the loss received, the step's
     metrics and the updated weights equal one process's (ZeRO-2, and the reward model's steps,
     are compared over whole `iterate` runs in tests/test_zero_stages.py)."""
-    _same_step(_grpo_step(1, tmp_path / "p1", base, stage),
-               _grpo_step(2, tmp_path / "p2", base, stage))
+    _same_step(_grpo_step(ranks, 1, tmp_path / "p1", base, stage),
+               _grpo_step(ranks, 2, tmp_path / "p2", base, stage))
 
 
 @pytest.mark.slow
-def test_grpo_step_under_gradient_checkpointing_on_two_processes_equals_one(tmp_path, base):
+def test_grpo_step_under_gradient_checkpointing_on_two_processes_equals_one(tmp_path, ranks, base):
     """Gradient checkpointing on (both GPU configs): the packed update, its layers checkpointed
     by us and replayed in the packed attention, under ZeRO-3 (parameters gathered again in the
     replay) on 2 processes equals one process's step, which equals the step without
     checkpointing (the packed path, replayed, gives the same gradients)."""
     ck = ("model.gradient_checkpointing=true",)
-    one = _grpo_step(1, tmp_path / "p1", base, 3, *ck)
-    _same_step(one, _grpo_step(2, tmp_path / "p2", base, 3, *ck))
-    _same_step(one, _grpo_step(1, tmp_path / "plain", base, 3))
+    one = _grpo_step(ranks, 1, tmp_path / "p1", base, 3, *ck)
+    _same_step(one, _grpo_step(ranks, 2, tmp_path / "p2", base, 3, *ck))
+    _same_step(one, _grpo_step(ranks, 1, tmp_path / "plain", base, 3))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("credit", ["min", "anchored"])
-def test_grpo_credit_form_two_processes_equal_one(tmp_path, base, credit):
+def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit):
     """`grpo.process_credit` min and anchored (the sum form is the test above): one GRPO step on
     2 processes under ZeRO-2 and under ZeRO-3 equals one process's. Sampled at temperature 1
     (a group's samples differ, so the min-form values and the final-answer checks spread), one
     question per generate call so that sampling does not depend on the ranks."""
     extra = (f"grpo.process_credit={credit}", "policy.temperature=1.0", "policy.rollout_questions=1")
-    one = _grpo_step(1, tmp_path / "p1", base, 2, *extra)
+    one = _grpo_step(ranks, 1, tmp_path / "p1", base, 2, *extra)
     for stage in (2, 3):
-        _same_step(one, _grpo_step(2, tmp_path / f"z{stage}", base, stage, *extra))
+        _same_step(one, _grpo_step(ranks, 2, tmp_path / f"z{stage}", base, stage, *extra))
     # Groups hold right and wrong samples, so the watch's AUROCs are measured; the anchored form
     # puts the exact check into the advantage: it ranks right above wrong in every group.
     assert one[0]["watch/mixed_groups"] > 0
@@ -196,7 +214,7 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, base, credit):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, stage", [("gspo", 3), ("dpo", 3), ("online_dpo", 2)])
-def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, base, recipe, stage):
+def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, ranks, base, recipe, stage):
     """A GSPO step (GSPO-token on process rewards, 4 mini-batches: 4 optimizer steps), two DPO
     steps on pairs of the starting policy's samples and two online DPO steps on 2 processes
     equal one process's: the losses, the pairs and the weights (a mini-batch and a pair hold
@@ -208,8 +226,8 @@ def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, base, recipe, s
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        torchrun(nproc, "tests/helpers/dist_check.py", recipe, out, base, stage,
-                 env={"DIST_CHECK_GRAD_ULPS": "1"} if nproc == 2 else None)
+        _launch(ranks, nproc, recipe, out, base, stage,
+                env={"DIST_CHECK_GRAD_ULPS": "1"} if nproc == 2 else None)
         runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][-1],
                        out)
     (one, out1), (two, out2) = runs[1], runs[2]
@@ -227,14 +245,14 @@ def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, base, recipe, s
 
 
 @pytest.mark.slow
-def test_ppo_step_two_processes_equal_one(tmp_path, base):
+def test_ppo_step_two_processes_equal_one(tmp_path, ranks, base):
     """PPO's step over 2 processes (ZeRO-2): the advantages are whitened and both losses
     normalised over the global batch, so the losses, the policy and the critic equal one
     process's."""
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"p{nproc}"
-        torchrun(nproc, "tests/helpers/dist_check.py", "ppo", out, base, 2)
+        _launch(ranks, nproc, "ppo", out, base, 2)
         runs[nproc] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][0],
                        out)
     (one, out1), (two, out2) = runs[1], runs[2]

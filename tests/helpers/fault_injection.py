@@ -31,8 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 ZYGOTE = r"""
-import json, os, signal, socket, sys, time
+import importlib, json, os, signal, socket, sys, time, traceback
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(sys.argv[1], "tests", "helpers"))
 import igrpo, torch, deepspeed, transformers  # noqa: F401  (imported once, before any fork)
 import policy.algorithms, iteration.loop, reward_model.train, process_supervision.label  # noqa: F401
 from iteration.manifest import Manifest
@@ -69,8 +70,9 @@ def kill_in(unit, seconds):
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
-    ranks = request.get("ranks", 1)
-    if ranks > 1:  # what a launcher (torchrun) gives each rank, on a fresh port per attempt
+    ranks, script = request.get("ranks", 1), request.get("script")
+    launched = ranks > 1 or script  # a helper script runs as torchrun starts it, 1 rank or more
+    if launched:  # what a launcher (torchrun) gives each rank, on a fresh port per attempt
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -78,10 +80,11 @@ for line in sys.stdin:
     for rank in range(ranks):
         pid = os.fork()
         if pid == 0:
-            if ranks > 1:
+            if launched:
                 os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
                                   LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                                   MASTER_PORT=str(port))
+            os.environ.update(request.get("env") or {})
             log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.dup2(log, 1)
             os.dup2(log, 2)
@@ -89,7 +92,16 @@ for line in sys.stdin:
                 kill_in(*request["kill"])
             code = 1
             try:
-                code = igrpo.main(request["args"]) or 0
+                if script:  # `python tests/helpers/SCRIPT.py ARGS`: its main(), then its exit
+                    from runtime.engine import finish_process
+
+                    sys.argv = [f"{script}.py", *request["args"]]
+                    importlib.import_module(script).main()
+                    code = finish_process(0)
+                else:
+                    code = igrpo.main(request["args"]) or 0
+            except BaseException:
+                traceback.print_exc()
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -133,12 +145,16 @@ class Zygote:
                                      env={**clean, **(env or {})})
         assert json.loads(self.proc.stdout.readline())["ready"]
 
-    def start(self, args: list[str], log: Path,
-              kill: tuple[str, float] | None = None) -> list[int]:
-        """Start an attempt; with `kill` (unit, seconds), every rank is SIGKILLed that many
-        seconds after it enters the unit, the others with the first."""
-        self.proc.stdin.write(json.dumps({"args": args, "log": str(log), "ranks": self.ranks,
-                                          "kill": kill}) + "\n")
+    def start(self, args: list[str], log: Path, kill: tuple[str, float] | None = None,
+              ranks: int | None = None, script: str | None = None,
+              env: dict | None = None) -> list[int]:
+        """Start an attempt of `igrpo ARGS` (or, with `script`, of the helper
+        `tests/helpers/SCRIPT.py ARGS` as torchrun starts it) on `ranks` processes (the
+        zygote's by default), `env` added to theirs; with `kill` (unit, seconds), every rank is
+        SIGKILLed that many seconds after it enters the unit, the others with the first."""
+        self.proc.stdin.write(json.dumps({"args": [str(a) for a in args], "log": str(log),
+                                          "ranks": ranks or self.ranks, "kill": kill,
+                                          "script": script, "env": env}) + "\n")
         self.proc.stdin.flush()
         self.pids = json.loads(self.proc.stdout.readline())["pids"]
         return self.pids
@@ -158,6 +174,15 @@ class Zygote:
         self.start(args, log)
         codes = [os.waitstatus_to_exitcode(s) for s in self.wait()]
         return next((c for c in codes if c != 0), 0)
+
+    def launch(self, nproc: int, script: str, *args, log: Path, env: dict | None = None,
+               timeout: float = 300) -> None:
+        """`torchrun --nproc_per_node NPROC tests/helpers/SCRIPT.py ARGS` without the cold
+        start: the ranks are forked from this zygote (its imports done), with the variables
+        torchrun gives them; asserts every rank succeeded, showing the log's end if not."""
+        self.start(list(args), log, ranks=nproc, script=script, env=env)
+        codes = [os.waitstatus_to_exitcode(s) for s in self.wait(timeout)]
+        assert codes == [0] * nproc, f"exit codes {codes}\n" + log.read_text()[-3000:]
 
     def close(self) -> None:
         self.proc.stdin.close()
