@@ -29,10 +29,10 @@ def trained_rms(warm_start, tmp_path_factory):
     one thread (3,000 solutions and the default 2,000 for the fit took 244 s and 173 s for
     held-out step accuracy 0.988 / 1.000 against 0.944 / 1.000 here)."""
     root = tmp_path_factory.mktemp("rms")
-    for kind in ("prm", "orm"):
+    for kind, solutions in (("prm", 2000), ("orm", 1000)):
         assert igrpo.main(["train-rm", "--config", "configs/tiny.yaml", f"run.root={root}",
                            f"rm.kind={kind}", f"rm.init_path={warm_start}", *RM,
-                           "rm.epochs=1"]) == 0
+                           "rm.epochs=1", f"rm.synthetic_solutions={solutions}"]) == 0
     cfg = load_config("configs/tiny.yaml", [f"run.root={root}", *RM])
     scorers = {kind: TagScorer.from_pretrained(root / "tiny" / f"rm-{kind}" / "final",
                                                cfg.rm.step_tag, cfg.rm.max_length)
