@@ -15,6 +15,11 @@ from configs.schema import Config
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
+# The losses whose convention divides advantages by no group std (policy/math/losses.py,
+# `std_normalised_advantages=False`; tests/test_configs.py holds the two in step): with them
+# `grpo.scale_by_std=true` would be dropped without a word, so it is refused.
+UNSCALED_LOSSES = ("dr_grpo", "gpg")
+
 # String fields with a closed set of values; checked once here so a typo fails at start-up.
 CHOICES = {
     "run.wandb_mode": ("offline", "online", "disabled"),
@@ -352,6 +357,11 @@ def _check_algorithm_options(p, g, where: str) -> None:
     if not 0.0 <= g.process_weight < float("inf"):
         raise ConfigError(f"{where}: grpo.process_weight = {g.process_weight}; expected a finite "
                           "weight >= 0")
+    if p.loss in UNSCALED_LOSSES and g.scale_by_std:
+        raise ConfigError(f"{where}: policy.loss={p.loss} with grpo.scale_by_std=true: "
+                          f"{p.loss} does not divide advantages by the group std (its paper's "
+                          "form), so the std would be dropped; set grpo.scale_by_std=false, or "
+                          f"use --recipe {p.loss}")
     if p.loss in ("gspo", "gspo_token") and p.algorithm != "grpo":
         raise ConfigError(f"{where}: policy.loss={p.loss} with policy.algorithm={p.algorithm}: "
                           "GSPO's sequence ratio takes group advantages (policy.algorithm=grpo)")

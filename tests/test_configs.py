@@ -205,7 +205,7 @@ def test_a_run_folder_written_with_the_old_keys_resumes():
 def test_the_allowed_values_are_the_tables_keys():
     """The loader's closed sets of values are the keys of the tables the resolver looks them up
     in: a new loss, trainer, estimator, credit form or family is allowed by adding it there."""
-    from configs.loader import CHOICES
+    from configs.loader import CHOICES, UNSCALED_LOSSES
     from policy.algorithms import TRAINERS
     from policy.math.advantages import ADVANTAGE_ESTIMATORS, PROCESS_CREDIT
     from policy.math.losses import POLICY_LOSSES
@@ -216,6 +216,24 @@ def test_the_allowed_values_are_the_tables_keys():
     assert set(CHOICES["policy.supervision"]) == set(ADVANTAGE_ESTIMATORS) | {"process"}
     assert set(CHOICES["grpo.process_credit"]) == set(PROCESS_CREDIT)
     assert set(CHOICES["rm.family"]) == {"", *FAMILIES}
+    assert set(UNSCALED_LOSSES) == {name for name, loss in POLICY_LOSSES.items()
+                                    if not loss.std_normalised_advantages}
+
+
+def test_a_loss_without_the_group_std_refuses_scale_by_std():
+    """Dr. GRPO and GPG divide by no group std: `grpo.scale_by_std=true` beside them would be
+    dropped by the resolver, so the loader refuses it, naming both keys; their recipes (which
+    set it false) load, and the resolved objective does not scale."""
+    from configs import load_config
+    from iteration.resolve import resolve
+
+    for loss in ("dr_grpo", "gpg"):
+        with pytest.raises(ConfigError, match=f"policy.loss={loss} with grpo.scale_by_std=true"):
+            load_config("configs/tiny.yaml", [f"policy.loss={loss}"])
+        cfg = load_config("configs/tiny.yaml", [f"policy.loss={loss}", "grpo.scale_by_std=false"])
+        assert resolve(cfg).method.norm.scale_by_std is False
+        assert load_config("configs/tiny.yaml", recipe=loss).policy.loss == loss
+    assert resolve(load_config("configs/tiny.yaml", [])).method.norm.scale_by_std is True
 
 
 def test_the_loops_reward_must_fit_the_supervision():
