@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import igrpo  # noqa: E402
+from iteration.manifest import fork  # noqa: E402
 
 PAPER = ["iterate.refresh_worked_solutions=0", "iterate.refresh_from=previous",
          "iterate.refresh_epochs=0", "iterate.replay_fraction=0.1"]
@@ -58,23 +58,13 @@ KEEP = ("sft", "label/0", "rm-orm/0", "rm-prm/0", "eval/0", "grpo/1", "eval/1", 
 
 def copy_run(run: Path, out: Path, relabel: bool) -> None:
     """`out`: `run`'s units up to the refresh (its labels too unless `relabel`)."""
-    if out.exists():
-        return
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(run, tmp, ignore=shutil.ignore_patterns(
-        "config.yaml", "wandb", "iteration-2", "summary.json", "accuracy.png"))
-    manifest = json.loads((tmp / "manifest.json").read_text())
     keep = [u for u in KEEP if not (relabel and u == "label/1")]
-    manifest["units"] = {k: v for k, v in manifest["units"].items() if k in keep}
-    for kind in ("orm", "prm"):
-        shutil.rmtree(tmp / f"rm-{kind}" / "iteration-1", ignore_errors=True)
+    drop = ["grpo/iteration-2", "labels/iteration-2",
+            *(f"rm-{kind}/iteration-{i}" for kind in ("orm", "prm") for i in (1, 2))]
     if relabel:
-        shutil.rmtree(tmp / "labels" / "iteration-1", ignore_errors=True)
-        (tmp / "replay" / "prm" / "iteration-1.jsonl").unlink(missing_ok=True)
-        (tmp / "replay" / "orm" / "iteration-1.jsonl").unlink(missing_ok=True)
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    tmp.rename(out)
+        drop += ["labels/iteration-1", "replay/prm/iteration-1.jsonl",
+                 "replay/orm/iteration-1.jsonl"]
+    fork(run, out, keep=lambda unit: unit in keep, drop=drop)
 
 
 def refresh(run: Path, seed: int, overrides: list[str]) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from iteration.manifest import fork  # noqa: E402
 from policy.watch import Guard  # noqa: E402
 from runtime.tracking import read_metrics  # noqa: E402
 
@@ -134,9 +134,8 @@ def main() -> None:
         if args.refresh:
             for seed in args.seeds.split(","):  # the same prefix: SFT, labels, reward models
                 src = args.root / "steps" / f"seed{seed}-prefix"
-                dst = args.root / "refresh" / "steps" / src.name
-                if not dst.exists():
-                    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("config.yaml"))
+                (args.root / "refresh" / "steps").mkdir(parents=True, exist_ok=True)
+                fork(src, args.root / "refresh" / "steps" / src.name)
             code = replicate.main(["--jobs", str(args.jobs), "--arms", args.refresh, "--seeds",
                                    args.seeds, "--tasks", "steps",
                                    "--root", str(args.root / "refresh"),

@@ -7,9 +7,10 @@ unit and never redoes one. Only the main rank writes it.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from runtime.rundir import atomic_write_json
 
@@ -74,3 +75,38 @@ class Manifest:
         self.units[name].update(state="done", finished=time.time(), outputs=outputs)
         self._save()
         return outputs
+
+
+# What a fork leaves behind: the source's configs (the fork runs under its own overrides) and
+# wandb files, at any depth, and what the finished run wrote last (rewritten when the fork ends).
+NOT_FORKED, NOT_FORKED_TOP = ("config.yaml", "wandb"), ("summary.json", "accuracy.png")
+
+
+def fork(src: Path, dst: Path, keep: Callable[[str], bool] | None = None,
+         replace: dict[str, dict] | None = None, drop: Iterable[str] = ()) -> None:
+    """A new run folder `dst` that resumes from `src`'s finished units: `src` copied (but
+    NOT_FORKED), its manifest holding the units `keep` (a unit's name -> bool) keeps (default:
+    every unit), each unit of
+    `replace` given those outputs (as done, no time of its own), and the folders or files
+    `drop` (relative to the run) removed, for the units left to redo. Written to a temporary
+    folder and renamed, so a fork killed midway leaves no `dst`; an existing `dst` (a fork
+    done before) is left as it is."""
+    if dst.exists():
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(*NOT_FORKED))
+    units = json.loads((tmp / "manifest.json").read_text(encoding="utf-8"))["units"]
+    if keep is not None:
+        units = {name: unit for name, unit in units.items() if keep(name)}
+    for name, outputs in (replace or {}).items():
+        units[name] = {**units.get(name, {}), "state": "done", "started": 0.0, "finished": 0.0,
+                       "outputs": outputs}
+    for rel in (*NOT_FORKED_TOP, *drop):
+        path = tmp / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    atomic_write_json(tmp / "manifest.json", {"units": units})
+    tmp.rename(dst)

@@ -42,7 +42,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import igrpo  # noqa: E402
+from iteration.manifest import fork  # noqa: E402
 import study_results as sr  # noqa: E402
 
 CONFIG = "configs/tiny.yaml"
@@ -133,28 +133,16 @@ def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
     """A new arm folder (overrides `arm_args`) holds the prefix's finished units (its manifest
     resumes at GRPO). An arm reading its reward models otherwise (the likelihood feature off)
     redoes them; `reward_models` ({kind: path}) puts given ones in their place."""
-    if arm_run.exists():
-        return
-    tmp = arm_run.with_name(arm_run.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(prefix_run, tmp, ignore=shutil.ignore_patterns("config.yaml", "wandb"))
-    manifest = json.loads((tmp / "manifest.json").read_text())
     if reward_models:
-        for kind, path in _paths(reward_models).items():  # (relative: the root may move)
-            manifest["units"][f"rm-{kind}/0"] = {
-                **manifest["units"][f"rm-{kind}/0"], "started": 0.0, "finished": 0.0,
-                "outputs": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}}
-            shutil.rmtree(tmp / f"rm-{kind}" / "iteration-0", ignore_errors=True)
-        manifest["units"].pop("eval/0", None)
+        made = {f"rm-{kind}/0": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}
+                for kind, path in _paths(reward_models).items()}  # (relative: the root may move)
+        fork(prefix_run, arm_run, keep=lambda unit: unit != "eval/0", replace=made,
+             drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
     elif "rm.likelihood_feature=false" in arm_args:
-        for unit in RM_UNITS:
-            manifest["units"].pop(unit, None)
-        for kind in ("orm", "prm"):
-            shutil.rmtree(tmp / f"rm-{kind}" / "iteration-0")
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    for stale in ("summary.json", "accuracy.png"):
-        (tmp / stale).unlink(missing_ok=True)
-    tmp.rename(arm_run)
+        fork(prefix_run, arm_run, keep=lambda unit: unit not in RM_UNITS,
+             drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
+    else:
+        fork(prefix_run, arm_run)
 
 
 def run_arm(root: Path, seed: int, arm: str, arm_args: list[str], overrides: list[str],

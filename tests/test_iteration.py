@@ -351,3 +351,39 @@ def test_labelling_completes_prefixes_with_the_policy_whose_samples_it_labels(tm
     cfg = load_config("configs/tiny.yaml", ["model.policy_path=", "label.completer=warm"])
     stages.label(resolve(cfg), "runs/x/grpo/iteration-1/final", [], tmp_path, k=1)
     assert completers[-1] == "model:warm"
+
+
+def test_a_fork_resumes_from_the_units_it_keeps_and_redoes_the_rest(tmp_path):
+    """`iteration.manifest.fork`: the new run holds the source's kept units (replaced ones as
+    done with the given outputs), without the dropped folders, the configs, wandb files and
+    the finished run's summary; the source is untouched, an existing fork is left as it is,
+    and a fork that died midway (its temporary folder) is redone."""
+    from iteration.manifest import Manifest, fork
+
+    src = tmp_path / "prefix"
+    for rel in ("rm-prm/iteration-0/w.bin", "rm-orm/iteration-0/w.bin", "labels/iteration-0/a.jsonl",
+                "iterate/config.yaml", "config.yaml", "wandb/run.wandb", "summary.json",
+                "accuracy.png", "eval/iteration-0.json"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    done = {"state": "done", "started": 1.0, "finished": 2.0}
+    (src / "manifest.json").write_text(json.dumps({"units": {
+        "sft": {**done, "outputs": {"policy": "sft/best"}}, "label/0": {**done, "outputs": {}},
+        "rm-orm/0": {**done, "outputs": {"path": "rm-orm/iteration-0"}},
+        "rm-prm/0": {**done, "outputs": {"path": "rm-prm/iteration-0"}},
+        "eval/0": {**done, "outputs": {}}}}))
+    arm = tmp_path / "arm"
+    (tmp_path / "arm.tmp").mkdir()  # a fork killed midway
+    fork(src, arm, keep=lambda unit: unit != "eval/0",
+         replace={"rm-prm/0": {"path": "../strong/prm"}}, drop=["rm-prm/iteration-0"])
+    m = Manifest(arm / "manifest.json")
+    assert set(m.units) == {"sft", "label/0", "rm-orm/0", "rm-prm/0"}
+    assert m.outputs("rm-prm/0") == {"path": "../strong/prm"} and m.done("rm-prm/0")
+    assert m.outputs("rm-orm/0") == {"path": "rm-orm/iteration-0"} and not m.done("eval/0")
+    kept = sorted(str(p.relative_to(arm)) for p in arm.rglob("*") if p.is_file())
+    assert kept == ["eval/iteration-0.json", "labels/iteration-0/a.jsonl", "manifest.json",
+                    "rm-orm/iteration-0/w.bin"]
+    assert (src / "rm-prm/iteration-0/w.bin").exists() and (src / "summary.json").exists()
+    assert not (tmp_path / "arm.tmp").exists()
+    fork(src, arm)  # done before: left as it is
+    assert set(Manifest(arm / "manifest.json").units) == {"sft", "label/0", "rm-orm/0", "rm-prm/0"}
