@@ -5,9 +5,10 @@ permuted over its samples, so that no reward belongs to its own sample), the sam
 same questions, evaluated on the same held-out questions with the same sampling noise. A gain
 the control does not show comes from the rewards, not from the steps, the KL term or chance
 drift of the warm start. The measure is mean@4 at the training temperature: the warm start slips
-at carries under sampling (its recipe.json), which is the room RL has. Measured at 15 steps:
-mean@4 0.626 -> 0.725 [+4.9, +14.6 points] under GRPO, 0.626 -> 0.438 under the control (at 20
-steps 0.779 and 0.389).
+at carries under sampling (its recipe.json), which is the room RL has. Measured at 15 steps on
+one thread (as a test worker runs): mean@4 0.655 -> 0.728 [+2.9, +11.9 points] under GRPO,
+0.485 under the control, GRPO above it by [+19.1, +29.6]; at 10 steps 0.715 [+2.1, +9.9], kept
+at 15 for the wider margin (bench/README.md, "The test suite").
 """
 
 import importlib.util
