@@ -38,9 +38,11 @@ DEMO_ARGS ?=
 demo: setup
 	$(VENV)/bin/igrpo demo --config configs/tiny.yaml $(DEMO_ARGS)
 
-# Two pytest-xdist workers, a test file each at a time (module fixtures are built once), then the
-# vLLM backend's tests in their own venv.
-XDIST := -n 2 --dist loadfile
+# Two pytest-xdist workers, a test file each at a time (module fixtures are built once), in the
+# order tests/conftest.py gives (the slowest files first: xdist would otherwise order files by
+# their number of tests, which put the learning tests last), then the vLLM backend's tests in
+# their own venv.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 # The vLLM venv installs while the main suite runs (its log in .venv-vllm.log; shown if it fails).
 test: setup

@@ -41,7 +41,8 @@ def warm_start() -> Path:
 
 
 # The slowest files first (about their minutes of one worker, longest first): `make test`'s two
-# workers take whole files (--dist loadfile) in collection order, so a long file collected last
+# workers take whole files (--dist loadfile) in collection order (--no-loadscope-reorder: by
+# default xdist orders files by their number of tests instead), so a long file collected last
 # would run alone at the end while the other worker idles.
 SLOWEST_FILES = ("test_learning.py", "test_zero_stages.py", "test_reward_model_learning.py",
                  "test_real_models.py", "test_distributed.py", "test_dpo.py",
