@@ -11,6 +11,7 @@
     igrpo score      --config configs/tiny.yaml rm.path=DIR rm.score_input=FILE  # step scores
     igrpo plan       --config configs/deepseekmath_7b.yaml --gpus 8   # memory per GPU
     igrpo config show --config configs/tiny.yaml [key=value ...]      # the resolved config
+    igrpo study run  --study configs/studies/deepseekmath.yaml --jobs 2  # arms x seeds, a report
 
 Every command takes `--config FILE`, `--recipe NAME` (configs/recipes/) and `key=value` overrides
 of the schema in configs/schema.py; a typo or a wrong type fails before any work starts. One
@@ -122,6 +123,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     top.add_argument("command", choices=stages, metavar="COMMAND")
     if not argv or argv[0] not in stages:
         top.parse_args(argv[:1] or ["--help"])  # prints the help or names the bad command
+    if argv[0] == "study":  # its own options (iteration/study.py), no config
+        return argparse.Namespace(stage="study", rest=argv[1:])
     args = _command_parser(argv[0]).parse_intermixed_args(argv[1:])
     args.stage = argv[0]
     return args
@@ -517,6 +520,9 @@ COMMANDS = {
     "inspect": Command("one static HTML page of a GRPO stage's rollout traces: steps, groups, "
                        "tokens coloured by advantage, the wrong answers the update pushed up",
                        (), example="igrpo inspect runs/tiny/grpo/iteration-1/trace"),
+    "study": Command("run a study's arms over seeds from a spec file (configs/studies/), or "
+                     "write its report from the kept results", (),
+                     example="igrpo study run --study configs/studies/deepseekmath.yaml --jobs 2"),
     "config": Command("`igrpo config show`: print the resolved config", ALL_SECTIONS,
                       example="igrpo config show --config configs/tiny.yaml policy.lr=3e-6"),
 }
@@ -535,6 +541,11 @@ def _run(argv: list[str] | None) -> int:
     args = _parse(argv)
     from runtime.rundir import UnsafePathError
 
+    if args.stage == "study":
+        from iteration.study import main as study, stop_on_sigterm
+
+        stop_on_sigterm()
+        return study(args.rest)
     if args.stage == "inspect":  # reads a trace folder, no config
         from policy.trace import write_trace_page
 

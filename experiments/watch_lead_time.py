@@ -5,7 +5,8 @@ trigger over the fall of question-paired gold, on the study's arms.
     python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --report-only
     python experiments/watch_lead_time.py --root /tmp/lead --seeds 0,1 --arms A,D --refresh D
 
-Runs the arms with scripts/replicate.py (the steps task, its budget; results kept under
+Runs the arms with `igrpo study run --study configs/studies/deepseekmath.yaml` (the steps task,
+its budget; results kept under
 `<root>/results`, apart from the study's), then reads each run's GRPO metrics. Arm A (the exact
 check) is the reference: runs of the same seed see the same questions step for step (one question
 stream a seed), so the paired gold of arm X at step t is X's gold minus A's on the same
@@ -123,12 +124,13 @@ def main() -> None:
     args = parser.parse_intermixed_args()
     arms = sorted(set(args.arms.split(",")) | {"A"})
     if not args.report_only:
-        import replicate
+        from iteration import study
 
-        code = replicate.main(["--jobs", str(args.jobs), "--arms", ",".join(arms), "--seeds",
-                               args.seeds, "--tasks", "steps", "--root", str(args.root),
-                               "--results", str(args.root / "results"),
-                               "--doc", str(args.root / "report.md"), *args.overrides])
+        spec = ["run", "--study", str(ROOT / "configs" / "studies" / "deepseekmath.yaml")]
+        code = study.main([*spec, "--jobs", str(args.jobs), "--arms", ",".join(arms), "--seeds",
+                           args.seeds, "--tasks", "steps", "--root", str(args.root),
+                           "--results", str(args.root / "results"),
+                           "--doc", str(args.root / "report.md"), *args.overrides])
         if code:
             sys.exit(code)
         if args.refresh:
@@ -136,14 +138,14 @@ def main() -> None:
                 src = args.root / "steps" / f"seed{seed}-prefix"
                 (args.root / "refresh" / "steps").mkdir(parents=True, exist_ok=True)
                 fork(src, args.root / "refresh" / "steps" / src.name)
-            code = replicate.main(["--jobs", str(args.jobs), "--arms", args.refresh, "--seeds",
-                                   args.seeds, "--tasks", "steps",
-                                   "--root", str(args.root / "refresh"),
-                                   "--results", str(args.root / "refresh" / "results"),
-                                   "--doc", str(args.root / "refresh" / "report.md"),
-                                   *args.overrides, "watch.guard=refresh",
-                                   f"watch.min_group_auroc={args.min_group_auroc}",
-                                   f"watch.max_wrong_push={args.max_wrong_push}"])
+            code = study.main([*spec, "--jobs", str(args.jobs), "--arms", args.refresh,
+                               "--seeds", args.seeds, "--tasks", "steps",
+                               "--root", str(args.root / "refresh"),
+                               "--results", str(args.root / "refresh" / "results"),
+                               "--doc", str(args.root / "refresh" / "report.md"),
+                               *args.overrides, "watch.guard=refresh",
+                               f"watch.min_group_auroc={args.min_group_auroc}",
+                               f"watch.max_wrong_push={args.max_wrong_push}"])
             if code:
                 sys.exit(code)
     guard = Guard("stop", WINDOW, args.min_group_auroc, args.max_wrong_push)

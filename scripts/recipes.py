@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from configs import load_config, to_yaml  # noqa: E402
 from configs.loader import recipes  # noqa: E402
 from iteration.summary import change_from  # noqa: E402
-from replicate import study_parser, write_doc  # noqa: E402
+from iteration.study import study_parser  # noqa: E402
+from iteration.study_report import write_doc  # noqa: E402
 
 CONFIG = "configs/tiny.yaml"
 # arm -> (recipe, overrides of its own)
@@ -234,7 +235,8 @@ def main() -> int:
                           time.perf_counter() - start)
     text = report(args.root, list(ARMS) if args.report_only else arms, seeds, args.minutes,
                   args.overrides, args.jobs)
-    print(f"wrote {write_doc(args.doc, text, script='scripts/recipes.py')}")
+    marker = "<!-- reading: kept by scripts/recipes.py -->"
+    print(f"wrote {write_doc(args.doc, text, marker=marker)}")
     return 0
 
 

@@ -1,7 +1,7 @@
-"""The replication study (scripts/replicate.py, scripts/study_results.py): kept results, statistics
-over seeds by hand, and the study end to end on the small config."""
+"""Studies (`igrpo study`, iteration/study.py, iteration/study_results.py): kept results,
+statistics over seeds by hand, specs refused before any run, the SLURM job as rendered, and a
+study end to end on submitit's local executor."""
 
-import importlib.util
 import json
 import math
 import os
@@ -12,23 +12,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
+from iteration import study, study_report
+from iteration import study_results as sr
 from runtime.stats import bootstrap_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 T95_2DF = 4.303  # Student's t, two-sided 95%, 2 degrees of freedom
 
 
-def _script(name):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+SHIPPED = ROOT / "configs" / "studies" / "deepseekmath.yaml"
 
 
-sr = _script("study_results")
+def _spec(tmp_path, name="study.yaml", **changes):
+    """The shipped spec with `changes` (dotted keys) made, written to tmp_path/name."""
+    spec = OmegaConf.load(SHIPPED)
+    for key, value in changes.items():
+        OmegaConf.update(spec, key, value, merge=False)
+    path = tmp_path / name
+    OmegaConf.save(spec, path)
+    return path
 
 
 def _eval(right, trace, greedy="110", majority="100", questions=("q0", "q1", "q2")):
@@ -108,15 +112,17 @@ def test_a_comparison_refuses_runs_evaluated_on_other_questions():
         sr.compare(runs, "steps", "X", "Y")
 
 
-def test_report_bolds_what_is_resolved_and_lists_every_arm(monkeypatch):
-    replicate = _script("replicate")
+
+def test_report_bolds_what_is_resolved_and_lists_every_arm():
     runs = {}
     for seed, (right, trace) in X.items():
         runs[("steps", "B", seed)] = _record("steps", "B", seed, _eval(right, trace),
                                              proxy=(0.2,) * 5 + (0.9,) * 5,
                                              gold=(0.4,) * 5 + (0.3,) * 5)
         runs[("steps", "A", seed)] = _record("steps", "A", seed, _eval(*Y))
-    text = replicate.report(runs, "python scripts/replicate.py", ["steps"])
+    for record in runs.values():
+        record["question_stream"] = study.QUESTION_STREAM
+    text = study_report.report(study.load_study(SHIPPED), runs, "igrpo study run", [])
     arms_table = text.split("## Every arm after RL")[1].split("## Every training run")[0]
     rows = {line.split(" | ")[1]: line for line in arms_table.splitlines()
             if line.startswith("| steps | ")}
@@ -126,18 +132,47 @@ def test_report_bolds_what_is_resolved_and_lists_every_arm(monkeypatch):
     question = next(line for line in text.splitlines() if "| B - A |" in line)
     assert "**+0.278 [" in question and "q [" in question  # resolved: bold
     assert "| steps | B | 3 | 0.200 -> 0.900 | 0.400 -> 0.300 |" in text
-    assert "- Command: `python scripts/replicate.py` (the last invocation" in text
+    assert "- Command: `igrpo study run` (the last invocation" in text
     # Each training run, seed by seed: B's mean@2 on seeds 0-2 with its gold's first and last 5.
     assert "| task | arm | seed 0 | seed 1 | seed 2 |" in text
     assert ("| steps | B | 0.500 (0.40 -> 0.30) | 0.667 (0.40 -> 0.30) | 0.667 (0.40 -> 0.30) |"
             in text)
+    assert "redrew their questions" not in text
+
+
+def test_runs_of_the_older_question_stream_are_kept_apart(tmp_path):
+    """Results kept without `question_stream` redrew their questions each iteration: the report
+    gives them tables of their own, marked, and never pairs them with current runs; a study
+    asked to add current runs beside them stops before any run."""
+    runs = {("steps", "A", 0): _record("steps", "A", 0, _eval(*Y)),
+            ("steps", "B", 0): {**_record("steps", "B", 0, _eval(*X[0])),
+                                "question_stream": study.QUESTION_STREAM}}
+    text = study_report.report(study.load_study(SHIPPED), runs, "igrpo study run", [])
+    current, older = text.split("**These runs redrew their questions**")
+    assert "| steps | B | " in current and "| steps | A | " not in current
+    assert "| steps | A | " in older and "| steps | B | " not in older
+    assert "| B - A |" not in text  # no seed has both arms on one stream
+    results = tmp_path / "results"
+    sr.write_run(results / "steps" / "seed0-A.json",
+                 {**runs[("steps", "A", 0)], "common_overrides": ["policy.steps=20"]})
+    with pytest.raises(study.StudyError, match="seed0-A.json was made on the older question"):
+        study.study_jobs(study.load_study(SHIPPED), tmp_path, ["steps"], ["A"], [0], results,
+                         ["policy.steps=20"])
+
+
+def test_the_shipped_study_regenerates_its_document_from_the_kept_results(tmp_path):
+    """docs/replication.md is the report of docs/replication/ and the hand-written reading."""
+    doc = tmp_path / "replication.md"
+    doc.write_text((ROOT / "docs" / "replication.md").read_text())
+    assert study.main(["report", "--study", str(SHIPPED), "--doc", str(doc)]) == 0
+    assert doc.read_text() == (ROOT / "docs" / "replication.md").read_text()
 
 
 def test_study_plans_each_arm_at_its_seeds_and_skips_kept_results(tmp_path):
-    replicate = _script("replicate")
     results = tmp_path / "results"
-    work = replicate.study_jobs(tmp_path / "runs", ["steps", "tiny"], ["A", "E", "D+"], None,
-                                results)
+    shipped = study.load_study(SHIPPED)
+    work = study.study_jobs(shipped, tmp_path / "runs", ["steps", "tiny"], ["A", "E", "D+"],
+                            None, results)
     planned = sorted((j.root.name, j.arm, j.seed) for j in work)
     # A: 5 seeds on both tasks; E and D+: 3 seeds on the steps task only.
     assert planned.count(("steps", "A", 4)) == 1 and ("tiny", "A", 4) in planned
@@ -145,46 +180,178 @@ def test_study_plans_each_arm_at_its_seeds_and_skips_kept_results(tmp_path):
                                                      for t, a, _ in planned)
     assert all(j.strong == (j.arm == "D+") for j in work)
     sr.write_run(results / "steps" / "seed0-A.json", _record("steps", "A", 0, _eval(*Y)))
-    again = replicate.study_jobs(tmp_path / "runs", ["steps"], ["A"], [0, 1], results)
+    again = study.study_jobs(shipped, tmp_path / "runs", ["steps"], ["A"], [0, 1], results)
     assert [(j.arm, j.seed) for j in again] == [("A", 1)]
     assert sr.read_runs(results)[("steps", "A", 0)]["arm"] == "A"
 
 
-def test_study_rejects_a_bad_override_before_any_run(tmp_path, capsys):
-    replicate = _script("replicate")
-    with pytest.raises(SystemExit):
-        replicate.main(["--root", str(tmp_path), "--results", str(tmp_path / "r"),
-                        "--doc", str(tmp_path / "d.md"), "policy.stepz=3"])
-    assert "policy.stepz" in capsys.readouterr().err and not (tmp_path / "steps").exists()
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "studies").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_study_loads(path):
+    """Every shipped spec's keys, comparisons and every arm's overrides on each of its tasks."""
+    loaded = study.load_study(path)
+    assert loaded.arms and all(loaded.arm_tasks(a) for a in loaded.arms)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"arms.A.rewrd": "x"}, r"Key 'rewrd' not in 'ArmSpec'.*key arms\.A\.rewrd"),
+    ({"arms.A.seeds": "five"}, r"arms\.A\.seeds"),
+    ({"comparisons.Controls": ["steps H - Z"]},
+     r"comparisons\.'Controls': 'steps H - Z' names arm 'Z'"),
+    ({"comparisons.Controls": ["steps H minus A"]}, r"is not 'TASK ARM - AGAINST'"),
+    ({"arms.A.overrides": ["policy.stepz=3"]}, r"arms\.A\.overrides on task steps .*policy\.stepz"),
+    ({"arms.A.tasks": ["steps", "gsm8k"]}, r"arms\.A\.tasks: unknown task 'gsm8k'"),
+    ({"arms.A.overrides": ["label.questions=3"]}, r"arms\.A\.overrides: label\.questions would "
+                                                  r"change the prefix"),
+])
+def test_a_bad_spec_is_refused_naming_the_file_and_the_key(tmp_path, change, message):
+    path = _spec(tmp_path, **change)
+    with pytest.raises(study.StudyError, match=message) as err:
+        study.load_study(path)
+    assert str(path) in str(err.value)
+
+
+def test_the_command_refuses_a_bad_spec_or_override_before_any_run(tmp_path, capsys):
+    import igrpo
+
+    bad = _spec(tmp_path, **{"comparisons.Controls": ["steps H - Z"]})
+    for argv in (["study", "run", "--study", str(bad), "--root", str(tmp_path / "runs")],
+                 ["study", "run", "--study", str(SHIPPED), "--root", str(tmp_path / "runs"),
+                  "--results", str(tmp_path / "r"), "policy.stepz=3"]):
+        with pytest.raises(SystemExit) as exit_:
+            igrpo.main(argv)
+        assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: comparisons" in err and "policy.stepz" in err
+    assert not (tmp_path / "runs").exists()
+
+
+FAKE_SLURM = {
+    # sbatch keeps the script it was given and answers as SLURM does
+    "sbatch": 'cp "$1" "$FAKE_SLURM/job.sh"; echo "$@" > "$FAKE_SLURM/sbatch.args"\n'
+              'echo "Submitted batch job 4242"\n',
+    # the job failed: the study must stop with its error rather than wait
+    "sacct": 'echo "JobID|State|NodeList"; echo "4242|FAILED|node7"\n',
+    "scancel": 'echo "$@" >> "$FAKE_SLURM/scancel.args"\n',
+    "squeue": 'echo "JOBID"\n',
+    "srun": 'exit 1\n',  # (submitit looks for it; the fake cluster never runs the job)
+}
+
+
+def test_the_slurm_executor_renders_each_run_as_a_torchrun_job(tmp_path, monkeypatch):
+    """`--executor slurm` on a fake SLURM: the first run (seed 0's prefix) is submitted through
+    submitit as a job of the spec's resources whose function is `torchrun --nproc_per_node 2 -m
+    igrpo iterate ...` from the project's folder; the job's failure stops the study with its
+    message."""
+    import submitit
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, body in FAKE_SLURM.items():
+        (bin_ / name).write_text("#!/bin/sh\n" + body)
+        (bin_ / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(bin_))
+    spec = _spec(tmp_path, **{"resources.processes": 2, "resources.partition": "gpu",
+                              "resources.cpus_per_task": 16, "resources.mem_gb": 200,
+                              "resources.timeout_min": 90,
+                              "resources.setup": ["export HF_HUB_OFFLINE=1"]})
+    root = tmp_path / "runs"
+    with pytest.raises(RuntimeError, match="tiny seed 0: the prefix .*failed") as err:
+        study.main(["run", "--study", str(spec), "--executor", "slurm", "--tasks", "tiny",
+                    "--arms", "A", "--seeds", "0", "--root", str(root), "--results",
+                    str(tmp_path / "results"), "--doc", str(tmp_path / "d.md")])
+    assert "4242" in str(err.value)
+    script = (bin_ / "job.sh").read_text()
+    for line in ("#SBATCH --gpus-per-node=2", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --mem=200GB", "#SBATCH --partition=gpu", "#SBATCH --time=90",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --job-name=tiny-seed0-prefix",
+                 "export HF_HUB_OFFLINE=1"):
+        assert line in script, line
+    job = submitit.SlurmJob(folder=root / "jobs", job_id="4242")
+    function = job.submission().function
+    assert function.cwd == str(ROOT)
+    assert function.command[1:7] == ["-m", "torch.distributed.run", "--standalone",
+                                     "--nproc_per_node=2", "-m", "igrpo"]
+    assert function.command[7:] == [
+        "iterate", "--config", "configs/tiny.yaml", f"run.root={(root / 'tiny').resolve()}",
+        "run.name=seed0-prefix", "run.seed=0", "run.wandb_mode=disabled", "policy.steps=20",
+        "iterate.iterations=0"]
+    assert not (tmp_path / "results" / "tiny").exists()
+
+
+def test_jobs_run_seed_by_seed_each_after_its_prefix_and_the_strong_models(tmp_path, monkeypatch):
+    """The scheduler's order with one slot: what it submits, in order, to an executor that runs
+    nothing (each job done at once)."""
+    calls = []
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+        def done(self):
+            return True
+
+        def result(self):
+            return self.value
+
+    class Recorder:
+        name = None
+
+        def submit(self, fn, *args):
+            calls.append(self.name)
+            return Done({"prm": "P", "orm": "O"} if fn is study.strong_reward_models else None)
+
+    monkeypatch.setattr(study, "start_arm", lambda prefix, run, args, rms: calls.append(
+        f"fork {run.name} {rms}"))
+    monkeypatch.setattr(study, "keep_result", lambda job, seconds, overrides, rms: None)
+    shipped = study.load_study(_spec(tmp_path, **{"strong.questions": 8, "strong.samples": 2}))
+    work = study.study_jobs(shipped, tmp_path, ["steps", "tiny"], ["A", "D+"], [1, 0],
+                            tmp_path / "r")
+    study.run_jobs(shipped, work, [], 1, Recorder())
+    strong = "{'orm': 'O', 'prm': 'P'}"
+    assert calls == [
+        "steps-seed0-prefix", "fork seed0-A None", "steps-seed0-A", "steps-strong",
+        f"fork seed0-D+ {strong}", "steps-seed0-D+", "tiny-seed0-prefix", "fork seed0-A None",
+        "tiny-seed0-A", "steps-seed1-prefix", "fork seed1-A None", "steps-seed1-A",
+        f"fork seed1-D+ {strong}", "steps-seed1-D+", "tiny-seed1-prefix", "fork seed1-A None",
+        "tiny-seed1-A"]
+
+
+def kept_strong_is_in_the_results(results, strong):
+    kept = json.loads((results / "steps" / "strong.json").read_text())
+    return kept["sha256"] == strong["sha256"] and "prm" not in kept and kept["questions"] == 4
 
 
 @pytest.mark.slow
 def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     """Arms A (exact check), B (step labels), D (PRM, frozen), G (refreshed) and D+ (strong
-    reward models) of one seed on the steps task, at the tests' small settings, two at a time."""
+    reward models) of one seed on the steps task, at the tests' small settings, two at a time on
+    submitit's local executor."""
+    import psutil
+
     from fault_injection import DIST_VARS
     from small_config import ITERATE, SMALL
 
     root, results, doc = tmp_path / "runs", tmp_path / "results", tmp_path / "replication.md"
+    spec = _spec(tmp_path, **{"strong.questions": 4, "strong.samples": 2})
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    args = [sys.executable, "scripts/replicate.py", "--root", str(root), "--results", str(results),
-            "--doc", str(doc), "--tasks", "steps", "--seeds", "0", "--arms", "A,B,D,G,D+",
-            "--jobs", "2", "--strong-questions", "4", "--strong-samples", "2", *SMALL, *ITERATE,
+    args = [sys.executable, "-m", "igrpo", "study", "run", "--study", str(spec), "--root",
+            str(root), "--results", str(results), "--doc", str(doc), "--tasks", "steps",
+            "--seeds", "0", "--arms", "A,B,D,G,D+", "--jobs", "2", *SMALL, *ITERATE,
             "rm.likelihood_feature=true"]
-    # Stopped (SIGTERM) while its first runs work: every worker ends, the invocation is logged.
-    import psutil
-
+    # Stopped (SIGTERM) while its first runs work: every job ends, the invocation is logged.
     log = open(tmp_path / "stopped.log", "w")
     first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     manifest = root / "steps" / "seed0-prefix" / "manifest.json"
     while not (manifest.exists() and '"label/0"' in manifest.read_text()):
-        assert first.poll() is None
+        assert first.poll() is None, (tmp_path / "stopped.log").read_text()[-3000:]
         time.sleep(0.2)
     workers = psutil.Process(first.pid).children(recursive=True)
     first.terminate()
     assert first.wait(timeout=60) == 128 + 15, (tmp_path / "stopped.log").read_text()[-3000:]
-    _, alive = psutil.wait_procs(workers, timeout=20)  # (the resource tracker ends last)
-    assert not alive
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
     assert sr.read_invocations(results)[0]["runs"] == 0
     (results / "invocations.jsonl").unlink()
     subprocess.run(args, check=True, env=env, cwd=ROOT)  # resumes in the same folders
@@ -213,7 +380,7 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     assert len(record["grpo"]["proxy"]) == 4 and record["overrides"][1] == \
         "iterate.reward=step_oracle"
     assert record["final"]["questions_sha"] == kept[("steps", "A", 0)]["final"]["questions_sha"]
-    assert "trace" in record["final"]  # the steps task has a step oracle
+    assert "trace" in record["final"] and record["question_stream"] == "walk"
     # Its minutes are its own units', the shared prefix's counted apart.
     assert 0 < record["minutes"] and 0 < record["prefix_minutes"] == kept[("steps", "A", 0)][
         "prefix_minutes"]
@@ -230,43 +397,23 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     other = subprocess.run([*args, "policy.steps=3"], env=env, cwd=ROOT, capture_output=True,
                            text=True)
     assert other.returncode == 2 and "seed0-A.json was made with the overrides" in other.stderr
-    # A rerun finds every result kept and runs nothing; --report-only keeps the command line.
+    # A rerun finds every result kept and runs nothing; `report` keeps the command line.
     rerun = subprocess.run(args, check=True, env=env, cwd=ROOT, capture_output=True, text=True)
     assert "[study] 0 runs to do" in rerun.stdout
-    subprocess.run([sys.executable, "scripts/replicate.py", "--results", str(results), "--doc",
-                    str(doc), "--report-only"], check=True, env=env, cwd=ROOT)
-    assert "--strong-questions 4" in doc.read_text().splitlines()[4]  # (the last invocation's)
+    subprocess.run([sys.executable, "-m", "igrpo", "study", "report", "--study", str(spec),
+                    "--results", str(results), "--doc", str(doc)], check=True, env=env, cwd=ROOT)
+    assert "--arms A,B,D,G,D+" in doc.read_text().splitlines()[4]  # (the last invocation's)
 
 
-def test_jobs_run_seed_by_seed_each_after_its_prefix_and_the_strong_models(tmp_path, monkeypatch):
-    replicate = _script("replicate")
-    calls = []
-    monkeypatch.setattr(replicate, "prefix", lambda root, seed, o, config: calls.append(
-        ("prefix", root.name, seed)))
-    monkeypatch.setattr(replicate, "strong_reward_models", lambda config, root, o, q, s: (
-        calls.append(("strong", root.name, q, s)) or {"prm": "P", "orm": "O"}))
-    monkeypatch.setattr(replicate, "run_job", lambda job, o, rms: calls.append(
-        ("run", job.root.name, job.arm, job.seed, rms)))
-    work = replicate.study_jobs(tmp_path, ["steps", "tiny"], ["A", "D+"], [1, 0], tmp_path / "r")
-    replicate.run_jobs(work, [], 1, (8, 2))
-    assert calls == [
-        ("prefix", "steps", 0), ("run", "steps", "A", 0, None), ("strong", "steps", 8, 2),
-        ("run", "steps", "D+", 0, {"prm": "P", "orm": "O"}), ("prefix", "tiny", 0),
-        ("run", "tiny", "A", 0, None),
-        ("prefix", "steps", 1), ("run", "steps", "A", 1, None),
-        ("run", "steps", "D+", 1, {"prm": "P", "orm": "O"}), ("prefix", "tiny", 1),
-        ("run", "tiny", "A", 1, None)]
-
-
-def kept_strong_is_in_the_results(results, strong):
-    kept = json.loads((results / "steps" / "strong.json").read_text())
-    return kept["sha256"] == strong["sha256"] and "prm" not in kept and kept["questions"] == 4
-
-
+@pytest.mark.slow
 def test_a_failed_run_stops_the_study_with_its_error(tmp_path):
-    """A run that fails in a worker process ends the study with the run's error (a worker dies
-    silently on SystemExit, which would leave the study waiting for it forever)."""
-    replicate = _script("replicate")
-    work = [replicate.Job("configs/no_such.yaml", tmp_path, 0, "A", [])]
-    with pytest.raises(RuntimeError, match="seed0-prefix: igrpo iterate exited"):
-        replicate.run_jobs(work, [], 2)
+    """A run that fails in its job ends the study with the run's own error."""
+    from small_config import ITERATE, SMALL
+
+    spec = _spec(tmp_path, **{"tasks.tiny": "configs/tiny.yaml"})
+    with pytest.raises(RuntimeError, match=r"tiny seed 0: the prefix \(seed0-prefix\) failed"
+                                           r"(.|\n)*/no/such/model"):
+        study.main(["run", "--study", str(spec), "--tasks", "tiny", "--arms", "A", "--seeds",
+                    "0", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "r"),
+                    "--doc", str(tmp_path / "d.md"), *SMALL, *ITERATE,
+                    "model.policy_path=/no/such/model"])

@@ -1,0 +1,732 @@
+"""Studies: arms that differ in one thing, run over seeds from one spec file, compared paired by
+seed, with a report that regenerates from the kept results alone.
+
+    igrpo study run    --study configs/studies/deepseekmath.yaml --jobs 2
+    igrpo study run    --study configs/studies/deepseekmath.yaml --arms A,B --seeds 0 --tasks tiny
+    igrpo study run    --study configs/studies/deepseekmath.yaml --executor slurm
+    igrpo study report --study configs/studies/deepseekmath.yaml   # the document, nothing run
+
+A spec (`StudySpec`, below) names the tasks (a config each), the budget every arm shares, the arms
+(override sets with their seeds and tasks), the comparisons (an arm minus another, paired by
+seed), the strong reward models some arms read, and the resources of one run. Every run is
+`igrpo iterate` (`torchrun --nproc_per_node G -m igrpo iterate ...` for G > 1 processes),
+submitted through submitit: `--executor local` runs them as local processes, `--executor slurm`
+as SLURM jobs of the spec's resources. Per task and seed the units every arm shares (the warm
+start's labels, the first reward models, the warm start's evaluation) run once in a prefix run
+that each arm's folder forks (`Manifest.fork`), resuming at GRPO. A finished run's results go to
+<results>/<task>/seed<S>-<arm>.json (iteration/study_results.py), which the report reads and a
+rerun skips: a study resumes from what finished, whichever executor ran it, and a stopped run
+from its folder under --root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from iteration import study_results as sr
+from iteration.manifest import fork
+
+ROOT = Path(__file__).resolve().parents[1]
+RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
+"""The prefix's units that differ with an arm's reward models: redone in its fork."""
+PREFIX_SECTIONS = ("data", "model", "sft", "label", "eval")
+"""Config sections the prefix's units read: an arm may not change them (the budget may)."""
+QUESTION_STREAM = "walk"
+"""How a run's GRPO stages draw their questions: `walk` on through the RL split, iteration after
+iteration. Results without the key were made when every stage restarted the stream (`redraw`:
+iteration 2 trained on iteration 1's questions); the report keeps the two apart."""
+
+
+# -- the spec ------------------------------------------------------------------------------------
+@dataclass
+class ArmSpec:
+    reward: str = "?"
+    """What the arm is rewarded by (the report's column)."""
+    advantages: str = "-"
+    """How its advantages are formed (the report's column)."""
+    overrides: list[str] = field(default_factory=list)
+    """key=value overrides of the task's config: what the arm changes."""
+    seeds: int = 1
+    """Seeds 0..seeds-1."""
+    tasks: list[str] = field(default_factory=list)
+    """The tasks it runs on (default: the first task)."""
+    strong: bool = False
+    """It reads the study's strong reward models in place of the prefix's."""
+
+
+@dataclass
+class StrongSpec:
+    """Strong reward models, made once per task: the warm start sampled `samples` times on each
+    of `questions` RL questions (from `offset` of seed `seed`'s pool), every sample labelled by
+    the task's oracle, trained twice as deep with the `train` overrides."""
+    questions: int = 640
+    samples: int = 16
+    offset: int = 20_000
+    seed: int = 0
+    train: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Resources:
+    """One run's job on a cluster (`--executor slurm`); `processes` ranks run it (torchrun)."""
+    processes: int = 1
+    """Processes of one run (GPUs of its node): `torchrun --nproc_per_node` when above 1."""
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    timeout_min: int = 24 * 60
+    partition: str | None = None
+    account: str | None = None
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before each job (module loads, `export KEY=VALUE`)."""
+
+
+@dataclass
+class StudySpec:
+    title: str = "Study"
+    """The document's heading."""
+    root: str = "runs/study"
+    """Where the runs go (relative to the project)."""
+    results: str = "docs/study"
+    """Where finished runs' results are kept (and read from)."""
+    doc: str = "docs/study.md"
+    """The document `igrpo study report` writes."""
+    tasks: dict[str, str] = field(default_factory=dict)
+    """{name: config file}."""
+    budget: list[str] = field(default_factory=list)
+    """Overrides every arm shares (the compute budget)."""
+    budget_note: str = "`igrpo iterate` with {budget}"
+    """The budget as the document states it ({budget}: the overrides)."""
+    arms: dict[str, ArmSpec] = field(default_factory=dict)
+    comparisons: dict[str, list[str]] = field(default_factory=dict)
+    """{question: ["TASK ARM - AGAINST", ...]}: each the arm minus the other, paired by seed."""
+    strong: StrongSpec | None = None
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    question: str
+    task: str
+    arm: str
+    against: str
+
+
+@dataclass(frozen=True)
+class Study:
+    """A loaded, checked spec."""
+    path: Path
+    spec: StudySpec
+    comparisons: tuple[Comparison, ...]
+
+    @property
+    def arms(self) -> dict[str, ArmSpec]:
+        return self.spec.arms
+
+    @property
+    def tasks(self) -> dict[str, str]:
+        return self.spec.tasks
+
+    def arm_tasks(self, arm: str) -> list[str]:
+        return list(self.arms[arm].tasks) or [next(iter(self.tasks))]
+
+
+class StudyError(ValueError):
+    """A spec that cannot run, naming the file and the key."""
+
+
+COMPARISON = re.compile(r"^\s*(\S+)\s+(\S+)\s+-\s+(\S+)\s*$")
+
+
+def load_study(path: str | Path, overrides: list[str] = ()) -> Study:
+    """The spec at `path`, checked before any run: its keys and types (OmegaConf against
+    StudySpec), every comparison's task and arms, and every arm's overrides loaded on each of
+    its tasks with the budget and `overrides` (the command line's, for every arm alike)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from configs import load_config
+
+    path = Path(path)
+    try:
+        spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudySpec),
+                                                   OmegaConf.load(path)))
+    except FileNotFoundError:
+        raise StudyError(f"{path}: no such study file") from None
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        raise StudyError(f"{path}: {str(err).splitlines()[0]}"
+                         + (f" (key {key})" if key else "")) from None
+    if not spec.tasks:
+        raise StudyError(f"{path}: tasks: none given")
+    for arm, a in spec.arms.items():
+        for task in a.tasks:
+            if task not in spec.tasks:
+                raise StudyError(f"{path}: arms.{arm}.tasks: unknown task {task!r}; the tasks "
+                                 f"are {', '.join(spec.tasks)}")
+        if a.strong and spec.strong is None:
+            raise StudyError(f"{path}: arms.{arm}.strong: the study has no `strong` section")
+        touched = sorted({o.split("=", 1)[0] for o in a.overrides
+                          if o.split(".", 1)[0].lstrip("+") in PREFIX_SECTIONS})
+        if touched:
+            raise StudyError(f"{path}: arms.{arm}.overrides: {', '.join(touched)} would change "
+                             "the prefix every arm of a seed shares; put it in `budget`")
+    comparisons = []
+    for question, lines in spec.comparisons.items():
+        for line in lines:
+            match = COMPARISON.match(line)
+            if not match:
+                raise StudyError(f"{path}: comparisons.{question!r}: {line!r} is not "
+                                 "'TASK ARM - AGAINST'")
+            c = Comparison(question, *match.groups())
+            for arm in (c.arm, c.against):
+                if arm not in spec.arms:
+                    raise StudyError(f"{path}: comparisons.{question!r}: {line!r} names arm "
+                                     f"{arm!r}, which the study does not have")
+            if c.task not in spec.tasks:
+                raise StudyError(f"{path}: comparisons.{question!r}: {line!r} names task "
+                                 f"{c.task!r}, which the study does not have")
+            comparisons.append(c)
+    study = Study(path, spec, tuple(comparisons))
+    for task, config in spec.tasks.items():
+        checks = [("(prefix)", ["iterate.iterations=0"])]
+        checks += [(arm, a.overrides) for arm, a in spec.arms.items()
+                   if task in study.arm_tasks(arm)]
+        for arm, extra in checks:
+            try:
+                load_config(str(ROOT / config) if not Path(config).is_absolute() else config,
+                            [*spec.budget, *overrides, *extra])
+            except (ValueError, FileNotFoundError) as err:
+                where = "tasks" if arm == "(prefix)" else f"arms.{arm}.overrides"
+                raise StudyError(f"{path}: {where} on task {task} ({config}): {err}") from None
+    return study
+
+
+# -- the runs ------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One arm of one seed of one task: its run goes to root/seed<seed>-<arm>."""
+    task: str
+    config: str
+    root: Path
+    seed: int
+    arm: str
+    args: list[str]
+    strong: bool = False
+    result: Path | None = None  # where the finished run's results are kept
+
+
+def iterate_command(config: str, root: Path, name: str, seed: int, overrides: list[str],
+                    processes: int = 1) -> list[str]:
+    """`igrpo iterate` of one run, as the job runs it (from the project's folder)."""
+    launch = [sys.executable, "-m", "igrpo"] if processes <= 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={processes}", "-m", "igrpo"]
+    return [*launch, "iterate", "--config", config, f"run.root={Path(root).resolve()}",
+            f"run.name={name}", f"run.seed={seed}", "run.wandb_mode=disabled", *overrides]
+
+
+def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
+              reward_models: dict[str, str] | None = None) -> None:
+    """A new arm folder (overrides `arm_args`) holding the prefix's finished units (its manifest
+    resumes at GRPO). An arm reading its reward models otherwise (any `rm.` override) redoes
+    them; `reward_models` ({kind: path}) puts given ones in their place."""
+    if reward_models:
+        made = {f"rm-{kind}/0": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}
+                for kind, path in _paths(reward_models).items()}  # (relative: the root may move)
+        fork(prefix_run, arm_run, keep=lambda unit: unit != "eval/0", replace=made,
+             drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
+    elif any(a.lstrip("+").startswith("rm.") for a in arm_args):
+        fork(prefix_run, arm_run, keep=lambda unit: unit not in RM_UNITS,
+             drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
+    else:
+        fork(prefix_run, arm_run)
+
+
+def study_jobs(study: Study, root: Path, tasks: list[str], arms: list[str],
+               seeds: list[int] | None, results: Path,
+               overrides: list[str] | None = None) -> list[Job]:
+    """Every (task, seed, arm) the study asks for (an arm's own seed count, or `seeds`) whose
+    results are not kept yet, seed by seed. A kept result made with other shared overrides or
+    on another question stream stops the study (they would be mixed)."""
+    work = []
+    for task in tasks:
+        for arm in arms:
+            spec = study.arms[arm]
+            if task not in study.arm_tasks(arm):
+                continue
+            for seed in (seeds if seeds is not None else range(spec.seeds)):
+                result = results / task / f"seed{seed}-{arm}.json"
+                if result.exists() and overrides is not None:
+                    kept = json.loads(result.read_text())
+                    if kept.get("common_overrides") != common_overrides(overrides):
+                        raise StudyError(
+                            f"{result} was made with the overrides {kept.get('common_overrides')}, "
+                            f"not {common_overrides(overrides)}: every run of a study shares "
+                            "them; give this one another --results folder")
+                    if stream_of(kept) != QUESTION_STREAM:
+                        raise StudyError(
+                            f"{result} was made on the older question stream "
+                            f"({stream_of(kept)}); give this study another --results folder")
+                if not result.exists():
+                    work.append(Job(task, study.tasks[task], root / task, seed, arm,
+                                    [*spec.overrides], spec.strong, result))
+    # Seed by seed (every arm of seed 0 first), so that a stopped study leaves whole seeds.
+    return sorted(work, key=lambda j: j.seed)
+
+
+def stream_of(record: dict) -> str:
+    return record.get("question_stream", "redraw")
+
+
+def make_executor(kind: str, folder: Path, resources: Resources):
+    """submitit's executor for `kind` (local processes, or SLURM jobs of `resources`)."""
+    import submitit
+
+    if kind == "slurm":
+        executor = submitit.SlurmExecutor(folder=folder)
+        params = dict(time=resources.timeout_min, nodes=1, ntasks_per_node=1,
+                      gpus_per_node=resources.processes, setup=list(resources.setup),
+                      cpus_per_task=resources.cpus_per_task, partition=resources.partition,
+                      account=resources.account,
+                      mem=f"{resources.mem_gb}GB" if resources.mem_gb else None)
+        executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        return executor
+    if kind == "local":
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(timeout_min=resources.timeout_min,
+                                   setup=list(resources.setup))
+        return executor
+    raise StudyError(f"--executor: unknown {kind!r}; known: local, slurm")
+
+
+def run_jobs(study: Study, work: list[Job], overrides: list[str], jobs: int, executor,
+             share_cores: bool = False, local_gpus: int = 0) -> None:
+    """The jobs in their order, each after its prefix (one per task and seed) and, for a strong
+    arm, the task's strong reward models; `jobs` at a time, a free slot taking the first item of
+    the list whose inputs are done, so that seeds finish one after another. With `share_cores`
+    (local processes on CPUs) each run gets its share of the cores (run.threads); with `local_gpus`
+    (a local executor on a GPU machine) each slot gets GPUs of its own. A failed job stops the
+    study with its error; stopping it cancels every job still running."""
+    from tqdm import tqdm
+
+    if not work:
+        return
+    processes = study.spec.resources.processes
+    if jobs > 1 and share_cores:
+        overrides = [*overrides, f"run.threads={max(1, (os.cpu_count() or 1) // jobs)}"]
+    started, finished, made, running = set(), set(), {}, {}
+    free_slots = list(range(jobs))
+    progress = tqdm(total=len(work), desc="study", unit="run", dynamic_ncols=True)
+
+    def next_item():
+        for i, j in enumerate(work):
+            needs = [("prefix", j.task, j.root, j.seed)]
+            if j.strong:
+                needs += [("prefix", j.task, j.root, study.spec.strong.seed),
+                          ("strong", j.task, j.root)]
+            needs.append(("run", i))
+            for item in needs:
+                if item not in started:
+                    return item
+                if item not in finished:
+                    break
+        return None
+
+    def submit(item, slot):
+        if local_gpus:
+            executor.update_parameters(gpus_per_node=processes, visible_gpus=list(
+                range(slot * processes, (slot + 1) * processes)))
+        if item[0] == "prefix":
+            _, task, root, seed = item
+            name = f"seed{seed}-prefix"
+            _name(executor, f"{task}-{name}")
+            return executor.submit(command_function(iterate_command(
+                study.tasks[task], root, name, seed, [*overrides, "iterate.iterations=0"],
+                processes))), time.time()
+        if item[0] == "strong":
+            _, task, root = item
+            _name(executor, f"{task}-strong")
+            return executor.submit(strong_reward_models, study.tasks[task], root, overrides,
+                                   study.spec.strong), time.time()
+        j = work[item[1]]
+        reward_models = _paths(made.get((j.task, j.root))) if j.strong else None
+        run = j.root / f"seed{j.seed}-{j.arm}"
+        start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, reward_models)
+        _name(executor, f"{j.task}-seed{j.seed}-{j.arm}")
+        return executor.submit(command_function(iterate_command(
+            j.config, j.root, run.name, j.seed, [*overrides, *j.args], processes))), time.time()
+
+    def finish(item, outcome, began):
+        finished.add(item)
+        if item[0] == "strong":
+            made[item[1:]] = outcome
+        if item[0] == "run":
+            j = work[item[1]]
+            reward_models = _paths(made.get((j.task, j.root))) if j.strong else None
+            keep_result(j, time.time() - began, overrides, reward_models)
+            progress.update()
+            progress.write(f"[study] {j.task} seed {j.seed} {j.arm}: done")
+
+    try:
+        while True:
+            while free_slots and (item := next_item()) is not None:
+                started.add(item)
+                slot = free_slots.pop(0)
+                handle, began = submit(item, slot)
+                running[handle] = (item, slot, began)
+            if not running:
+                return
+            done = [h for h in running if h.done()]
+            if not done:
+                time.sleep(1)
+            for handle in done:
+                item, slot, began = running.pop(handle)
+                free_slots.append(slot)
+                try:
+                    outcome = handle.result()
+                except Exception as err:  # submitit's FailedJobError holds the run's stderr
+                    raise RuntimeError(f"{_describe(item, work)} failed:\n{str(err)[-3000:]}") \
+                        from None
+                finish(item, outcome, began)
+    finally:
+        progress.close()
+        for handle in running:  # stopped or failed: no job is left running
+            handle.cancel(check=False)
+
+
+def _name(executor, name: str) -> None:
+    """The job's name, where the executor has names (SLURM's job name)."""
+    import submitit
+
+    if isinstance(executor, submitit.SlurmExecutor):
+        executor.update_parameters(job_name=name)
+    elif hasattr(executor, "name"):  # (the tests' recording executor)
+        executor.name = name
+
+
+def command_function(command: list[str]):
+    """The job: `command` from the project's folder (its output in the job's log)."""
+    import submitit
+
+    return submitit.helpers.CommandFunction(command, cwd=str(ROOT))
+
+
+def _describe(item, work) -> str:
+    if item[0] == "prefix":
+        return f"{item[1]} seed {item[3]}: the prefix (seed{item[3]}-prefix)"
+    if item[0] == "strong":
+        return f"{item[1]}: the strong reward models"
+    j = work[item[1]]
+    return f"{j.task} seed {j.seed} {j.arm} (seed{j.seed}-{j.arm})"
+
+
+def keep_result(job: Job, seconds: float, overrides: list[str],
+                reward_models: dict[str, str] | None) -> None:
+    if job.result is not None:
+        sr.write_run(job.result, run_record(job.root / f"seed{job.seed}-{job.arm}", job, seconds,
+                                            overrides, reward_models))
+
+
+def keep_strong(study: Study, root: Path, results: Path) -> None:
+    """Each task's strong reward models' record (size, minutes, weights' sha256; no paths) into
+    `results`/<task>/strong.json, beside the runs that read them."""
+    for task in study.tasks:
+        done = root / task / "strong" / "done.json"
+        if done.exists():
+            made = {k: v for k, v in json.loads(done.read_text()).items()
+                    if k not in ("orm", "prm")}
+            sr.write_run(results / task / "strong.json", made)
+
+
+def read_strong(results: Path) -> dict:
+    return {path.parent.name: json.loads(path.read_text())
+            for path in sorted(results.glob("*/strong.json"))}
+
+
+def _paths(made: dict | None) -> dict[str, str] | None:
+    """{kind: path} of strong_reward_models' record."""
+    return None if made is None else {kind: made[kind] for kind in ("orm", "prm")}
+
+
+def strong_reward_models(config: str, root: Path, overrides: list[str],
+                         strong: StrongSpec) -> dict[str, str]:
+    """{kind: path} of the task's strong ORM and PRM, made once under root/strong from the warm
+    start's `strong.samples` samples of each of `strong.questions` RL questions (a job of its
+    own: it runs where the executor puts it)."""
+    import igrpo
+
+    out = root / "strong"
+    done = out / "done.json"
+    if done.exists():
+        made = json.loads(done.read_text())
+        if (made.get("questions"), made.get("samples")) != (strong.questions, strong.samples):
+            raise RuntimeError(f"{out}: strong reward models made from {made.get('questions')} "
+                               f"questions x {made.get('samples')} samples; this study asks for "
+                               f"{strong.questions} x {strong.samples}: remove the folder or use "
+                               "another --root")
+        return made
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    data = {"prm": out / "prm.jsonl", "orm": out / "orm.jsonl"}
+    manifest = json.loads((root / f"seed{strong.seed}-prefix" / "manifest.json").read_text())
+    warm = Path(manifest["units"]["sft"]["outputs"]["policy"])
+    warm = warm if warm.is_absolute() else root / f"seed{strong.seed}-prefix" / warm
+    if not all(p.exists() for p in data.values()):
+        _strong_data(config, overrides, data, str(warm), strong)
+    layers = json.loads((warm / "config.json").read_text())["num_hidden_layers"]
+    deeper = f"rm.extra_layers_from=[{','.join(str(i) for i in range(layers))}]"
+    made = {}
+    for kind, path in data.items():
+        code = igrpo.main(["train-rm", "--config", config, f"run.root={root}",
+                           "run.name=strong", f"run.seed={strong.seed}",
+                           "run.wandb_mode=disabled", f"rm.kind={kind}", f"rm.data_path={path}",
+                           f"rm.init_path={warm}", *overrides, *strong.train, deeper])
+        if code != 0:
+            raise RuntimeError(f"{config}: the strong {kind.upper()} did not train (exit {code})")
+        made[kind] = str((root / "strong" / f"rm-{kind}" / "final").resolve())
+    made.update(questions=strong.questions, samples=strong.samples,
+                minutes=round((time.perf_counter() - start) / 60, 2),
+                sha256={kind: weights_sha256(made[kind]) for kind in data})
+    done.write_text(json.dumps(made, indent=2))
+    return made
+
+
+def weights_sha256(folder: str | Path) -> str:
+    """The first 16 hex digits of the sha256 of a model's weight files: the same model on any
+    machine."""
+    digest = hashlib.sha256()
+    for weights in sorted(Path(folder).glob("*.safetensors")):
+        digest.update(weights.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _strong_data(config: str, overrides: list[str], paths: dict[str, Path], policy: str,
+                 strong: StrongSpec) -> None:
+    """The warm start's (`policy`) samples of the strong set (the labelling stage's sampler,
+    its solutions cached beside `paths`), labelled by the task's oracle, as Math-Shepherd rows:
+    every step for the PRM, the whole solution by its final answer for the ORM."""
+    import torch
+
+    from configs import load_config
+    from process_supervision.formats import StepExample, write_math_shepherd_jsonl
+    from process_supervision.sampling import sample_solutions
+    from runtime.data import load_splits
+    from runtime.models import load_causal_lm, load_tokenizer
+    from tasks import synthetic
+    from tasks.grading import grade
+    from tasks.prompts import prompt_format
+
+    cfg = load_config(config, overrides)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    rl = load_splits(cfg.data, strong.seed).rl
+    offset = min(strong.offset, max(0, len(rl) - strong.questions))  # (a small test config's pool)
+    model, tokenizer = load_causal_lm(policy).eval(), load_tokenizer(policy)
+    solutions = sample_solutions(model, tokenizer, rl[offset:offset + strong.questions],
+                                 prompt_format(cfg.data), strong.samples,
+                                 cfg.policy.max_new_tokens, 1.0,
+                                 cache=paths["prm"].with_name("samples.jsonl"), seed=strong.seed)
+    prm, orm = [], []
+    for s in solutions:
+        truth = synthetic.step_correctness(s.record.question, s.steps)
+        prm.append(StepExample(s.record.question, s.steps, tuple(float(x) for x in truth)))
+        text = cfg.data.step_separator.join(s.steps)
+        orm.append(StepExample(s.record.question, (text,),
+                               (float(grade(text, s.record.answer, cfg.eval.grade_timeout_s)),)))
+    write_math_shepherd_jsonl(paths["prm"], prm, cfg.rm.step_tag)
+    write_math_shepherd_jsonl(paths["orm"], orm, cfg.rm.step_tag)
+
+
+def compute_minutes(run: Path, without: Path | None = None) -> float:
+    """Minutes the units of one run folder took (a copied prefix's units included), less the
+    units it shares with the run folder `without` (its prefix)."""
+    def units(folder):
+        return json.loads((folder / "manifest.json").read_text())["units"]
+
+    shared = {name: (u.get("started"), u.get("finished"))
+              for name, u in (units(without) if without is not None else {}).items()}
+    return sum(u["finished"] - u["started"] for name, u in units(run).items()
+               if u.get("state") == "done"
+               and shared.get(name) != (u["started"], u["finished"])) / 60
+
+
+def finished(run: Path) -> bool:
+    """Every iteration of the arm's run is in its summary (a running arm is left out)."""
+    import yaml
+
+    if not (run / "summary.json").exists() or not (run / "config.yaml").exists():
+        return False
+    planned = yaml.safe_load((run / "config.yaml").read_text())["iterate"]["iterations"]
+    return len(json.loads((run / "summary.json").read_text())["iterations"]) == planned + 1
+
+
+def proxy_and_gold(run: Path) -> dict[str, list]:
+    """Per GRPO step of every iteration in order, the proxy reward (`reward/mean`: what the run
+    is trained on) and the gold one (`reward/accuracy`: the share of the step's samples whose
+    final answer is right); `ends`: the steps at which each iteration ends."""
+    from runtime.tracking import read_metrics
+
+    proxy, gold, ends = [], [], []
+    k = 1
+    while (run / "grpo" / f"iteration-{k}" / "metrics.jsonl").exists():
+        rows = [r for r in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+                if "reward/mean" in r]
+        proxy += [r["reward/mean"] for r in rows]
+        gold += [r.get("reward/accuracy", float("nan")) for r in rows]
+        ends.append(len(proxy))
+        k += 1
+    return {"proxy": proxy, "gold": gold, "ends": ends}
+
+
+def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
+               reward_models: dict[str, str] | None = None) -> dict:
+    """What the study keeps of a finished run (iteration/study_results.py): with the overrides
+    every arm shared (`overrides`, less how it ran: run.threads), the question stream and, for a
+    strong arm, its reward models' weights (sha256)."""
+    iterations = json.loads((run / "summary.json").read_text())["iterations"]
+    evals = sorted((run / "eval").glob("iteration-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    rewards = proxy_and_gold(run)
+    proxy, gold = ([round(x, 5) for x in rewards[key]] for key in ("proxy", "gold"))
+    last = iterations[-1]
+    return {"task": job.task, "arm": job.arm, "seed": job.seed,
+            "config": job.config, "overrides": job.args,
+            "minutes": round(compute_minutes(run, job.root / f"seed{job.seed}-prefix"), 2),
+            "prefix_minutes": round(compute_minutes(job.root / f"seed{job.seed}-prefix"), 2),
+            "common_overrides": common_overrides(overrides),
+            "question_stream": QUESTION_STREAM,
+            **({"strong_sha256": {k: weights_sha256(v) for k, v in _paths(reward_models).items()}}
+               if reward_models else {}),
+            "wall_minutes": round(seconds / 60, 2), "commit": _commit(),
+            "warm": sr.compact_outcomes(json.loads(evals[0].read_text())),
+            "final": sr.compact_outcomes(json.loads(evals[-1].read_text())),
+            "grpo": {"proxy": proxy, "gold": gold},
+            "reward_models": {k: v for k, v in last.get("rm", {}).items()
+                              if isinstance(v, (int, float))}}
+
+
+def common_overrides(overrides) -> list[str]:
+    """The overrides that change what a run computes (run.* keys say how it ran)."""
+    return [o for o in overrides if not o.startswith("run.")]
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# -- the command -----------------------------------------------------------------------------------
+def study_parser(description: str, root: Path, flag: str, arms, jobs: int):
+    """The options a study script shares: --root, --seeds, the arms, --jobs, --report-only."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--root", type=Path, default=root)
+    parser.add_argument("--seeds", default="0,1", help="comma-separated run seeds")
+    parser.add_argument(flag, default=",".join(arms),
+                        help=f"comma-separated arms of {', '.join(arms)}")
+    parser.add_argument("--jobs", type=int, default=jobs,
+                        help="runs at a time, the CPU cores shared among them")
+    parser.add_argument("--report-only", action="store_true")
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="igrpo study", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a study's arms over seeds (`run`), or write its document from the kept "
+                    "results (`report`); reads no config of its own (the spec names one per "
+                    "task; docs/studies.md).",
+        epilog="example:\n  igrpo study run --study configs/studies/deepseekmath.yaml --jobs 2\n\n"
+               "more:\n" + __doc__.split("\n\n")[1])
+    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("--study", required=True, type=Path, help="a spec file (configs/studies/)")
+    parser.add_argument("--arms", default=None, help="comma-separated arms (default: every arm)")
+    parser.add_argument("--tasks", default=None, help="comma-separated tasks (default: every one)")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated seeds (default: each arm's own count)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="runs at a time (local: the CPU cores or GPUs shared among them)")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="submitit's local processes, or SLURM jobs of the spec's resources")
+    parser.add_argument("--root", type=Path, default=None, help="where the runs go (the spec's)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="where finished runs' results are kept and read (the spec's)")
+    parser.add_argument("--doc", type=Path, default=None, help="the document (the spec's)")
+    parser.add_argument("overrides", nargs="*",
+                        help="key=value overrides for every arm alike (the compute budget)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_intermixed_args(argv)
+    try:
+        study = load_study(args.study, args.overrides)
+    except StudyError as err:
+        parser.error(str(err))
+    spec = study.spec
+    root = (args.root or ROOT / spec.root).resolve()
+    results = args.results or ROOT / spec.results
+    doc = args.doc or ROOT / spec.doc
+    arms = args.arms.split(",") if args.arms else list(study.arms)
+    tasks = args.tasks.split(",") if args.tasks else list(study.tasks)
+    for flag, given, known in (("--arms", arms, study.arms), ("--tasks", tasks, study.tasks)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; {args.study} has "
+                         f"{', '.join(known)}")
+    seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",")]
+    command = " ".join(["igrpo study", *argv])
+    shared = [*spec.budget, *args.overrides]
+    if args.action == "run":
+        try:
+            work = study_jobs(study, root, tasks, arms, seeds, results, shared)
+        except StudyError as err:
+            parser.error(str(err))
+        print(f"[study] {len(work)} runs to do", flush=True)
+        start = time.perf_counter()
+        try:
+            gpus = _local_gpus() if args.executor == "local" else 0
+            if gpus:
+                args.jobs = min(args.jobs, gpus // spec.resources.processes)
+            executor = make_executor(args.executor, root / "jobs", spec.resources)
+            run_jobs(study, work, shared, args.jobs, executor,
+                     share_cores=args.executor == "local" and not gpus, local_gpus=gpus)
+        finally:  # (a stopped invocation's hours count too)
+            if work:
+                sr.log_invocation(results, command, time.perf_counter() - start,
+                                  sum(j.result.exists() for j in work))
+            keep_strong(study, root, results)
+    invocations = sr.read_invocations(results)
+    if args.action == "report" and invocations:  # the document names the last invocation
+        command = invocations[-1]["command"]
+    from iteration.study_report import report, write_doc
+
+    text = report(study, sr.read_runs(results), command, invocations, read_strong(results))
+    print(f"wrote {write_doc(doc, text)}")
+    return 0
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def stop_on_sigterm() -> None:
+    """Stopped by a signal, the study's `finally` cancels its jobs and logs the invocation."""
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
