@@ -45,8 +45,10 @@ demo: setup
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 # The vLLM venv installs while the main suite runs (its log in .venv-vllm.log; shown if it fails).
+# IGRPO_TEST_CACHE: what both suites compute alike, kept for this run only (tests/test_learning.py).
 test: setup
-	@$(MAKE) --no-print-directory $(VLLM_VENV)/.installed > .venv-vllm.log 2>&1 & install=$$!; \
+	@export IGRPO_TEST_CACHE=$$(mktemp -d); trap 'rm -rf "$$IGRPO_TEST_CACHE"' EXIT; \
+	$(MAKE) --no-print-directory $(VLLM_VENV)/.installed > .venv-vllm.log 2>&1 & install=$$!; \
 	$(MAKE) --no-print-directory test-main; main=$$?; \
 	wait $$install || { cat .venv-vllm.log; echo "make: the vLLM venv did not install"; exit 1; }; \
 	[ $$main -eq 0 ] && $(MAKE) --no-print-directory test-vllm

@@ -57,7 +57,8 @@ def grpo_spec(policy, grpo, controls) -> GRPOSpec:
     budget = round(grpo.token_budget_share * policy.questions_per_step * policy.group_size
                    * policy.max_new_tokens)
     return GRPOSpec(
-        loss=loss.fn, norm=norm,
+        loss=loss.fn, norm=norm, beta=policy.beta, clip_low=policy.clip_eps,
+        clip_high=policy.clip_eps_high, max_tokens=policy.max_new_tokens,
         estimator=None if process else ADVANTAGE_ESTIMATORS[policy.supervision],
         credit=PROCESS_CREDIT[grpo.process_credit] if process else None,
         process_weight=grpo.process_weight,

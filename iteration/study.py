@@ -25,190 +25,17 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from iteration import study_results as sr
 from iteration.manifest import fork
-
-ROOT = Path(__file__).resolve().parents[1]
-RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
-"""The prefix's units that differ with an arm's reward models: redone in its fork."""
-PREFIX_SECTIONS = ("data", "model", "sft", "label", "eval")
-"""Config sections the prefix's units read: an arm may not change them (the budget may)."""
-QUESTION_STREAM = "walk"
-"""How a run's GRPO stages draw their questions: `walk` on through the RL split, iteration after
-iteration. Results without the key were made when every stage restarted the stream (`redraw`:
-iteration 2 trained on iteration 1's questions); the report keeps the two apart."""
-
-
-# -- the spec ------------------------------------------------------------------------------------
-@dataclass
-class ArmSpec:
-    reward: str = "?"
-    """What the arm is rewarded by (the report's column)."""
-    advantages: str = "-"
-    """How its advantages are formed (the report's column)."""
-    overrides: list[str] = field(default_factory=list)
-    """key=value overrides of the task's config: what the arm changes."""
-    seeds: int = 1
-    """Seeds 0..seeds-1."""
-    tasks: list[str] = field(default_factory=list)
-    """The tasks it runs on (default: the first task)."""
-    strong: bool = False
-    """It reads the study's strong reward models in place of the prefix's."""
-
-
-@dataclass
-class StrongSpec:
-    """Strong reward models, made once per task: the warm start sampled `samples` times on each
-    of `questions` RL questions (from `offset` of seed `seed`'s pool), every sample labelled by
-    the task's oracle, trained twice as deep with the `train` overrides."""
-    questions: int = 640
-    samples: int = 16
-    offset: int = 20_000
-    seed: int = 0
-    train: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Resources:
-    """One run's job on a cluster (`--executor slurm`); `processes` ranks run it (torchrun)."""
-    processes: int = 1
-    """Processes of one run (GPUs of its node): `torchrun --nproc_per_node` when above 1."""
-    cpus_per_task: int | None = None
-    mem_gb: int | None = None
-    timeout_min: int = 24 * 60
-    partition: str | None = None
-    account: str | None = None
-    setup: list[str] = field(default_factory=list)
-    """Shell lines run before each job (module loads, `export KEY=VALUE`)."""
-
-
-@dataclass
-class StudySpec:
-    title: str = "Study"
-    """The document's heading."""
-    root: str = "runs/study"
-    """Where the runs go (relative to the project)."""
-    results: str = "docs/study"
-    """Where finished runs' results are kept (and read from)."""
-    doc: str = "docs/study.md"
-    """The document `igrpo study report` writes."""
-    tasks: dict[str, str] = field(default_factory=dict)
-    """{name: config file}."""
-    budget: list[str] = field(default_factory=list)
-    """Overrides every arm shares (the compute budget)."""
-    budget_note: str = "`igrpo iterate` with {budget}"
-    """The budget as the document states it ({budget}: the overrides)."""
-    arms: dict[str, ArmSpec] = field(default_factory=dict)
-    comparisons: dict[str, list[str]] = field(default_factory=dict)
-    """{question: ["TASK ARM - AGAINST", ...]}: each the arm minus the other, paired by seed."""
-    strong: StrongSpec | None = None
-    resources: Resources = field(default_factory=Resources)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    question: str
-    task: str
-    arm: str
-    against: str
-
-
-@dataclass(frozen=True)
-class Study:
-    """A loaded, checked spec."""
-    path: Path
-    spec: StudySpec
-    comparisons: tuple[Comparison, ...]
-
-    @property
-    def arms(self) -> dict[str, ArmSpec]:
-        return self.spec.arms
-
-    @property
-    def tasks(self) -> dict[str, str]:
-        return self.spec.tasks
-
-    def arm_tasks(self, arm: str) -> list[str]:
-        return list(self.arms[arm].tasks) or [next(iter(self.tasks))]
-
-
-class StudyError(ValueError):
-    """A spec that cannot run, naming the file and the key."""
-
-
-COMPARISON = re.compile(r"^\s*(\S+)\s+(\S+)\s+-\s+(\S+)\s*$")
-
-
-def load_study(path: str | Path, overrides: list[str] = ()) -> Study:
-    """The spec at `path`, checked before any run: its keys and types (OmegaConf against
-    StudySpec), every comparison's task and arms, and every arm's overrides loaded on each of
-    its tasks with the budget and `overrides` (the command line's, for every arm alike)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from configs import load_config
-
-    path = Path(path)
-    try:
-        spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudySpec),
-                                                   OmegaConf.load(path)))
-    except FileNotFoundError:
-        raise StudyError(f"{path}: no such study file") from None
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None)
-        raise StudyError(f"{path}: {str(err).splitlines()[0]}"
-                         + (f" (key {key})" if key else "")) from None
-    if not spec.tasks:
-        raise StudyError(f"{path}: tasks: none given")
-    for arm, a in spec.arms.items():
-        for task in a.tasks:
-            if task not in spec.tasks:
-                raise StudyError(f"{path}: arms.{arm}.tasks: unknown task {task!r}; the tasks "
-                                 f"are {', '.join(spec.tasks)}")
-        if a.strong and spec.strong is None:
-            raise StudyError(f"{path}: arms.{arm}.strong: the study has no `strong` section")
-        touched = sorted({o.split("=", 1)[0] for o in a.overrides
-                          if o.split(".", 1)[0].lstrip("+") in PREFIX_SECTIONS})
-        if touched:
-            raise StudyError(f"{path}: arms.{arm}.overrides: {', '.join(touched)} would change "
-                             "the prefix every arm of a seed shares; put it in `budget`")
-    comparisons = []
-    for question, lines in spec.comparisons.items():
-        for line in lines:
-            match = COMPARISON.match(line)
-            if not match:
-                raise StudyError(f"{path}: comparisons.{question!r}: {line!r} is not "
-                                 "'TASK ARM - AGAINST'")
-            c = Comparison(question, *match.groups())
-            for arm in (c.arm, c.against):
-                if arm not in spec.arms:
-                    raise StudyError(f"{path}: comparisons.{question!r}: {line!r} names arm "
-                                     f"{arm!r}, which the study does not have")
-            if c.task not in spec.tasks:
-                raise StudyError(f"{path}: comparisons.{question!r}: {line!r} names task "
-                                 f"{c.task!r}, which the study does not have")
-            comparisons.append(c)
-    study = Study(path, spec, tuple(comparisons))
-    for task, config in spec.tasks.items():
-        checks = [("(prefix)", ["iterate.iterations=0"])]
-        checks += [(arm, a.overrides) for arm, a in spec.arms.items()
-                   if task in study.arm_tasks(arm)]
-        for arm, extra in checks:
-            try:
-                load_config(str(ROOT / config) if not Path(config).is_absolute() else config,
-                            [*spec.budget, *overrides, *extra])
-            except (ValueError, FileNotFoundError) as err:
-                where = "tasks" if arm == "(prefix)" else f"arms.{arm}.overrides"
-                raise StudyError(f"{path}: {where} on task {task} ({config}): {err}") from None
-    return study
+from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_UNITS, Resources, StrongSpec, Study,
+                                  StudyError, load_study, stream_of)
 
 
 # -- the runs ------------------------------------------------------------------------------------
@@ -284,9 +111,6 @@ def study_jobs(study: Study, root: Path, tasks: list[str], arms: list[str],
     return sorted(work, key=lambda j: j.seed)
 
 
-def stream_of(record: dict) -> str:
-    return record.get("question_stream", "redraw")
-
 
 def make_executor(kind: str, folder: Path, resources: Resources):
     """submitit's executor for `kind` (local processes, or SLURM jobs of `resources`)."""
@@ -317,33 +141,70 @@ def run_jobs(study: Study, work: list[Job], overrides: list[str], jobs: int, exe
     (local processes on CPUs) each run gets its share of the cores (run.threads); with `local_gpus`
     (a local executor on a GPU machine) each slot gets GPUs of its own. A failed job stops the
     study with its error; stopping it cancels every job still running."""
-    from tqdm import tqdm
-
     if not work:
         return
-    processes = study.spec.resources.processes
     if jobs > 1 and share_cores:
         overrides = [*overrides, f"run.threads={max(1, (os.cpu_count() or 1) // jobs)}"]
-    started, finished, made, running = set(), set(), {}, {}
-    free_slots = list(range(jobs))
-    progress = tqdm(total=len(work), desc="study", unit="run", dynamic_ncols=True)
+    Schedule(study, work, overrides, executor, bool(local_gpus)).run(jobs)
 
-    def next_item():
-        for i, j in enumerate(work):
+
+class Schedule:
+    """The study's items (a seed's prefix, a task's strong reward models, a run) submitted to
+    `executor` in order as their inputs finish."""
+
+    def __init__(self, study: Study, work: list[Job], overrides: list[str], executor,
+                 own_gpus: bool):
+        self.study, self.work, self.overrides, self.executor = study, work, overrides, executor
+        self.own_gpus, self.processes = own_gpus, study.spec.resources.processes
+        self.started, self.finished, self.made = set(), set(), {}
+
+    def run(self, jobs: int) -> None:
+        from tqdm import tqdm
+
+        running, free_slots = {}, list(range(jobs))
+        self.progress = tqdm(total=len(self.work), desc="study", unit="run", dynamic_ncols=True)
+        try:
+            while True:
+                while free_slots and (item := self.next_item()) is not None:
+                    self.started.add(item)
+                    slot = free_slots.pop(0)
+                    running[self.submit(item, slot)] = (item, slot, time.time())
+                if not running:
+                    return
+                done = [h for h in running if h.done()]
+                if not done:
+                    time.sleep(1)
+                for handle in done:
+                    item, slot, began = running.pop(handle)
+                    free_slots.append(slot)
+                    try:
+                        outcome = handle.result()
+                    except Exception as err:  # submitit's FailedJobError holds the stderr
+                        raise RuntimeError(f"{_describe(item, self.work)} failed:\n"
+                                           f"{str(err)[-3000:]}") from None
+                    self.finish(item, outcome, began)
+        finally:
+            self.progress.close()
+            for handle in running:  # stopped or failed: no job is left running
+                handle.cancel(check=False)
+
+    def next_item(self):
+        for i, j in enumerate(self.work):
             needs = [("prefix", j.task, j.root, j.seed)]
             if j.strong:
-                needs += [("prefix", j.task, j.root, study.spec.strong.seed),
+                needs += [("prefix", j.task, j.root, self.study.spec.strong.seed),
                           ("strong", j.task, j.root)]
             needs.append(("run", i))
             for item in needs:
-                if item not in started:
+                if item not in self.started:
                     return item
-                if item not in finished:
+                if item not in self.finished:
                     break
         return None
 
-    def submit(item, slot):
-        if local_gpus:
+    def submit(self, item, slot: int):
+        executor, processes, overrides = self.executor, self.processes, self.overrides
+        if self.own_gpus:
             executor.update_parameters(gpus_per_node=processes, visible_gpus=list(
                 range(slot * processes, (slot + 1) * processes)))
         if item[0] == "prefix":
@@ -351,57 +212,32 @@ def run_jobs(study: Study, work: list[Job], overrides: list[str], jobs: int, exe
             name = f"seed{seed}-prefix"
             _name(executor, f"{task}-{name}")
             return executor.submit(command_function(iterate_command(
-                study.tasks[task], root, name, seed, [*overrides, "iterate.iterations=0"],
-                processes))), time.time()
+                self.study.tasks[task], root, name, seed, [*overrides, "iterate.iterations=0"],
+                processes)))
         if item[0] == "strong":
             _, task, root = item
             _name(executor, f"{task}-strong")
-            return executor.submit(strong_reward_models, study.tasks[task], root, overrides,
-                                   study.spec.strong), time.time()
-        j = work[item[1]]
-        reward_models = _paths(made.get((j.task, j.root))) if j.strong else None
+            return executor.submit(strong_reward_models, self.study.tasks[task], root, overrides,
+                                   self.study.spec.strong)
+        j = self.work[item[1]]
         run = j.root / f"seed{j.seed}-{j.arm}"
-        start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, reward_models)
+        start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, self.reward_models(j))
         _name(executor, f"{j.task}-seed{j.seed}-{j.arm}")
         return executor.submit(command_function(iterate_command(
-            j.config, j.root, run.name, j.seed, [*overrides, *j.args], processes))), time.time()
+            j.config, j.root, run.name, j.seed, [*overrides, *j.args], processes)))
 
-    def finish(item, outcome, began):
-        finished.add(item)
+    def reward_models(self, job: Job) -> dict[str, str] | None:
+        return _paths(self.made.get((job.task, job.root))) if job.strong else None
+
+    def finish(self, item, outcome, began: float) -> None:
+        self.finished.add(item)
         if item[0] == "strong":
-            made[item[1:]] = outcome
+            self.made[item[1:]] = outcome
         if item[0] == "run":
-            j = work[item[1]]
-            reward_models = _paths(made.get((j.task, j.root))) if j.strong else None
-            keep_result(j, time.time() - began, overrides, reward_models)
-            progress.update()
-            progress.write(f"[study] {j.task} seed {j.seed} {j.arm}: done")
-
-    try:
-        while True:
-            while free_slots and (item := next_item()) is not None:
-                started.add(item)
-                slot = free_slots.pop(0)
-                handle, began = submit(item, slot)
-                running[handle] = (item, slot, began)
-            if not running:
-                return
-            done = [h for h in running if h.done()]
-            if not done:
-                time.sleep(1)
-            for handle in done:
-                item, slot, began = running.pop(handle)
-                free_slots.append(slot)
-                try:
-                    outcome = handle.result()
-                except Exception as err:  # submitit's FailedJobError holds the run's stderr
-                    raise RuntimeError(f"{_describe(item, work)} failed:\n{str(err)[-3000:]}") \
-                        from None
-                finish(item, outcome, began)
-    finally:
-        progress.close()
-        for handle in running:  # stopped or failed: no job is left running
-            handle.cancel(check=False)
+            j = self.work[item[1]]
+            keep_result(j, time.time() - began, self.overrides, self.reward_models(j))
+            self.progress.update()
+            self.progress.write(f"[study] {j.task} seed {j.seed} {j.arm}: done")
 
 
 def _name(executor, name: str) -> None:
@@ -463,8 +299,6 @@ def strong_reward_models(config: str, root: Path, overrides: list[str],
     """{kind: path} of the task's strong ORM and PRM, made once under root/strong from the warm
     start's `strong.samples` samples of each of `strong.questions` RL questions (a job of its
     own: it runs where the executor puts it)."""
-    import igrpo
-
     out = root / "strong"
     done = out / "done.json"
     if done.exists():
@@ -487,10 +321,11 @@ def strong_reward_models(config: str, root: Path, overrides: list[str],
     deeper = f"rm.extra_layers_from=[{','.join(str(i) for i in range(layers))}]"
     made = {}
     for kind, path in data.items():
-        code = igrpo.main(["train-rm", "--config", config, f"run.root={root}",
-                           "run.name=strong", f"run.seed={strong.seed}",
-                           "run.wandb_mode=disabled", f"rm.kind={kind}", f"rm.data_path={path}",
-                           f"rm.init_path={warm}", *overrides, *strong.train, deeper])
+        code = subprocess.run(
+            [sys.executable, "-m", "igrpo", "train-rm", "--config", config, f"run.root={root}",
+             "run.name=strong", f"run.seed={strong.seed}", "run.wandb_mode=disabled",
+             f"rm.kind={kind}", f"rm.data_path={path}", f"rm.init_path={warm}", *overrides,
+             *strong.train, deeper], cwd=ROOT).returncode
         if code != 0:
             raise RuntimeError(f"{config}: the strong {kind.upper()} did not train (exit {code})")
         made[kind] = str((root / "strong" / f"rm-{kind}" / "final").resolve())

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from iteration import study_results as sr
-from iteration.study import QUESTION_STREAM, Study, stream_of
+from iteration.study_spec import QUESTION_STREAM, Study, stream_of
 
 WINDOW = 5
 MARKER = "<!-- reading: kept by igrpo study -->"
@@ -68,7 +68,7 @@ def report(study: Study, runs: dict, command: str, invocations: list[dict] = (),
 
 
 def _relative(path: Path) -> str:
-    from iteration.study import ROOT
+    from iteration.study_spec import ROOT
 
     try:
         return str(Path(path).resolve().relative_to(ROOT))

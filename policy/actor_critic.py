@@ -25,7 +25,7 @@ from policy.rewards import RewardFn, ValueSource
 from policy.stage import PolicyStage, PPOSpec
 from runtime.checkpoint import export
 from runtime.data import MathRecord
-from runtime.engine import build_engine, current_lr, gather_rows, global_sum, world
+from runtime.engine import build_engine, current_lr, gather_rows, global_sum, rank_loss, world
 from runtime.models import accelerator, load_causal_lm, load_model, load_tokenizer
 from runtime.tracking import MetricsLogger
 from runtime.training import StageLoop, stage_done
@@ -148,7 +148,7 @@ def critic_step(trainer: StageLoop, critic, rollout: Rollout, targets: Targets, 
         loss = clipped_value_loss(values, targets.old_values[rows], targets.returns[rows],
                                   mask[rows], p.value_clip, max(targets.num_tokens, 1.0))
         stats["value_loss"] += loss.item()
-        return loss * world()[1]
+        return rank_loss(loss, world()[1])
 
     grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
                                  f"{where} (critic)", engine=critic)
@@ -183,7 +183,7 @@ def actor_step(trainer: StageLoop, rollout: Rollout, targets: Targets, right: to
         stats["loss"] += loss.item()
         stats["clip"] += result.clip_fraction.item() * share
         stats["clip_high"] += result.clip_high.item() * share
-        return loss * world_size
+        return rank_loss(loss, world_size)
 
     grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of, where)
     return {**{k: global_sum(v) for k, v in stats.items()}, "grad_norm": grad_norm}

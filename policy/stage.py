@@ -99,9 +99,15 @@ class GRPOSpec:
     DAPO's dynamic sampling (`filter_groups`: groups without signal leave the loss, and up to
     `dynamic_rounds` extra rounds refill the step) and overlong filter, GPG's zero-group
     correction, C3PO's token budget (tokens per step; None = off), and the zero-advantage
-    control. `supervision` names the reward's form for what the inspection shows."""
+    control. `supervision` names the reward's form for what the inspection shows. The loss's
+    scalars: the KL weight `beta`, the clip range [1 - clip_low, 1 + clip_high] and Dr. GRPO's
+    constant length `max_tokens`."""
     loss: Callable[..., LossOutput]
     norm: GroupNorm
+    beta: float = 0.04
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    max_tokens: int = 1024
     estimator: Callable | None = None
     credit: ProcessCredit | None = None
     process_weight: float = 0.5

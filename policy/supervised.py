@@ -8,7 +8,7 @@ import torch
 
 from policy.generation.logprobs import selective_log_softmax
 from runtime.data import MathRecord
-from runtime.engine import global_sum, world
+from runtime.engine import global_sum, rank_loss, world
 from tasks.prompts import PromptFormat, encode_prompts
 from runtime.training import StageLoop
 
@@ -53,7 +53,7 @@ def supervised_step(trainer: StageLoop, tensors, plan, where: str) -> tuple[floa
 
     def loss_of(rows_: slice, mb: int):
         batch = (t[rows_].to(engine.device) for t in tensors)
-        loss = token_nll_sum(engine, *batch)[0] / tokens * world_size
+        loss = rank_loss(token_nll_sum(engine, *batch)[0] / tokens, world_size)
         losses.append(loss.item())
         return loss
 

@@ -34,7 +34,7 @@ from reward_model.packing import (packed_class_margins, packed_tag_margins, ques
 from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
 from runtime.engine import (broadcast_from_main, build_engine, current_lr, gathered_for_generation,
-                            global_sum, is_main, world)
+                            global_sum, is_main, rank_loss, world)
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, seeded_order, stage_done
 from runtime.seeds import derive_seed
@@ -288,16 +288,16 @@ def _batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_siz
             margin = read.margins(engine, ids, attention)
         targets = batch.targets[rows].to(engine.device)
         # Mean over the step's labels: this micro-batch's share of the global count.
-        loss = tag_loss(margin, targets, mask) \
-            * (float(mask.sum()) / max(labels_total, 1.0)) * world_size
+        loss = rank_loss(tag_loss(margin, targets, mask)
+                         * (float(mask.sum()) / max(labels_total, 1.0)), world_size)
         if lm_weight:
             lm = lm_loss_sum(logits, ids, batch.lm_mask[rows].to(engine.device))
-            lm_share = lm / max(lm_total, 1.0) * world_size
+            lm_share = rank_loss(lm / max(lm_total, 1.0), world_size)
             loss = loss + lm_weight * lm_share
             sums["lm"] += lm_share.item() / world_size
         if pair_weight:
             pair_sum, _ = pairwise_loss_sum(margin, targets, mask, group[rows].to(engine.device))
-            pair_share = pair_sum / max(pairs_total, 1.0) * world_size
+            pair_share = rank_loss(pair_sum / max(pairs_total, 1.0), world_size)
             loss = loss + pair_weight * pair_share
             sums["pairwise"] += pair_share.item() / world_size
         sums["loss"] += loss.item() / world_size

@@ -368,6 +368,22 @@ def gather_objects(obj) -> list:
     return out
 
 
+def rank_loss(loss, world_size: int):
+    """The loss one rank backpropagates: its micro-batch's share of the optimizer step's loss
+    times the number of ranks.
+
+    The loss-scaling invariant, for every trainer (policy losses, the critic, DPO, SFT, reward
+    models): a micro-batch's loss is normalised by the *global* counts of the optimizer step
+    (sequences, tokens or labels over every micro-batch of every rank; policy/math/losses.py),
+    so the micro-batch losses of all ranks sum to the step's loss. DeepSpeed averages the
+    gradients over the ranks (their sum / world size) and, called with `scale_wrt_gas=False`
+    (`checked_backward`), adds the micro-batches' gradients without dividing by the
+    accumulation steps. Times the world size, the gradient the optimizer sees is then exactly
+    the gradient of the whole step's loss, whatever the ranks, micro-batches and ZeRO stage
+    (tests/test_losses.py checks it by hand)."""
+    return loss * world_size
+
+
 def checked_backward(engine, loss, where: str) -> None:
     """`engine.backward(loss)` after checking the loss is finite; a NaN/inf loss stops the run
     with `where` (stage, step, micro-batch) named, before any gradient reaches the optimizer."""
@@ -381,7 +397,7 @@ def checked_backward(engine, loss, where: str) -> None:
             "another rank's loss is not finite"
         raise FloatingPointError(f"{where}: {owner}; stopping before the optimizer step (the "
                                  "last checkpoint is intact: fix and re-run to resume)")
-    engine.backward(loss, scale_wrt_gas=False)
+    engine.backward(loss, scale_wrt_gas=False)  # (the micro-batches' shares add: `rank_loss`)
 
 
 def engine_step(engine, where: str = "") -> float | None:

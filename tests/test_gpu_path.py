@@ -98,7 +98,7 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
         scores, rewards, broken = score_step(lambda r, o: cpu_scores, records, rollout, g,
                                              stage.shaping)
         batch = advantage_step(scores, rewards, broken, rollout, spec, g.group_size)
-        stats = update_step(trainer, reference, rollout, batch, g, spec.loss, plan, "test", False)
+        stats = update_step(trainer, reference, rollout, batch, g, spec, plan, "test", False)
         metrics = log_step(rollout, scores, rewards, batch, stats, g,
                            {"rollout": 1.0, "scoring": 1.0, "update": 1.0})
     assert stats.grad_norm > 0 and metrics["train/kl"] >= 0

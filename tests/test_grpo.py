@@ -164,7 +164,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     live = advantage_step(Scores(rewards=rewards), rewards, torch.zeros(2, dtype=torch.bool),
                           rollout, spec, 3)
-    stats = update_step(trainer, None, rollout, live, g, spec.loss, plan, "real step")
+    stats = update_step(trainer, None, rollout, live, g, spec, plan, "real step")
     assert stats.skipped == 0.0 and stats.grad_norm > 0
 
     def snapshot():
@@ -179,7 +179,7 @@ def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     empty = advantage_step(Scores(rewards=flat), flat, torch.zeros(2, dtype=torch.bool), rollout,
                            spec, 3)
     assert isinstance(empty, StepBatch) and empty.num_sequences == 0
-    stats = update_step(trainer, None, rollout, empty, g, spec.loss, plan, "empty step")
+    stats = update_step(trainer, None, rollout, empty, g, spec, plan, "empty step")
     assert stats.skipped == 1.0
     after = snapshot()
     assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
@@ -273,7 +273,7 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
         return spec.fn(logprobs, old, ref, advantages, mask, **kw)
 
     monkeypatch.setitem(POLICY_LOSSES, "gspo", dataclasses.replace(spec, fn=recording))
-    stats = update_step(trainer, None, rollout, batch, cfg.policy, resolve(cfg).method.loss, plan,
+    stats = update_step(trainer, None, rollout, batch, cfg.policy, resolve(cfg).method, plan,
                         "mini-batches")
     assert stats.skipped == 0.0
     first, second = 5 + 4 + 2 + 0, 3 + 5 + 4 + 1  # kept tokens of rows 0, 1, 4, (5) / 2, 3, 6, 7

@@ -44,8 +44,23 @@ def _grpo(warm_start: Path, out: Path, *extra: str, recipe: str | None = None) -
 
 @pytest.fixture(scope="module")
 def before(warm_start, tmp_path_factory) -> list[float]:
-    """The warm start's held-out mean@4 outcomes, shared by the learning tests."""
-    return _mean_at_k(warm_start, tmp_path_factory.mktemp("before") / "before.json")
+    """The warm start's held-out mean@4 outcomes, shared by the learning tests; under `make
+    test`, computed once for both venvs' suites (IGRPO_TEST_CACHE: a folder that lives for one
+    `make test`, so the code is the same), keyed by the warm start's weights and the torch
+    build that samples them (another build computes its own)."""
+    import hashlib
+
+    cache = os.environ.get("IGRPO_TEST_CACHE")
+    digest = hashlib.sha256((torch.__version__ + torch.__config__.show()).encode())
+    for weights in sorted(warm_start.glob("*.safetensors")):
+        digest.update(weights.read_bytes())
+    kept = Path(cache) / f"before-{digest.hexdigest()[:16]}.json" if cache else None
+    if kept is not None and kept.exists():
+        return json.loads(kept.read_text())
+    values = _mean_at_k(warm_start, tmp_path_factory.mktemp("before") / "before.json")
+    if kept is not None:
+        kept.write_text(json.dumps(values))
+    return values
 
 
 def _mean_at_k(policy: Path, out: Path) -> list[float]:

@@ -297,3 +297,56 @@ def test_preference_pairs_match_best_with_worst_within_a_group():
     assert order.tolist()[:6] == [0, 3, 2, 1, 8, 9]
     assert role.tolist()[:6] == [1, -1, 1, -1, 1, -1] and not role[6:].any()
     assert sorted(order.tolist()) == list(range(16))
+
+
+def test_a_grpo_step_by_hand_its_loss_and_gradient_whatever_the_ranks_and_micro_batches():
+    """One GRPO step from the one place (`GRPOSpec`'s loss and scalars, `rank_loss`): two
+    samples of one question, lengths 2 and 1, advantages +-0.7071 (rewards 1 and 0 normalised
+    by the group's unbiased std), one pass (ratio 1), beta 0.04 against a reference.
+
+    Loss = -1/G sum_i 1/|o_i| sum_t (A_i - beta k3_{i,t}), k3 = e^(ref - lp) - (ref - lp) - 1;
+    d loss / d lp_{i,t} = -1/G 1/|o_i| (A_i - beta (1 - e^(ref - lp))). With lp = log 0.5 and
+    ref = log 0.25 on every token: k3 = 0.5 + log 2 - 1 = 0.19315, 1 - e^(ref - lp) = 0.5:
+      loss = -1/2 [(0.7071 - 0.04 * 0.19315) + (-0.7071 - 0.04 * 0.19315)] = 0.0077259
+      grads: sample 0 (|o| = 2): -1/2 * 1/2 * (0.7071 - 0.02) = -0.171777 per token,
+             sample 1 (|o| = 1): -1/2 * (-0.7071 - 0.02) = +0.363553.
+    The same gradient comes out when the rows are split over 2 ranks (each backpropagating
+    `rank_loss` of its share, DeepSpeed averaging over ranks) or over 2 micro-batches of one
+    rank (their shares added: `scale_wrt_gas=False`)."""
+    from configs import load_config
+    from iteration.resolve import resolve
+    from runtime.engine import rank_loss
+
+    spec = resolve(load_config("configs/tiny.yaml", ["policy.loss=grpo",
+                                                     "policy.supervision=outcome"])).method
+    assert (spec.beta, spec.clip_low, spec.clip_high) == (0.04, 0.2, 0.2)
+    a = 1 / math.sqrt(2)
+    lp0 = torch.full((2, 2), math.log(0.5))
+    ref = torch.full((2, 2), math.log(0.25))
+    adv = torch.tensor([[a, a], [-a, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+
+    def grads(parts, world_size):
+        """Each part (rows) a rank's micro-batch: the summed gradient of every part's
+        `rank_loss`, averaged over the ranks as DeepSpeed does."""
+        lp = lp0.clone().requires_grad_(True)
+        total = 0.0
+        for rows in parts:
+            out = spec.loss(lp[rows], lp[rows].detach(), ref[rows], adv[rows], mask[rows],
+                            clip_eps_low=spec.clip_low, clip_eps_high=spec.clip_high,
+                            beta=spec.beta, num_sequences=2.0, num_tokens=3.0,
+                            max_tokens=spec.max_tokens)
+            rank_loss(out.loss, world_size).backward()
+            total += out.loss.item()
+        return total, lp.grad / world_size
+
+    k3 = 0.5 + math.log(2) - 1
+    expected = torch.tensor([[-0.5 * 0.5 * (a - 0.02)] * 2, [-0.5 * (-a - 0.02), 0.0]])
+    for parts, world_size in (([slice(0, 2)], 1), ([slice(0, 1), slice(1, 2)], 2),
+                              ([slice(0, 1), slice(1, 2)], 1)):
+        loss, grad = grads(parts, world_size)
+        assert loss == pytest.approx(-0.5 * (a - 0.04 * k3 - a - 0.04 * k3), abs=1e-6)
+        assert loss == pytest.approx(0.0077259, abs=1e-6)
+        assert torch.allclose(grad, expected, atol=1e-6), (parts, world_size, grad)
+    assert expected[0, 0].item() == pytest.approx(-0.171777, abs=1e-6)
+    assert expected[1, 0].item() == pytest.approx(0.363553, abs=1e-6)

@@ -325,9 +325,10 @@ def kept_strong_is_in_the_results(results, strong):
 
 @pytest.mark.slow
 def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
-    """Arms A (exact check), B (step labels), D (PRM, frozen), G (refreshed) and D+ (strong
-    reward models) of one seed on the steps task, at the tests' small settings, two at a time on
-    submitit's local executor."""
+    """Arms A (exact check, frozen reward models), G (refreshed) and D+ (strong reward
+    models) of one seed on the steps task, at the tests' small settings, two at a time on
+    submitit's local executor. (B and D, also run here before, showed nothing A does not: the
+    shared prefix, a frozen arm, the trace.)"""
     import psutil
 
     from fault_injection import DIST_VARS
@@ -338,7 +339,7 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     args = [sys.executable, "-m", "igrpo", "study", "run", "--study", str(spec), "--root",
             str(root), "--results", str(results), "--doc", str(doc), "--tasks", "steps",
-            "--seeds", "0", "--arms", "A,B,D,G,D+", "--jobs", "2", *SMALL, *ITERATE,
+            "--seeds", "0", "--arms", "A,G,D+", "--jobs", "2", *SMALL, *ITERATE,
             "rm.likelihood_feature=true"]
     # Stopped (SIGTERM) while its first runs work: every job ends, the invocation is logged.
     log = open(tmp_path / "stopped.log", "w")
@@ -357,10 +358,10 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     subprocess.run(args, check=True, env=env, cwd=ROOT)  # resumes in the same folders
     runs = root / "steps"
     units = {arm: json.loads((runs / f"seed0-{arm}" / "manifest.json").read_text())["units"]
-             for arm in ("A", "B", "D", "G", "D+")}
+             for arm in ("A", "G", "D+")}
     prefix = json.loads((runs / "seed0-prefix" / "manifest.json").read_text())["units"]
     # Iteration 0 ran once, in the prefix; D+ reads the strong reward models instead.
-    assert units["D"]["rm-prm/0"] == prefix["rm-prm/0"] == units["A"]["rm-prm/0"]
+    assert units["G"]["rm-prm/0"] == prefix["rm-prm/0"] == units["A"]["rm-prm/0"]
     strong = json.loads((runs / "strong" / "done.json").read_text())
     # (a path relative to the arm's folder: the study's root may move)
     assert (runs / "seed0-D+" / units["D+"]["rm-prm/0"]["outputs"]["path"]).resolve() == \
@@ -372,26 +373,25 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
                            / "config.json").read_text())
     assert strong_cfg["num_hidden_layers"] == 2 * warm_cfg["num_hidden_layers"]  # twice as deep
     # Frozen arms never refresh; Algorithm 1 refreshes before iteration 2.
-    assert "rm-prm/1" not in units["D"] and units["G"]["rm-prm/1"]["state"] == "done"
+    assert "rm-prm/1" not in units["A"] and units["G"]["rm-prm/1"]["state"] == "done"
     # Each finished run's results are kept, with the rewards GRPO logged at every step.
     kept = sr.read_runs(results)
-    assert sorted(a for _, a, _ in kept) == ["A", "B", "D", "D+", "G"]
-    record = kept[("steps", "B", 0)]
-    assert len(record["grpo"]["proxy"]) == 4 and record["overrides"][1] == \
-        "iterate.reward=step_oracle"
-    assert record["final"]["questions_sha"] == kept[("steps", "A", 0)]["final"]["questions_sha"]
+    assert sorted(a for _, a, _ in kept) == ["A", "D+", "G"]
+    record = kept[("steps", "A", 0)]
+    assert len(record["grpo"]["proxy"]) == 4 and record["overrides"][1] == "iterate.reward=rule"
+    assert record["final"]["questions_sha"] == kept[("steps", "G", 0)]["final"]["questions_sha"]
     assert "trace" in record["final"] and record["question_stream"] == "walk"
     # Its minutes are its own units', the shared prefix's counted apart.
-    assert 0 < record["minutes"] and 0 < record["prefix_minutes"] == kept[("steps", "A", 0)][
+    assert 0 < record["minutes"] and 0 < record["prefix_minutes"] == kept[("steps", "G", 0)][
         "prefix_minutes"]
     assert record["common_overrides"][0] == "policy.steps=20" and "run.threads=1" not in \
         record["common_overrides"]
     assert kept[("steps", "D+", 0)]["strong_sha256"] == strong["sha256"]
     text = doc.read_text()
-    assert "| steps | B | " in text and "| B - A |" in text and "<!-- reading: kept by" in text
+    assert "| steps | G | " in text and "| A - G |" in text and "<!-- reading: kept by" in text
     invocation, = sr.read_invocations(results)
-    assert invocation["runs"] == 5 and "--arms A,B,D,G,D+" in invocation["command"]
-    assert "The whole study: 5 runs kept" in text
+    assert invocation["runs"] == 3 and "--arms A,G,D+" in invocation["command"]
+    assert "The whole study: 3 runs kept" in text
     assert f"PRM `{strong['sha256']['prm']}`; every strong run read them" in text
     # Another budget into the same results stops before any run, naming the kept file.
     other = subprocess.run([*args, "policy.steps=3"], env=env, cwd=ROOT, capture_output=True,
@@ -402,7 +402,7 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
     assert "[study] 0 runs to do" in rerun.stdout
     subprocess.run([sys.executable, "-m", "igrpo", "study", "report", "--study", str(spec),
                     "--results", str(results), "--doc", str(doc)], check=True, env=env, cwd=ROOT)
-    assert "--arms A,B,D,G,D+" in doc.read_text().splitlines()[4]  # (the last invocation's)
+    assert "--arms A,G,D+" in doc.read_text().splitlines()[4]  # (the last invocation's)
 
 
 @pytest.mark.slow

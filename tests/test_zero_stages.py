@@ -7,6 +7,7 @@ the ranks; an error found on one rank stops them all."""
 
 import json
 import math
+import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,7 @@ from configs import load_config
 from runtime.tiny_model import build_tiny
 
 from fault_injection import Zygote, kill_and_resume, kill_targets, unit_timeline
-from launch import ENV, ROOT, bare_ranks, torchrun
+from launch import bare_ranks
 from small_config import ITERATE, SMALL
 
 ITERATE_ARGS = [*SMALL, *ITERATE, "run.threads=1", "policy.save_every=1", "rm.save_every=1",
@@ -44,6 +45,19 @@ def _iterate(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def ranks():
+    """This file's runs, their ranks forked from one process that imported the project once,
+    with the variables torchrun gives its workers (a cold launch costs every rank's imports);
+    torchrun itself is tested in tests/test_distributed.py."""
+    zygote = Zygote(env=ZYGOTE_ENV)
+    yield zygote
+    zygote.close()
+
+
+ZYGOTE_ENV = {"DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
 def base(tmp_path_factory):
     cfg = load_config("configs/tiny.yaml", SMALL)
     return build_tiny(tmp_path_factory.mktemp("base") / "tiny", cfg.model.tiny, 0,
@@ -51,14 +65,14 @@ def base(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base):
+def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base, ranks):
     """SFT, reward-model, GRPO and PPO (with its critic) states saved after step 1 under ZeRO-0,
     1, 2 and 3, in fp32 and in bf16, load into fresh engines on 2 processes, and step 2 then
     equals the uninterrupted run's bit for bit: weights (the critic's too) and every logged
     number but wall-clock ones."""
     root = tmp_path_factory.mktemp("resume")
-    torchrun(2, "tests/helpers/zero_resume.py", root, base, "sft,rm,grpo,ppo", "fp32,bf16",
-             timeout=600)
+    ranks.launch(2, "zero_resume", root, base, "sft,rm,grpo,ppo", "fp32,bf16",
+                 log=root / "zero_resume.log", timeout=600)
     for precision, kind in ((p, k) for p in ("fp32", "bf16")
                             for k in ("sft", "rm", "grpo", "ppo")):
         tmp_path = root / precision
@@ -84,18 +98,15 @@ def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base):
 
 
 @pytest.fixture(scope="module")
-def iterate_runs(tmp_path_factory):
+def iterate_runs(tmp_path_factory, ranks):
     """The small Algorithm 1 run on 1 process (ZeRO-0), and on 2 under ZeRO-2 and ZeRO-3."""
-    import subprocess
-    import sys
-
     root = tmp_path_factory.mktemp("iterate")
-    one = subprocess.run([sys.executable, "-m", "igrpo", *_iterate(root / "p1")], cwd=ROOT,
-                         env=ENV, capture_output=True, text=True, timeout=600)
-    assert one.returncode == 0, one.stderr[-3000:]
-    for stage in (2, 3):
-        torchrun(2, "-m", "igrpo", *_iterate(root / f"z{stage}"),
-                 f"deepspeed.zero_stage={stage}", timeout=600)
+    for name, nproc, extra in (("p1", 1, []), ("z2", 2, ["deepspeed.zero_stage=2"]),
+                               ("z3", 2, ["deepspeed.zero_stage=3"])):
+        log = root / f"{name}.log"
+        ranks.start([*_iterate(root / name), *extra], log, ranks=nproc)
+        codes = [os.waitstatus_to_exitcode(s) for s in ranks.wait(600)]
+        assert codes == [0] * nproc, log.read_text()[-3000:]
     return {name: root / name / "tiny" for name in ("p1", "z2", "z3")}
 
 
@@ -163,8 +174,7 @@ def test_iterate_killed_anywhere_resumes_to_the_uninterrupted_result(tmp_path, i
     straight = iterate_runs[f"z{stage}"]
     targets = kill_targets(unit_timeline(straight / "manifest.json"), 5, random.Random(stage),
                            required=("label/1", "rm-orm/1", "rm-prm/1"))
-    zygote = Zygote(env={"DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled",
-                         "OMP_NUM_THREADS": "1"}, ranks=2)
+    zygote = Zygote(env=ZYGOTE_ENV, ranks=2)
     try:
         report = kill_and_resume(zygote, [*_iterate(tmp_path), f"deepspeed.zero_stage={stage}"],
                                  tmp_path / "tiny", tmp_path / "killed.log", targets)
@@ -185,13 +195,14 @@ def test_iterate_killed_anywhere_resumes_to_the_uninterrupted_result(tmp_path, i
 
 
 @pytest.mark.slow
-def test_generation_and_scoring_phases_are_spread_over_the_ranks(tmp_path):
+def test_generation_and_scoring_phases_are_spread_over_the_ranks(tmp_path, ranks):
     """Evaluation (greedy, k samples, the outcomes file), sampling for labels, Math-Shepherd
     labelling, a reward model's step metrics, best-of-N and the check of a stepwise file compute
     on 2 processes exactly what they compute on 1, with the shipped warm start, while each rank generates for only part of
     the prompts. A non-finite loss on one rank stops both, each naming where."""
     for nproc in (1, 2):
-        torchrun(nproc, "tests/helpers/dist_check.py", "shards", tmp_path / f"p{nproc}")
+        ranks.launch(nproc, "dist_check", "shards", tmp_path / f"p{nproc}",
+                     log=tmp_path / f"p{nproc}.log")
     one, two = (json.loads((tmp_path / f"p{n}" / "shards.json").read_text()) for n in (1, 2))
     assert one["eval"]["eval/greedy_accuracy"] > 0.5 and one["eval"]["eval/mean_at_k"] > 0.3
     for key in ("eval", "solutions", "labels", "rm", "bon", "rows", "row_questions"):

@@ -40,7 +40,7 @@ from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
 from policy.stage import DPOSpec, PolicyStage
 from runtime.data import MathRecord
-from runtime.engine import current_lr, gather_rows, global_sum, world
+from runtime.engine import current_lr, gather_rows, global_sum, rank_loss, world
 from runtime.models import load_causal_lm
 from runtime.training import StageLoop, stage_done
 
@@ -104,7 +104,7 @@ def dpo_update(trainer: StageLoop, reference, rollout: Rollout, role: torch.Tens
         stats["loss"] += result.loss.item()
         stats["margin"] += result.margin_sum.item() / num_pairs
         stats["accuracy"] += result.right_sum.item() / num_pairs
-        return result.loss * world_size
+        return rank_loss(result.loss, world_size)
 
     grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of, where)
     return {**{key: global_sum(value) for key, value in stats.items()},

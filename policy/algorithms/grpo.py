@@ -34,7 +34,8 @@ from policy.rewards import RewardFn, Scores
 from policy.stage import GRPOSpec, PolicyStage
 from policy.stage_watch import StageWatch
 from runtime.data import MathRecord
-from runtime.engine import current_lr, gather_rows, global_sum, memory_metrics, memory_phase, world
+from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics, memory_phase,
+                            rank_loss, world)
 from runtime.training import StageLoop, stage_done
 from runtime.seeds import derive_seed
 
@@ -114,7 +115,7 @@ def learn_step(trainer: StageLoop, reference, sampled: Sampled, p: PolicyConfig,
     batch = advantage_step(sampled.scores, sampled.rewards, sampled.broken, sampled.rollout,
                            spec, p.group_size, seed=derive_seed(seed, "token-budget", trainer.step))
     with memory_phase("update"):
-        stats = update_step(trainer, reference, sampled.rollout, batch, p, spec.loss, plan, where,
+        stats = update_step(trainer, reference, sampled.rollout, batch, p, spec, plan, where,
                             is_reference=is_reference)
     timing["update"] = time.perf_counter() - updating
     return batch, stats
@@ -266,8 +267,7 @@ class MicroBatchLoss:
     engine: object
     rollout: Rollout
     batch: StepBatch
-    p: PolicyConfig
-    loss_fn: Callable
+    spec: GRPOSpec
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     has_reference: bool
@@ -280,7 +280,7 @@ class MicroBatchLoss:
         """The loss of `rows` in an optimizer step over `num_sequences` sequences and
         `num_tokens` tokens (every rank's); `measure`: this pass records the entropy and the
         sampler's drift (the first pass, unless pi_old's own forward did)."""
-        g, rollout, batch, stats = self.p, self.rollout, self.batch, self.stats
+        spec, rollout, batch, stats = self.spec, self.rollout, self.batch, self.stats
         logprobs = completion_logprobs(
             self.engine, rollout.input_ids[rows], rollout.attention_mask[rows],
             rollout.prompt_ids.shape[1], entropy_out=stats.entropy[rows] if measure else None)
@@ -292,11 +292,11 @@ class MicroBatchLoss:
             stats.logprobs[rows] = logprobs.detach().to(stats.logprobs)
         ref = self.ref_logprobs[rows] if self.ref_logprobs is not None else \
             old if self.has_reference else None
-        result = self.loss_fn(
+        result = spec.loss(
             logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
-            clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=g.beta,
+            clip_eps_low=spec.clip_low, clip_eps_high=spec.clip_high, beta=spec.beta,
             num_sequences=max(num_sequences, 1.0), num_tokens=max(num_tokens, 1.0),
-            max_tokens=g.max_new_tokens)
+            max_tokens=spec.max_tokens)
         # Shares of the optimizer step: summed over micro-batches and ranks they give its loss
         # and the token means of KL and clip fraction.
         share = float(batch.loss_mask[rows].sum()) / max(num_tokens, 1.0) / self.passes
@@ -304,17 +304,17 @@ class MicroBatchLoss:
         stats.kl += result.kl.item() * share
         stats.clip += result.clip_fraction.item() * share
         stats.clip_high += result.clip_high.item() * share
-        return result.loss * world()[1]
+        return rank_loss(result.loss, world()[1])
 
 
 def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatch, g: PolicyConfig,
-                loss_fn: Callable, plan, where: str, is_reference: bool = False) -> UpdateStats:
+                spec: GRPOSpec, plan, where: str, is_reference: bool = False) -> UpdateStats:
     """`policy.mu` passes over the batch, each `policy.mini_batches` optimizer steps (each
-    normalised by its own counts), against log-probs of the reference and (mu > 1 or
-    mini-batches) of pi_old. `is_reference`: the policy still is the reference (a stage's
-    first step)."""
+    normalised by its own counts), of `spec`'s loss against log-probs of the reference and
+    (mu > 1 or mini-batches) of pi_old. `is_reference`: the policy still is the reference (a
+    stage's first step)."""
     engine = trainer.engine
-    kl_term = reference is not None and g.beta > 0
+    kl_term = reference is not None and spec.beta > 0
     rollout, batch, order = in_mini_batch_order(rollout, batch, g)
     stats = UpdateStats(entropy=torch.zeros_like(batch.loss_mask))
     if not has_signal(batch, kl_term):
@@ -330,7 +330,7 @@ def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatc
         stats.logprob_diff = sampler_drift(old_logprobs, rollout, all_tokens)
         stats.logprobs = old_logprobs
     chunks = mini_batches(batch, plan.rank_sequences, g.mini_batches, kl_term)
-    loss = MicroBatchLoss(engine, rollout, batch, g, loss_fn, old_logprobs, ref_logprobs,
+    loss = MicroBatchLoss(engine, rollout, batch, spec, old_logprobs, ref_logprobs,
                           reference is not None, all_tokens, g.mu * len(chunks), stats)
     engine.train()
     for update in range(g.mu):
