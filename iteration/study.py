@@ -38,6 +38,10 @@ from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_UNITS, Resources, St
                                   StudyError, load_study, stream_of)
 
 
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
+
+
 # -- the runs ------------------------------------------------------------------------------------
 @dataclass
 class Job:
@@ -54,8 +58,12 @@ class Job:
 
 def iterate_command(config: str, root: Path, name: str, seed: int, overrides: list[str],
                     processes: int = 1) -> list[str]:
-    """`igrpo iterate` of one run, as the job runs it (from the project's folder)."""
-    launch = [sys.executable, "-m", "igrpo"] if processes <= 1 else \
+    """`igrpo iterate` of one run, as the job runs it (from the project's folder). One process
+    runs without the launcher variables of whatever started the study (a process that joined a
+    torch.distributed group holds them; the run would try to listen on that group's port);
+    torchrun sets its own."""
+    launch = ["env", *(f"-u{k}" for k in LAUNCHER_VARS), sys.executable, "-m", "igrpo"] \
+        if processes <= 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={processes}", "-m", "igrpo"]
     return [*launch, "iterate", "--config", config, f"run.root={Path(root).resolve()}",
@@ -162,6 +170,8 @@ class Schedule:
         from tqdm import tqdm
 
         running, free_slots = {}, list(range(jobs))
+        ledger = Ledger(getattr(self.executor, "folder", None))
+        ledger.cancel_leftovers()
         self.progress = tqdm(total=len(self.work), desc="study", unit="run", dynamic_ncols=True)
         try:
             while True:
@@ -169,6 +179,7 @@ class Schedule:
                     self.started.add(item)
                     slot = free_slots.pop(0)
                     running[self.submit(item, slot)] = (item, slot, time.time())
+                    ledger.write(running)
                 if not running:
                     return
                 done = [h for h in running if h.done()]
@@ -176,6 +187,7 @@ class Schedule:
                     time.sleep(1)
                 for handle in done:
                     item, slot, began = running.pop(handle)
+                    ledger.write(running)
                     free_slots.append(slot)
                     try:
                         outcome = handle.result()
@@ -187,6 +199,7 @@ class Schedule:
             self.progress.close()
             for handle in running:  # stopped or failed: no job is left running
                 handle.cancel(check=False)
+            ledger.write({})
 
     def next_item(self):
         for i, j in enumerate(self.work):
@@ -238,6 +251,62 @@ class Schedule:
             keep_result(j, time.time() - began, self.overrides, self.reward_models(j))
             self.progress.update()
             self.progress.write(f"[study] {j.task} seed {j.seed} {j.arm}: done")
+
+
+class Ledger:
+    """The study's jobs still running, in <jobs folder>/running.json. A study stopped without its
+    `finally` (SIGKILL, a lost login node) leaves its jobs running; the next `study run` cancels
+    them before it submits anything, so that no two jobs ever write one run folder (the runs then
+    resume from their folders)."""
+
+    def __init__(self, folder: Path | None):
+        self.path = None if folder is None else Path(folder) / "running.json"
+
+    def write(self, running: dict) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            entries = [{"job_id": str(h.job_id), "slurm": type(h).__name__ == "SlurmJob"}
+                       for h in running]
+            self.path.write_text(json.dumps(entries))
+
+    def cancel_leftovers(self) -> list[str]:
+        """Cancel what a stopped study left running; the job ids it had recorded."""
+        if self.path is None or not self.path.exists():
+            return []
+        import submitit
+
+        left = json.loads(self.path.read_text())
+        for entry in left:
+            if entry["slurm"]:
+                submitit.SlurmJob(folder=self.path.parent, job_id=entry["job_id"]).cancel(
+                    check=False)
+            else:  # a local job's id is its controller's pid: SIGINT, as LocalJob.cancel does
+                _interrupt_local(int(entry["job_id"]))
+        self.path.unlink()
+        if left:
+            print(f"[study] cancelled {len(left)} jobs a stopped study left running: "
+                  + ", ".join(e["job_id"] for e in left), flush=True)
+        return [e["job_id"] for e in left]
+
+
+def _interrupt_local(pid: int, timeout: float = 60.0) -> None:
+    """SIGINT to a local submitit controller still running (its tasks follow), if `pid` is one
+    (a pid may have been reused), and wait for it to end."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"submitit" not in cmdline:
+        return
+    os.kill(pid, signal.SIGINT)
+    end = time.time() + timeout
+    while time.time() < end:
+        try:  # (ended: gone, or a zombie its parent has not reaped)
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.2)
 
 
 def _name(executor, name: str) -> None:

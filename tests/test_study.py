@@ -257,11 +257,16 @@ def test_the_slurm_executor_renders_each_run_as_a_torchrun_job(tmp_path, monkeyp
                               "resources.timeout_min": 90,
                               "resources.setup": ["export HF_HUB_OFFLINE=1"]})
     root = tmp_path / "runs"
+    # a job an earlier study left running when it was killed: cancelled before anything else
+    (root / "jobs").mkdir(parents=True)
+    (root / "jobs" / "running.json").write_text('[{"job_id": "777", "slurm": true}]')
     with pytest.raises(RuntimeError, match="tiny seed 0: the prefix .*failed") as err:
         study.main(["run", "--study", str(spec), "--executor", "slurm", "--tasks", "tiny",
                     "--arms", "A", "--seeds", "0", "--root", str(root), "--results",
                     str(tmp_path / "results"), "--doc", str(tmp_path / "d.md")])
     assert "4242" in str(err.value)
+    assert (bin_ / "scancel.args").read_text().split()[-1] == "777"
+    assert json.loads((root / "jobs" / "running.json").read_text()) == []
     script = (bin_ / "job.sh").read_text()
     for line in ("#SBATCH --gpus-per-node=2", "#SBATCH --cpus-per-task=16",
                  "#SBATCH --mem=200GB", "#SBATCH --partition=gpu", "#SBATCH --time=90",
@@ -278,6 +283,26 @@ def test_the_slurm_executor_renders_each_run_as_a_torchrun_job(tmp_path, monkeyp
         "run.name=seed0-prefix", "run.seed=0", "run.wandb_mode=disabled", "policy.steps=20",
         "iterate.iterations=0"]
     assert not (tmp_path / "results" / "tiny").exists()
+
+
+def test_jobs_a_killed_study_left_running_are_cancelled_first(tmp_path):
+    """A local job's controller left running by a study killed without cleaning up (its pid in
+    running.json) gets SIGINT as LocalJob.cancel sends it; a pid that is not a submitit
+    controller (reused since) is left alone."""
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                 "submitit-controller"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "running.json").write_text(json.dumps(
+            [{"job_id": str(leftover.pid), "slurm": False},
+             {"job_id": str(other.pid), "slurm": False}]))
+        cancelled = study.Ledger(tmp_path).cancel_leftovers()
+        assert cancelled == [str(leftover.pid), str(other.pid)]
+        assert leftover.wait(timeout=10) != 0 and other.poll() is None
+        assert not (tmp_path / "running.json").exists()
+    finally:
+        leftover.kill()
+        other.kill()
 
 
 def test_jobs_run_seed_by_seed_each_after_its_prefix_and_the_strong_models(tmp_path, monkeypatch):
@@ -406,10 +431,21 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failed_run_stops_the_study_with_its_error(tmp_path):
-    """A run that fails in its job ends the study with the run's own error."""
+def test_a_failed_run_stops_the_study_with_its_error(tmp_path, monkeypatch):
+    """A run that fails in its job ends the study with the run's own error; started from a
+    process holding a torch.distributed group's launcher variables (its port taken), the
+    1-process run does not inherit them."""
+    import socket
+
     from small_config import ITERATE, SMALL
 
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(taken.getsockname()[1]))):
+        monkeypatch.setenv(key, value)
     spec = _spec(tmp_path, **{"tasks.tiny": "configs/tiny.yaml"})
     with pytest.raises(RuntimeError, match=r"tiny seed 0: the prefix \(seed0-prefix\) failed"
                                            r"(.|\n)*/no/such/model"):
@@ -417,3 +453,4 @@ def test_a_failed_run_stops_the_study_with_its_error(tmp_path):
                     "0", "--root", str(tmp_path / "runs"), "--results", str(tmp_path / "r"),
                     "--doc", str(tmp_path / "d.md"), *SMALL, *ITERATE,
                     "model.policy_path=/no/such/model"])
+    taken.close()
