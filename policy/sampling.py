@@ -1,4 +1,4 @@
-"""The stage kit every policy algorithm builds its loop from (policy/algorithms/): the step's
+"""What every policy algorithm builds its loop from (policy/algorithms/): the step's
 questions, the engines (policy, frozen reference), the sampler (the training module, or a
 colocated vLLM engine), the seeded rollout, the scoring step, the sampled batch and the
 held-out evaluator (supervised fine-tuning's tensors and step: policy/supervised.py; a step's

@@ -88,7 +88,7 @@ class StageLoop:
         trainer = StageLoop(out, engine, logger, total_steps, desc="sft")
         while trainer.running():
             ...  # build the step's batch
-            grad_norm = trainer.backward(micro_batches, loss_of, where)
+            grad_norm = trainer.backward(grad_accum, micro_batch_size, loss_of, where)
             trainer.advance()
             ...  # metrics, evaluation; trainer.save() when due; trainer.log(metrics)
         trainer.finish(tokenizer, final_dir, config_yaml, done={...})

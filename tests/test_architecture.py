@@ -132,7 +132,8 @@ def test_functions_and_algorithm_files_stay_short():
 
 
 def test_no_algorithm_imports_another():
-    """Algorithms are siblings: each imports the kit, the critic, the math and the engines."""
+    """Algorithms are siblings: each imports policy/sampling.py, the critic, the math and the
+    engines."""
     algorithms = {p.stem for p in (ROOT / "policy" / "algorithms").glob("*.py")} - {"__init__"}
     for name in algorithms:
         path = ROOT / "policy" / "algorithms" / f"{name}.py"

@@ -1,5 +1,5 @@
 """The policy algorithms, one self-contained loop per file, and the table the CLI and the outer
-loop choose them from (`policy.algorithm`). Each file imports the stage kit (policy/sampling.py),
+loop choose them from (`policy.algorithm`). Each file imports the shared sampling room (policy/sampling.py),
 the critic (policy/actor_critic.py: the value-based ones), the math (policy/math/) and the
 generation engines (policy/generation/); none imports another algorithm. Adding an algorithm
 is one file and one entry below.

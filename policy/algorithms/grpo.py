@@ -125,7 +125,7 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
                 rl_records: list[MathRecord], step: int, p: PolicyConfig, spec: GRPOSpec,
                 seed: int, sample_seed: int, pad_id: int, offset: int = 0) -> Sampled:
     """The step's questions (the stream's step `offset + step`) rolled out and scored
-    (`kit.make_sample`, seeded from the stage's sampling seed, the step and the round), refilled
+    (`policy.sampling.make_sample`, seeded from the stage's sampling seed, the step and the round), refilled
     under DAPO's dynamic sampling."""
     key = (sample_seed, step)
     sampled = sample(step_questions(rl_records, offset + step, p.questions_per_step, seed),
