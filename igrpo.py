@@ -314,11 +314,13 @@ def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
     w = session.wiring
     model, tokenizer = stages.load_policy(w, checkpoint)
-    metrics = stages.evaluate(w, model, tokenizer, w.splits().eval)
-    metrics["checkpoint"] = str(checkpoint)
     folder = Path(checkpoint).parent
     name = f"{folder.parent.name}-{folder.name}" if folder.name.startswith("iteration-") \
         else folder.name  # grpo/iteration-2/final -> grpo-iteration-2 (eval/iteration-k is the loop's)
+    # per held-out question, what the metrics summarise (paired comparisons, `igrpo study`)
+    outcomes = session.run.child("eval", f"{name}.outcomes.json")
+    metrics = stages.evaluate(w, model, tokenizer, w.splits().eval, outcomes_path=outcomes)
+    metrics["checkpoint"] = str(checkpoint)
     atomic_write_json(session.run.child("eval", f"{name}.json"), metrics)
     print(json.dumps(metrics, indent=2))
     return metrics

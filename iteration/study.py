@@ -54,20 +54,44 @@ class Job:
     args: list[str]
     strong: bool = False
     result: Path | None = None  # where the finished run's results are kept
+    recipe: str = ""
+    command: str = "iterate"
+    forks_prefix: bool = True  # (study_spec.RunKind)
 
 
 def iterate_command(config: str, root: Path, name: str, seed: int, overrides: list[str],
-                    processes: int = 1) -> list[str]:
-    """`igrpo iterate` of one run, as the job runs it (from the project's folder). One process
-    runs without the launcher variables of whatever started the study (a process that joined a
-    torch.distributed group holds them; the run would try to listen on that group's port);
-    torchrun sets its own."""
+                    processes: int = 1, command: str = "iterate", recipe: str = "") -> list[str]:
+    """`igrpo iterate` (or `command`) of one run, as the job runs it (from the project's
+    folder). One process runs without the launcher variables of whatever started the study (a
+    process that joined a torch.distributed group holds them; the run would try to listen on
+    that group's port); torchrun sets its own."""
     launch = ["env", *(f"-u{k}" for k in LAUNCHER_VARS), sys.executable, "-m", "igrpo"] \
         if processes <= 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={processes}", "-m", "igrpo"]
-    return [*launch, "iterate", "--config", config, f"run.root={Path(root).resolve()}",
-            f"run.name={name}", f"run.seed={seed}", "run.wandb_mode=disabled", *overrides]
+    return [*launch, command, "--config", config, *(["--recipe", recipe] if recipe else []),
+            f"run.root={Path(root).resolve()}", f"run.name={name}", f"run.seed={seed}",
+            "run.wandb_mode=disabled", *overrides]
+
+
+class Commands:
+    """A job of several commands run one after the other from the project's folder (a `grpo`
+    study's run: the policy stage, then its evaluation); the first failure fails the job with
+    its stderr (submitit's CommandFunction)."""
+
+    def __init__(self, commands: list[list[str]]):
+        self.commands = commands
+
+    def __call__(self) -> None:
+        for command in self.commands:
+            command_function(command)()
+
+
+def warm_start(config: str, overrides: list[str]) -> str:
+    """The task's warm start (`model.policy_path` under the study's shared overrides)."""
+    from configs import load_config
+
+    return load_config(config, overrides).model.policy_path
 
 
 def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
@@ -114,7 +138,8 @@ def study_jobs(study: Study, root: Path, tasks: list[str], arms: list[str],
                             f"({stream_of(kept)}); give this study another --results folder")
                 if not result.exists():
                     work.append(Job(task, study.tasks[task], root / task, seed, arm,
-                                    [*spec.overrides], spec.strong, result))
+                                    [*spec.overrides], spec.strong, result, spec.recipe,
+                                    study.spec.command, study.kind.forks_prefix))
     # Seed by seed (every arm of seed 0 first), so that a stopped study leaves whole seeds.
     return sorted(work, key=lambda j: j.seed)
 
@@ -220,6 +245,12 @@ class Schedule:
         if self.own_gpus:
             executor.update_parameters(gpus_per_node=processes, visible_gpus=list(
                 range(slot * processes, (slot + 1) * processes)))
+        if item[0] == "prefix" and not self.study.kind.forks_prefix:
+            _, task, root, seed = item  # the seed's warm start, evaluated once
+            _name(executor, f"{task}-seed{seed}-prefix")
+            return executor.submit(command_function(self.eval_command(
+                task, root, f"seed{seed}-prefix", seed, warm_start(self.study.tasks[task],
+                                                                   overrides))))
         if item[0] == "prefix":
             _, task, root, seed = item
             name = f"seed{seed}-prefix"
@@ -234,16 +265,32 @@ class Schedule:
                                    self.study.spec.strong)
         j = self.work[item[1]]
         run = j.root / f"seed{j.seed}-{j.arm}"
-        start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, self.reward_models(j))
         _name(executor, f"{j.task}-seed{j.seed}-{j.arm}")
+        if not j.forks_prefix:  # the policy stage from the warm start, then its evaluation
+            return executor.submit(Commands([
+                iterate_command(j.config, j.root, run.name, j.seed, [*overrides, *j.args],
+                                processes, j.command, j.recipe),
+                self.eval_command(j.task, j.root, run.name, j.seed,
+                                  str(run.resolve() / "grpo" / "final"), j.args)]))
+        start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, self.reward_models(j))
         return executor.submit(command_function(iterate_command(
             j.config, j.root, run.name, j.seed, [*overrides, *j.args], processes)))
+
+    def eval_command(self, task: str, root: Path, name: str, seed: int, checkpoint: str,
+                     args: list[str] = ()) -> list[str]:
+        """`igrpo eval` of `checkpoint` into run `name` (its outcomes file per question)."""
+        return iterate_command(self.study.tasks[task], root, name, seed,
+                               [*self.overrides, *args, f"eval.checkpoint={checkpoint}"],
+                               self.processes, "eval")
 
     def reward_models(self, job: Job) -> dict[str, str] | None:
         return _paths(self.made.get((job.task, job.root))) if job.strong else None
 
     def finish(self, item, outcome, began: float) -> None:
         self.finished.add(item)
+        if item[0] == "prefix" and not self.study.kind.forks_prefix:
+            (item[2] / f"seed{item[3]}-prefix" / "minutes.json").write_text(
+                json.dumps(round((time.time() - began) / 60, 2)))
         if item[0] == "strong":
             self.made[item[1:]] = outcome
         if item[0] == "run":
@@ -481,14 +528,17 @@ def proxy_and_gold(run: Path) -> dict[str, list]:
     from runtime.tracking import read_metrics
 
     proxy, gold, ends = [], [], []
+    stages = [run / "grpo" / "metrics.jsonl"] if (run / "grpo" / "metrics.jsonl").exists() \
+        else []  # (`igrpo grpo`'s one stage; `iterate`'s below)
     k = 1
     while (run / "grpo" / f"iteration-{k}" / "metrics.jsonl").exists():
-        rows = [r for r in read_metrics(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
-                if "reward/mean" in r]
+        stages.append(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+        k += 1
+    for metrics in stages:
+        rows = [r for r in read_metrics(metrics) if "reward/mean" in r]
         proxy += [r["reward/mean"] for r in rows]
         gold += [r.get("reward/accuracy", float("nan")) for r in rows]
         ends.append(len(proxy))
-        k += 1
     return {"proxy": proxy, "gold": gold, "ends": ends}
 
 
@@ -497,22 +547,31 @@ def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
     """What the study keeps of a finished run (iteration/study_results.py): with the overrides
     every arm shared (`overrides`, less how it ran: run.threads), the question stream and, for a
     strong arm, its reward models' weights (sha256)."""
-    iterations = json.loads((run / "summary.json").read_text())["iterations"]
-    evals = sorted((run / "eval").glob("iteration-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    prefix = job.root / f"seed{job.seed}-prefix"
+    if not job.forks_prefix:  # the warm start's evaluation in the prefix, the run's in its own
+        (warm,), (final,) = (sorted((folder / "eval").glob("*.outcomes.json"))
+                             for folder in (prefix, run))
+        minutes, prefix_minutes = seconds / 60, json.loads((prefix / "minutes.json").read_text())
+        last = {}
+    else:
+        evals = sorted((run / "eval").glob("iteration-*.json"),
+                       key=lambda p: int(p.stem.split("-")[1]))
+        warm, final = evals[0], evals[-1]
+        minutes, prefix_minutes = compute_minutes(run, prefix), compute_minutes(prefix)
+        last = json.loads((run / "summary.json").read_text())["iterations"][-1]
     rewards = proxy_and_gold(run)
     proxy, gold = ([round(x, 5) for x in rewards[key]] for key in ("proxy", "gold"))
-    last = iterations[-1]
     return {"task": job.task, "arm": job.arm, "seed": job.seed,
             "config": job.config, "overrides": job.args,
-            "minutes": round(compute_minutes(run, job.root / f"seed{job.seed}-prefix"), 2),
-            "prefix_minutes": round(compute_minutes(job.root / f"seed{job.seed}-prefix"), 2),
+            **({"recipe": job.recipe} if job.recipe else {}),
+            "minutes": round(minutes, 2), "prefix_minutes": round(prefix_minutes, 2),
             "common_overrides": common_overrides(overrides),
             "question_stream": QUESTION_STREAM,
             **({"strong_sha256": {k: weights_sha256(v) for k, v in _paths(reward_models).items()}}
                if reward_models else {}),
             "wall_minutes": round(seconds / 60, 2), "commit": _commit(),
-            "warm": sr.compact_outcomes(json.loads(evals[0].read_text())),
-            "final": sr.compact_outcomes(json.loads(evals[-1].read_text())),
+            "warm": sr.compact_outcomes(json.loads(warm.read_text())),
+            "final": sr.compact_outcomes(json.loads(final.read_text())),
             "grpo": {"proxy": proxy, "gold": gold},
             "reward_models": {k: v for k, v in last.get("rm", {}).items()
                               if isinstance(v, (int, float))}}

@@ -81,10 +81,7 @@ def _arms_section(study: Study, runs: dict, tasks: list[str]) -> list[str]:
              "Mean over the arm's seeds with the 95% t interval over seeds (the spread between "
              "training runs). `trace acc`: samples whose answer and every step are right; `lucky "
              "answers`: of the right samples, the share reached through a wrong step "
-             "(docs/metrics.md). `minutes`: one run's compute, mean over seeds (one thread, two "
-             "runs side by side on 2 cores), without the seed's shared prefix (the warm start's "
-             "labels, the first reward models and its evaluation: "
-             f"{_prefix_minutes(runs)} minutes a seed).", "",
+             "(docs/metrics.md). " + _minutes_note(study, runs), "",
              "| task | arm | reward | advantages | seeds | "
              + " | ".join(sr.LABELS[m] for m in sr.METRICS) + " | minutes |",
              "|---|---|---|---|---|" + "---|" * (len(sr.METRICS) + 1)]
@@ -106,6 +103,16 @@ def _arms_section(study: Study, runs: dict, tasks: list[str]) -> list[str]:
                                       for m in sr.METRICS)
                          + f" | {sum(mins) / len(mins):.1f} |")
     return lines
+
+
+def _minutes_note(study: Study, runs: dict) -> str:
+    if not study.kind.forks_prefix:
+        return ("`minutes`: one run's wall time, mean over seeds (its policy stage and its "
+                "evaluation), without the seed's evaluation of the warm start: "
+                f"{_prefix_minutes(runs)} minutes a seed.")
+    return ("`minutes`: one run's compute, mean over seeds (one thread, two runs side by side on "
+            "2 cores), without the seed's shared prefix (the warm start's labels, the first "
+            f"reward models and its evaluation: {_prefix_minutes(runs)} minutes a seed).")
 
 
 def _ends(values: list[float]) -> tuple[float, float] | None:

@@ -33,6 +33,8 @@ class ArmSpec:
     """The tasks it runs on (default: the first task)."""
     strong: bool = False
     """It reads the study's strong reward models in place of the prefix's."""
+    recipe: str = ""
+    """A named algorithm (configs/recipes/) under the overrides."""
 
 
 @dataclass
@@ -65,6 +67,10 @@ class Resources:
 class StudySpec:
     title: str = "Study"
     """The document's heading."""
+    command: str = "iterate"
+    """What a run is: `iterate` (Algorithm 1; a seed's arms fork its shared prefix) or `grpo`
+    (one policy stage from the task's warm start, then `igrpo eval`; a seed's warm start
+    evaluated once)."""
     root: str = "runs/study"
     """Where the runs go (relative to the project)."""
     results: str = "docs/study"
@@ -107,6 +113,10 @@ class Study:
     def tasks(self) -> dict[str, str]:
         return self.spec.tasks
 
+    @property
+    def kind(self) -> RunKind:
+        return RUN_KINDS[self.spec.command]
+
     def arm_tasks(self, arm: str) -> list[str]:
         return list(self.arms[arm].tasks) or [next(iter(self.tasks))]
 
@@ -115,6 +125,16 @@ class StudyError(ValueError):
     """A spec that cannot run, naming the file and the key."""
 
 
+@dataclass(frozen=True)
+class RunKind:
+    """What a study's run is (`command`)."""
+    forks_prefix: bool
+    """A seed's arms fork its shared prefix (`iterate`: the warm start's labels, the first
+    reward models, its evaluation); else the prefix only evaluates the warm start, and each run
+    is the command, then `igrpo eval` of its `grpo/final`."""
+
+
+RUN_KINDS = {"iterate": RunKind(forks_prefix=True), "grpo": RunKind(forks_prefix=False)}
 COMPARISON = re.compile(r"^\s*(\S+)\s+(\S+)\s+-\s+(\S+)\s*$")
 
 
@@ -138,6 +158,9 @@ def load_study(path: str | Path, overrides: list[str] = ()) -> Study:
                          + (f" (key {key})" if key else "")) from None
     if not spec.tasks:
         raise StudyError(f"{path}: tasks: none given")
+    if spec.command not in RUN_KINDS:
+        raise StudyError(f"{path}: command: {spec.command!r} is not one of "
+                         f"{', '.join(RUN_KINDS)}")
     _check_arms(path, spec)
     study = Study(path, spec, tuple(_comparisons(path, spec)))
     _check_overrides(study, list(overrides))
@@ -145,7 +168,15 @@ def load_study(path: str | Path, overrides: list[str] = ()) -> Study:
 
 
 def _check_arms(path: Path, spec: StudySpec) -> None:
+    from configs.loader import recipes
+
     for arm, a in spec.arms.items():
+        if a.recipe and a.recipe not in recipes():
+            raise StudyError(f"{path}: arms.{arm}.recipe: no recipe {a.recipe!r}; the recipes "
+                             f"are {', '.join(recipes())}")
+        if a.strong and not RUN_KINDS[spec.command].forks_prefix:
+            raise StudyError(f"{path}: arms.{arm}.strong: strong reward models are read by "
+                             "`iterate` runs only")
         for task in a.tasks:
             if task not in spec.tasks:
                 raise StudyError(f"{path}: arms.{arm}.tasks: unknown task {task!r}; the tasks "
@@ -153,7 +184,8 @@ def _check_arms(path: Path, spec: StudySpec) -> None:
         if a.strong and spec.strong is None:
             raise StudyError(f"{path}: arms.{arm}.strong: the study has no `strong` section")
         touched = sorted({o.split("=", 1)[0] for o in a.overrides
-                          if o.split(".", 1)[0].lstrip("+") in PREFIX_SECTIONS})
+                          if o.split(".", 1)[0].lstrip("+") in PREFIX_SECTIONS}
+                         if RUN_KINDS[spec.command].forks_prefix else ())
         if touched:
             raise StudyError(f"{path}: arms.{arm}.overrides: {', '.join(touched)} would change "
                              "the prefix every arm of a seed shares; put it in `budget`")
@@ -185,13 +217,14 @@ def _check_overrides(study: Study, overrides: list[str]) -> None:
 
     spec = study.spec
     for task, config in spec.tasks.items():
-        checks = [("(prefix)", ["iterate.iterations=0"])]
-        checks += [(arm, a.overrides) for arm, a in spec.arms.items()
+        checks = [("(prefix)", ["iterate.iterations=0"] if study.kind.forks_prefix else [],
+                   None)]
+        checks += [(arm, a.overrides, a.recipe or None) for arm, a in spec.arms.items()
                    if task in study.arm_tasks(arm)]
-        for arm, extra in checks:
+        for arm, extra, recipe in checks:
             try:
                 load_config(str(ROOT / config) if not Path(config).is_absolute() else config,
-                            [*spec.budget, *overrides, *extra])
+                            [*spec.budget, *overrides, *extra], recipe=recipe)
             except (ValueError, FileNotFoundError) as err:
                 where = "tasks" if arm == "(prefix)" else f"arms.{arm}.overrides"
                 raise StudyError(f"{study.path}: {where} on task {task} ({config}): "

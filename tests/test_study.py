@@ -25,9 +25,10 @@ T95_2DF = 4.303  # Student's t, two-sided 95%, 2 degrees of freedom
 SHIPPED = ROOT / "configs" / "studies" / "deepseekmath.yaml"
 
 
-def _spec(tmp_path, name="study.yaml", **changes):
-    """The shipped spec with `changes` (dotted keys) made, written to tmp_path/name."""
-    spec = OmegaConf.load(SHIPPED)
+def _spec(tmp_path, name="study.yaml", shipped=SHIPPED, **changes):
+    """The shipped spec (`shipped`) with `changes` (dotted keys) made, written to
+    tmp_path/name."""
+    spec = OmegaConf.load(shipped)
     for key, value in changes.items():
         OmegaConf.update(spec, key, value, merge=False)
     path = tmp_path / name
@@ -203,6 +204,9 @@ def test_every_shipped_study_loads(path):
     ({"arms.A.tasks": ["steps", "gsm8k"]}, r"arms\.A\.tasks: unknown task 'gsm8k'"),
     ({"arms.A.overrides": ["label.questions=3"]}, r"arms\.A\.overrides: label\.questions would "
                                                   r"change the prefix"),
+    ({"command": "train"}, r"command: 'train' is not one of iterate, grpo"),
+    ({"arms.A.recipe": "dapoo"}, r"arms\.A\.recipe: no recipe 'dapoo'; the recipes are c3po"),
+    ({"command": "grpo"}, r"arms\.C\+\.strong: strong reward models are read by `iterate`"),
 ])
 def test_a_bad_spec_is_refused_naming_the_file_and_the_key(tmp_path, change, message):
     path = _spec(tmp_path, **change)
@@ -454,3 +458,48 @@ def test_a_failed_run_stops_the_study_with_its_error(tmp_path, monkeypatch):
                     "--doc", str(tmp_path / "d.md"), *SMALL, *ITERATE,
                     "model.policy_path=/no/such/model"])
     taken.close()
+
+
+@pytest.mark.slow
+def test_a_grpo_study_evaluates_each_seeds_warm_start_once_and_each_run_after_its_stage(
+        tmp_path):
+    """configs/studies/ceiling.yaml (`command: grpo`) with an arm under a recipe, one seed of the
+    tiny task at a small budget, on submitit's local executor: each run is `igrpo grpo` then
+    `igrpo eval`, the seed's warm start evaluated once in its prefix; the kept results are what
+    `igrpo eval` measured, the report pairs the arms, and a rerun runs nothing."""
+    from fault_injection import DIST_VARS
+
+    small = ["policy.steps=2", "policy.questions_per_step=2", "policy.group_size=4",
+             "policy.max_new_tokens=12", "policy.eval_every=0", "data.eval_questions=16",
+             "eval.k=2", "deepspeed.micro_batch_size=8"]
+    spec = _spec(tmp_path, shipped=ROOT / "configs" / "studies" / "ceiling.yaml", **{
+        "arms.dapo": {"reward": "exact check", "advantages": "outcome, token mean",
+                      "overrides": ["policy.reward=rule", "policy.supervision=outcome"],
+                      "recipe": "dapo", "seeds": 1, "tasks": ["tiny"]}})
+    root, results, doc = tmp_path / "runs", tmp_path / "results", tmp_path / "ceiling.md"
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    args = [sys.executable, "-m", "igrpo", "study", "run", "--study", str(spec), "--root",
+            str(root), "--results", str(results), "--doc", str(doc), "--tasks", "tiny",
+            "--seeds", "0", "--jobs", "2", *small]
+    subprocess.run(args, check=True, env=env, cwd=ROOT)
+    runs = root / "tiny"
+    kept = sr.read_runs(results)
+    assert sorted(a for _, a, _ in kept) == ["dapo", "exact", "steps"]
+    warm = json.loads((runs / "seed0-prefix" / "eval" / "bundled.json").read_text())
+    for arm in ("exact", "steps", "dapo"):
+        record = kept[("tiny", arm, 0)]
+        measured = json.loads((runs / f"seed0-{arm}" / "eval" / "grpo.json").read_text())
+        values = sr.per_question(record["final"])
+        for metric in ("mean_at_k", "greedy_accuracy", "trace_accuracy"):
+            assert sr.metric(values, metric) == pytest.approx(measured[f"eval/{metric}"])
+        assert sr.metric(sr.per_question(record["warm"]), "mean_at_k") == pytest.approx(
+            warm["eval/mean_at_k"])
+        assert len(record["grpo"]["gold"]) == 2 and record["minutes"] > 0
+    assert kept[("tiny", "dapo", 0)]["recipe"] == "dapo"
+    config = (runs / "seed0-dapo" / "grpo" / "config.yaml").read_text()
+    assert "loss: dapo" in config
+    text = doc.read_text()
+    assert "| tiny | steps - exact | 1 |" in text and "then `igrpo eval`" in text
+    rerun = subprocess.run(args, check=True, env=env, cwd=ROOT, capture_output=True, text=True)
+    assert "[study] 0 runs to do" in rerun.stdout
+
