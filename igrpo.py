@@ -354,8 +354,8 @@ def rm_init(session: Session) -> str | Path:
     `<run>/base`), else the run's warm start (the tiny base model where no SFT ran)."""
     from iteration import stages
 
-    if session.wiring.rm.rm.init_path:
-        return session.wiring.rm.rm.init_path
+    if session.wiring.rm.settings.init_path:
+        return session.wiring.rm.settings.init_path
     return stages.rm_backbone(session.wiring, warm_start(session, required=False))
 
 
@@ -426,7 +426,7 @@ def run_score(session: Session) -> Path:
     from runtime.engine import barrier, is_main
     from runtime.rundir import atomic_write_json
 
-    rm, separator = session.wiring.rm.rm, session.wiring.data.step_separator
+    rm, separator = session.wiring.rm.settings, session.wiring.data.step_separator
     if not rm.path or not rm.score_input:
         raise ConfigError("igrpo score: name the reward model with rm.path=DIR and the "
                           "solutions with rm.score_input=FILE")

@@ -27,7 +27,7 @@ from typing import Callable
 from iteration import stages
 from iteration.manifest import Manifest
 from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
-from iteration.resolve import Wiring, make_reward
+from iteration.resolve import Resolved, make_reward
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, step_means, watch_ends, write_summary
 from policy.algorithms.sft import train_sft
@@ -43,7 +43,7 @@ from runtime.tracking import MetricsLogger, read_metrics
 class IterationRun:
     """The units of Algorithm 1 over one run folder; each returns JSON-able outputs."""
 
-    def __init__(self, w: Wiring, run_path: Path, base_policy: Path, splits: Splits,
+    def __init__(self, w: Resolved, run_path: Path, base_policy: Path, splits: Splits,
                  make_logger: Callable[[str], MetricsLogger], config_yaml: str):
         """`w`: the resolved config; `make_logger(stage)` opens the metrics logger (JSONL +
         wandb) of a training stage."""
@@ -86,7 +86,7 @@ class IterationRun:
         # true labels that teach a small backbone the tagged layout. A refresh draws its 10%
         # replay from earlier iterations' samples and `iterate.refresh_worked_solutions` of
         # those worked solutions together (iteration/replay.py).
-        n_worked = self.w.rm.rm.worked_solutions if k == 0 else it.refresh_worked_solutions
+        n_worked = self.w.rm.settings.worked_solutions if k == 0 else it.refresh_worked_solutions
         worked = self._worked(kind, n_worked)
         if k == 0:
             rows = load_iteration(self.run / "replay" / kind, 0) + [(WORKED, ex) for ex in worked]
@@ -151,7 +151,7 @@ class IterationRun:
                  "eval": {key.removeprefix("eval/"): v for key, v in metrics.items()},
                  **stages.reward_model_report(w, self._scorers(rm_iteration), model,
                                               tokenizer, self.splits.eval)}
-        if rm_iteration > 0 and w.rm.rm.bon_questions:
+        if rm_iteration > 0 and w.rm.settings.bon_questions:
             entry["refresh"] = self.manifest.outputs(f"refresh-check/{rm_iteration}")
         # What the reward models that judged this iteration trained on: new, replayed, worked.
         entry["reward_model_data"] = {

@@ -6,12 +6,13 @@ nowhere else: a loop receives the function or the flag, never the name. The comm
 allowed values come from the same tables (`configs/loader.py` `CHOICES`, checked against them
 by tests/test_architecture.py).
 
-    wiring = resolve(cfg)                 # once, at start-up
-    wiring.stage                          # PolicyStage: what every policy method reads
-    wiring.train_policy(run_path, policy_path, reward_fn, rl, held_out, logger, config_yaml)
-    wiring.rm                             # RMSpec: what reward-model training reads
+    w = resolve(cfg)                      # once, at start-up: a `Resolved`
+    w.stage                               # PolicyStage: what every policy method reads
+    w.train_policy(run_path, policy_path, reward_fn, rl, held_out, logger, config_yaml)
+    w.rm                                  # RMSpec: what reward-model training reads
+    w.rm.settings                         # its `rm` section
 
-The stages (iteration/stages.py) and the outer loop (iteration/loop.py) take the `Wiring`;
+The stages (iteration/stages.py) and the outer loop (iteration/loop.py) take the `Resolved`;
 below them, every function takes its explicit arguments.
 """
 
@@ -108,7 +109,7 @@ def rm_spec(rm, model, deepspeed, seed: int, run_name: str) -> RMSpec:
 
 
 @dataclass(frozen=True)
-class Wiring:
+class Resolved:
     """The config resolved once: what the stages of Algorithm 1 and the outer loop read. The
     policy side's objects (`stage`, `method`, `train_policy`) and the reward models' (`rm`),
     the switches decided here (`per_step`: process supervision), and the sections the stages
@@ -135,7 +136,7 @@ class Wiring:
         """Real data: the training questions that leave the RL pool as worked solutions,
         `data.sft_questions` with an SFT stage, else the first reward models'
         `rm.worked_solutions` (0 by default): a run from an instruct model keeps every one."""
-        return self.data.sft_questions if self.sft.enabled else self.rm.rm.worked_solutions
+        return self.data.sft_questions if self.sft.enabled else self.rm.settings.worked_solutions
 
     def policy_trainer(self, question_offset: int, init_path: str | None = None,
                        steps: int | None = None) -> Callable:
@@ -155,7 +156,7 @@ class Wiring:
         return load_splits(self.data, self.seed, worked_questions=self.worked_questions)
 
 
-def resolve(cfg) -> Wiring:
+def resolve(cfg) -> Resolved:
     """The config's strings turned into objects, once."""
     p, seed = cfg.policy, cfg.run.seed
     stage = PolicyStage(
@@ -167,13 +168,13 @@ def resolve(cfg) -> Wiring:
                         cfg.grpo.overlong_penalty, cfg.controls.shuffle_rewards),
         inspect=cfg.inspect, watch=cfg.watch)
     method = _method_spec(cfg)
-    return Wiring(seed, stage, method,
+    return Resolved(seed, stage, method,
                   partial(TRAINERS[p.algorithm], stage, method), per_step(p.supervision),
                   p.reward, rm_spec(cfg.rm, cfg.model, cfg.deepspeed, seed, cfg.run.name),
                   cfg.data, cfg.eval, cfg.label, cfg.sft, cfg.iterate)
 
 
-def make_reward(w: Wiring, policy_tokenizer, choice: str,
+def make_reward(w: Resolved, policy_tokenizer, choice: str,
                 load_scorers: Callable[[list[str]], dict] | None = None):
     """The GRPO reward callable `choice` names: `rule` (the final answer against the gold
     one), `step_oracle` (synthetic task: each step's true correctness), or `rm`: the PRM's step
@@ -191,17 +192,17 @@ def make_reward(w: Wiring, policy_tokenizer, choice: str,
         return StepOracleReward(policy_tokenizer, timeout)
     kind = "prm" if w.per_step else "orm"
     scorer = load_scorers([kind])[kind] if load_scorers is not None else \
-        load_reward_model(w.rm.rm.path, w.rm.rm, w.stage.model)
+        load_reward_model(w.rm.settings.path, w.rm.settings, w.stage.model)
     if w.per_step:
-        return PRMReward(scorer, policy_tokenizer, w.rm.rm.aggregate, timeout,
+        return PRMReward(scorer, policy_tokenizer, w.rm.settings.aggregate, timeout,
                          w.data.step_separator)
     return ORMReward(scorer, timeout)
 
 
-def grpo_reward_problem(w: Wiring) -> str | None:
+def grpo_reward_problem(w: Resolved) -> str | None:
     """Why `igrpo grpo`'s reward (`policy.reward`) cannot train this config, or None (the outer
     loop rewards with the reward models it trains, `iterate.reward`)."""
-    if w.reward == "rm" and not w.rm.rm.path:
+    if w.reward == "rm" and not w.rm.settings.path:
         return ("policy.reward=rm: name the reward model with rm.path (any family); "
                 "`igrpo iterate` rewards with the reward models it trains")
     if w.per_step and w.reward == "rule":

@@ -1,4 +1,4 @@
-"""The stages of Algorithm 1 as functions of the resolved config (`iteration.resolve.Wiring`):
+"""The stages of Algorithm 1 as functions of the resolved config (`iteration.resolve.Resolved`):
 the one API the command line (igrpo.py) and the outer loop (iteration/loop.py) both call, so
 that a stage run alone computes what the same stage computes inside `igrpo iterate`.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from iteration.resolve import Wiring
+from iteration.resolve import Resolved
 from policy.generation.rollout import rest
 from process_supervision.label import Labeller, label_in_shards
 from process_supervision.sampling import sample_solutions
@@ -31,7 +31,7 @@ from runtime.seeds import derive_seed
 KINDS = ("orm", "prm")
 
 
-def load_policy(w: Wiring, path: str | Path):
+def load_policy(w: Resolved, path: str | Path):
     """(sampler, tokenizer) of a checkpoint, for the stages that only generate from it
     (labelling, evaluation, best-of-N): the model in eval mode, loaded with the config's model
     options (dtype, attention, trust_remote_code), or with `rollout.backend=vllm` a vLLM engine
@@ -54,7 +54,7 @@ def label_questions(rl: list[MathRecord], per_iteration: int, k: int) -> list[Ma
     return rl[len(rl) - (k + 1) * per_iteration:len(rl) - k * per_iteration]
 
 
-def label(w: Wiring, policy: str | Path, questions: list[MathRecord], out: Path, k: int = 0):
+def label(w: Resolved, policy: str | Path, questions: list[MathRecord], out: Path, k: int = 0):
     """Sample `policy` on `questions` (`label.samples_per_question` each) and label every step
     prefix Math-Shepherd style with `label.completer` (default: the same policy). Shards are
     kept in `out`, so an interrupted run resumes them. Returns the labelled solutions."""
@@ -73,20 +73,20 @@ def label(w: Wiring, policy: str | Path, questions: list[MathRecord], out: Path,
     return labelled
 
 
-def rm_backbone(w: Wiring, warm_start: str | Path) -> str | Path:
+def rm_backbone(w: Resolved, warm_start: str | Path) -> str | Path:
     """A first reward model trains from `rm.init_path`, else from the warm start (the paper
     initialises its reward models from the SFT model)."""
-    return w.rm.rm.init_path or warm_start
+    return w.rm.settings.init_path or warm_start
 
 
-def load_scorer(w: Wiring, path: str | Path):
+def load_scorer(w: Resolved, path: str | Path):
     """The reward model in `path`, of any family (`reward_model/families.py`)."""
     from reward_model.families import load_reward_model
 
-    return load_reward_model(path, w.rm.rm, w.stage.model)
+    return load_reward_model(path, w.rm.settings, w.stage.model)
 
 
-def evaluate(w: Wiring, model, tokenizer, records: list[MathRecord],
+def evaluate(w: Resolved, model, tokenizer, records: list[MathRecord],
              outcomes_path: Path | None = None, progress: bool = True) -> dict:
     """`eval/*` metrics of the policy on `records` at the config's k and temperature. Data
     without a step oracle has no trace metrics, and `eval/trace_metrics` says so."""
@@ -117,7 +117,7 @@ def prm_benchmark(path: str):
 _BENCHMARKS: dict = {}
 
 
-def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
+def refresh_report(w: Resolved, previous: dict, refreshed: dict, model, tokenizer,
                    eval_records: list[MathRecord]) -> dict:
     """Each kind's refreshed reward model beside the one it replaces, on the same samples of
     the policy they will judge (`rm.bon_questions` held-out questions x `rm.bon_samples` at
@@ -126,7 +126,7 @@ def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
     "pick": refreshed - previous with a paired 95% bootstrap interval over the questions (the
     AUROC's over those with right and wrong samples: None without any)}}};
     {} at rm.bon_questions=0."""
-    rm, p = w.rm.rm, w.stage.policy
+    rm, p = w.rm.settings, w.stage.policy
     if not rm.bon_questions:
         return {}
     from runtime.stats import paired_difference
@@ -156,13 +156,13 @@ def refresh_report(w: Wiring, previous: dict, refreshed: dict, model, tokenizer,
     return out
 
 
-def reward_model_report(w: Wiring, scorers: dict, model, tokenizer,
+def reward_model_report(w: Resolved, scorers: dict, model, tokenizer,
                         eval_records: list[MathRecord]) -> dict:
     """{"rm": step metrics of each reward model on held-out synthetic solutions whose first
     wrong step is known (synthetic task only), "benchmark": the PRM on `eval.prm_benchmark`
     (where set), "bon": best-of-N among the policy's samples (none at rm.bon_questions=0)}."""
     report: dict = {"rm": {}}
-    rm = w.rm.rm
+    rm = w.rm.settings
     if w.stage.evaluation.step_oracle is not None:  # the synthetic task: first errors known
         held_out = synthetic_step_examples(eval_records[:rm.eval_solutions],
                                            derive_seed(w.seed, "rm-report"))

@@ -85,7 +85,7 @@ class RMSpec:
     (iteration/resolve.py): the `rm` section, the model's loading options, the engine's
     settings, the run's seed and name (its wandb artifact), and whether the family trained is a
     token classifier (TRL's layout) or the tag LM."""
-    rm: RewardModelConfig
+    settings: RewardModelConfig
     model: ModelConfig
     deepspeed: DeepSpeedConfig
     seed: int
@@ -99,7 +99,7 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
                        logger, config_yaml: str, epochs: float | None = None) -> Path:
     """Train on `examples` (validation split off by `rm.val_fraction`) for `epochs` (default
     `rm.epochs`; a refresh passes `iterate.refresh_epochs`); returns `<out>/final`."""
-    rm, seed = spec.rm, spec.seed
+    rm, seed = spec.settings, spec.seed
     final_dir = out / "final"
     if stage_done(out):
         return final_dir
@@ -161,7 +161,7 @@ def _for_export(spec: RMSpec, module, tokenizer, init, examples, val, checked) -
     classifier's classes named in its config (config.json: every rank sets it, the main rank
     saves it), and the model card (README.md) of the model as `checked` = (optimizer steps,
     final validation metrics) leaves it."""
-    rm = spec.rm
+    rm = spec.settings
     if spec.token_classifier:
         name_labels(module.config, rm.label_index)
     facts = CardFacts(spec.token_classifier, type(module).__name__, Reading.of(rm), rm.step_tag,
@@ -190,7 +190,7 @@ class _Read:
 def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
     """The tokenizer, the engine over the (possibly deepened) backbone, and how the family
     (`rm.family`: the tag LM, or a token-classification PRM) is fed and read."""
-    rm = spec.rm
+    rm = spec.settings
     if not spec.trainable:
         raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
                          "token_classification families")

@@ -257,7 +257,7 @@ def step_oracle(data):
 def load_splits(data, seed: int, worked_questions: int | None = None) -> Splits:
     """The three disjoint splits a run uses, from a `DataConfig`. Real data: the first
     `worked_questions` (default `data.sft_questions`) training questions form the SFT split and
-    stay out of the RL pool (`iteration.resolve.Wiring.splits` sets it from the run's config)."""
+    stay out of the RL pool (`iteration.resolve.Resolved.splits` sets it from the run's config)."""
     if data.source == "synthetic":
         # Distinct seeds per split; held-out questions that also occur in training are dropped.
         ops = data.operations

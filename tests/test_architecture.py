@@ -171,7 +171,7 @@ def _takes_the_whole_config(node) -> bool:
 def test_the_whole_config_reaches_only_the_loader_the_resolver_and_the_cli():
     """At most 12 functions take the whole config, all in configs/, iteration/resolve.py and
     igrpo.py: everything else takes typed objects (policy/stage.py, reward_model/train.py's
-    RMSpec, iteration/resolve.py's Wiring) or explicit arguments."""
+    RMSpec, iteration/resolve.py's Resolved) or explicit arguments."""
     found = []
     for path in _sources(*PACKAGES, "igrpo.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -311,7 +311,7 @@ def test_a_refresh_trains_from_what_its_levers_say(tmp_path, monkeypatch, levers
     seen = []
 
     def fake_train(spec, out, init_, examples, logger, config_yaml, epochs=None):
-        seen.append((spec.rm.epochs if epochs is None else epochs, str(init_), len(examples)))
+        seen.append((spec.settings.epochs if epochs is None else epochs, str(init_), len(examples)))
         return out / "final"
 
     monkeypatch.setattr(loop_module, "train_reward_model", fake_train)
