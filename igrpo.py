@@ -158,7 +158,7 @@ class Session:
     def __init__(self, cfg, stage: str):
         import torch
 
-        from runtime.engine import broadcast_from_main, init_distributed, is_main
+        from runtime.dist import broadcast_from_main, init_distributed, is_main
         from runtime.rundir import RunDir
 
         from iteration.resolve import resolve
@@ -199,7 +199,7 @@ class Session:
         return None
 
     def logger(self, stage: str):
-        from runtime.engine import is_main
+        from runtime.dist import is_main
         from runtime.tracking import MetricsLogger
 
         run = self.cfg.run
@@ -217,7 +217,7 @@ def base_policy(session: Session) -> Path:
         return Path(cfg.model.policy_path) if Path(cfg.model.policy_path).exists() \
             else cfg.model.policy_path
     base = session.run.child("base")
-    from runtime.engine import barrier, is_main
+    from runtime.dist import barrier, is_main
 
     if not (base / "config.json").exists() and is_main():
         from runtime.tiny_model import build_tiny
@@ -332,7 +332,7 @@ def run_label(session: Session) -> Path:
     from iteration import stages
     from process_supervision.formats import write_math_shepherd_jsonl
     from process_supervision.label import label_statistics
-    from runtime.engine import is_main
+    from runtime.dist import is_main
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
@@ -423,7 +423,7 @@ def run_score(session: Session) -> Path:
     from reward_model.encoding import TagTokenError, check_tag_tokens
     from reward_model.examples import as_orm
     from reward_model.losses import STEP_AGGREGATORS
-    from runtime.engine import barrier, is_main
+    from runtime.dist import barrier, is_main
     from runtime.rundir import atomic_write_json
 
     rm, separator = session.wiring.rm.settings, session.wiring.data.step_separator
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI: the exit code. A rank of a several-process gloo job that succeeded exits here
     (`finish_process`): in a script that runs several commands under `torchrun` on CPU, only
     the last returns. The project's scripts run their commands in one process."""
-    from runtime.engine import finish_process
+    from runtime.dist import finish_process
 
     return finish_process(_run(argv))
 

@@ -140,7 +140,7 @@ def run_side(side: str, policy: str, steps: int, max_tokens: int, precision: str
              layout: str) -> dict:
     """One run of one side: rank 0's step times and completion tokens, peak RSS summed over
     the processes. `layout`: "PxT", P processes of T threads each."""
-    from runtime.engine import free_port
+    from runtime.dist import free_port
 
     processes, threads = map(int, layout.split("x"))
     out = tempfile.mkdtemp()

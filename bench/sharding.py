@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from runtime.engine import free_port  # noqa: E402
+from runtime.dist import free_port  # noqa: E402
 
 LAYOUTS = {"1x1": (1, 1), "1x2": (1, 2), "2x1": (2, 1)}
 

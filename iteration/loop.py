@@ -35,7 +35,8 @@ from process_supervision.label import label_statistics
 from reward_model.examples import as_orm, worked_examples, worked_orm_examples
 from reward_model.train import train_reward_model
 from runtime.data import Splits
-from runtime.engine import broadcast_from_main, is_main, memory_phase
+from runtime.dist import broadcast_from_main, is_main
+from runtime.memory import memory_phase
 from runtime.models import load_tokenizer
 from runtime.tracking import MetricsLogger, read_metrics
 

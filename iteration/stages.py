@@ -24,7 +24,7 @@ from process_supervision.sampling import sample_solutions
 from reward_model.examples import as_orm, synthetic_step_examples
 from reward_model.report import best_of_n_report, labelled_report
 from runtime.data import MathRecord
-from runtime.engine import is_main
+from runtime.dist import is_main
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.seeds import derive_seed
 

@@ -25,7 +25,8 @@ from policy.rewards import RewardFn, ValueSource
 from policy.stage import PolicyStage, PPOSpec
 from runtime.checkpoint import export
 from runtime.data import MathRecord
-from runtime.engine import build_engine, current_lr, gather_rows, global_sum, rank_loss, world
+from runtime.dist import gather_rows, global_sum, world
+from runtime.engine import build_engine, current_lr, rank_loss
 from runtime.models import accelerator, load_causal_lm, load_model, load_tokenizer
 from runtime.tracking import MetricsLogger
 from runtime.training import StageLoop, stage_done

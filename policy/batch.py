@@ -11,7 +11,7 @@ import torch
 
 from configs.schema import PolicyConfig
 from policy.generation.rollout import Rollout
-from runtime.engine import global_sum
+from runtime.dist import global_sum
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from policy.generation.rollout import generate_groups
 from runtime.data import MathRecord
-from runtime.engine import is_main
+from runtime.dist import is_main
 from tasks.grading import answers_match, extract_final_answer
 from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_json

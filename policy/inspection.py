@@ -23,7 +23,7 @@ from policy.rewards import Scores
 from policy.stage import GRPOSpec
 from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
-from runtime.engine import is_main
+from runtime.dist import is_main
 from runtime.rundir import atomic_write_text
 from runtime.steps import step_end_token_indices
 

@@ -30,8 +30,9 @@ from policy.math.shaping import add_to_last_step, overlong_penalty
 from policy.rewards import RewardFn, Scores, concat_scores
 from policy.stage import Evaluation, PolicyStage, Shaping, VLLMSettings
 from runtime.data import MathRecord
-from runtime.engine import (broadcast_from_main, build_engine, build_inference_engine,
-                            device_memory_gib, gathered_for_generation, memory_phase, world)
+from runtime.dist import broadcast_from_main, world
+from runtime.engine import build_engine, build_inference_engine, gathered_for_generation
+from runtime.memory import device_memory_gib, memory_phase
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.shards import seeded
 from runtime.training import StageLoop, epoch_slice

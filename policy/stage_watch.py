@@ -26,8 +26,8 @@ from policy.trace import drop_steps_after, trace_rows, write_trace
 from policy.evaluate import trace_flags
 from policy.watch import (Guard, group_auroc, k3_kl, mean_token_advantage, positive_mass,
                           watch_metrics)
-from runtime.engine import (build_inference_engine, gather_objects, gather_rows, gather_to_main,
-                            is_main)
+from runtime.dist import gather_objects, gather_rows, gather_to_main, is_main
+from runtime.engine import build_inference_engine
 from runtime.models import load_causal_lm
 from runtime.training import StageLoop
 

@@ -8,7 +8,8 @@ import torch
 
 from policy.generation.logprobs import selective_log_softmax
 from runtime.data import MathRecord
-from runtime.engine import global_sum, rank_loss, world
+from runtime.dist import global_sum, world
+from runtime.engine import rank_loss
 from tasks.prompts import PromptFormat, encode_prompts
 from runtime.training import StageLoop
 

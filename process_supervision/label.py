@@ -23,7 +23,7 @@ from tqdm import tqdm
 from policy.generation.rollout import generate_groups
 from process_supervision.formats import StepExample
 from runtime.data import MathRecord
-from runtime.engine import barrier, broadcast_from_main, world
+from runtime.dist import barrier, broadcast_from_main, world
 from tasks.grading import grade
 from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_text

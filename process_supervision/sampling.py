@@ -10,7 +10,7 @@ from tqdm import tqdm
 from policy.generation.rollout import generate_groups
 from process_supervision.label import Solution
 from runtime.data import MathRecord
-from runtime.engine import barrier, broadcast_from_main, is_main
+from runtime.dist import barrier, broadcast_from_main, is_main
 from tasks.prompts import PromptFormat
 from runtime.rundir import atomic_write_text
 from runtime.shards import map_chunks, my_chunks

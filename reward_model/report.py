@@ -20,7 +20,7 @@ from reward_model.evaluate import best_of_n, first_error_metrics, prm_score, ste
 from reward_model.losses import STEP_AGGREGATORS
 from reward_model.score import TagScorer, spread_score
 from runtime.data import MathRecord
-from runtime.engine import memory_phase
+from runtime.memory import memory_phase
 from tasks.grading import answers_match, extract_final_answer
 from tasks.prompts import PromptFormat
 from runtime.shards import map_chunks

@@ -52,7 +52,7 @@ from process_supervision.benchmarks import processbench_example
 from process_supervision.formats import StepExample, example_from_row, prm800k_example
 from reward_model.score import spread_score
 from runtime.data import DataError, read_rows
-from runtime.engine import barrier, broadcast_from_main, is_main
+from runtime.dist import barrier, broadcast_from_main, is_main
 from runtime.rundir import atomic_write_json
 from runtime.shards import map_chunks
 from runtime.steps import split_steps

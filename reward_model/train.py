@@ -33,8 +33,8 @@ from reward_model.packing import (packed_class_margins, packed_tag_margins, ques
                                   shared_prefixes)
 from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
-from runtime.engine import (broadcast_from_main, build_engine, current_lr, gathered_for_generation,
-                            global_sum, is_main, rank_loss, world)
+from runtime.dist import broadcast_from_main, global_sum, is_main, world
+from runtime.engine import build_engine, current_lr, gathered_for_generation, rank_loss
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, seeded_order, stage_done
 from runtime.seeds import derive_seed

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine import barrier, gather_objects, gathered_for_generation, is_main, world
+from runtime.dist import barrier, gather_objects, is_main, world
+from runtime.engine import gathered_for_generation
 from runtime.models import output_is_logged, progress_bars_off
 from runtime.rundir import atomic_write_text
 

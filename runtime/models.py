@@ -126,7 +126,7 @@ def progress_bars_off(off: bool = True):
 
 def report_load(path, lm, seconds: float) -> None:
     """The main rank's one line about a loaded model (instead of a progress bar in a log)."""
-    from runtime.engine import is_main
+    from runtime.dist import is_main
 
     if not is_main():
         return

@@ -17,7 +17,7 @@ import heapq
 import zlib
 from typing import Callable, Iterator, Sequence, TypeVar
 
-from runtime.engine import gather_objects, world
+from runtime.dist import gather_objects, world
 
 T = TypeVar("T")
 

@@ -18,7 +18,8 @@ from tqdm import tqdm
 
 from runtime.checkpoint import (export, load_companion_state, load_training_state,
                                 prune_companion_state, save_companion_state, save_training_state)
-from runtime.engine import broadcast_from_main, checked_backward, engine_step, is_main
+from runtime.dist import broadcast_from_main, is_main
+from runtime.engine import checked_backward, engine_step
 from runtime.rundir import atomic_write_json
 
 

@@ -11,7 +11,7 @@ parameters; nothing is downloaded) over the shipped GPT-2 tokenizer, with the `h
 runs where only PyTorch is installed). The recipe's GRPO shapes are kept (4 questions x G = 64,
 1,024 new tokens, micro-batch 8, ZeRO-2, bf16, gradient checkpointing); its counts are cut (2 GRPO
 steps, a few labelled and evaluated questions, shorter labelling and evaluation samples). It prints
-each memory phase's measured peak (`runtime.engine.memory_phase`) beside `igrpo plan`'s prediction
+each memory phase's measured peak (`runtime.memory.memory_phase`) beside `igrpo plan`'s prediction
 for this GPU, the rollout's and the update's tokens/s and the update's MFU. `--cpu`: the same
 architecture shrunk to 2 layers of 64, the counts tiny, on the CPU (the check of the check).
 
@@ -97,7 +97,7 @@ def real_check(args) -> dict:
     import igrpo
     from configs import load_config
     from configs.memory import GB, phases, plan
-    from runtime.engine import PHASE_PEAKS
+    from runtime.memory import PHASE_PEAKS
     from runtime.tracking import read_metrics
 
     work = Path(tempfile.mkdtemp(prefix="igrpo-gpu-real-"))
@@ -170,7 +170,7 @@ def _launch(args, overrides: list[str], env: dict, work: Path):
     group of its own (so one SIGKILL stops every rank)."""
     import subprocess
 
-    from runtime.engine import free_port
+    from runtime.dist import free_port
 
     log = open(work / "log.txt", "a")
     return subprocess.Popen(

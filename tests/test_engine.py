@@ -1,7 +1,7 @@
 """runtime/engine.py: the optimizer DeepSpeed is given. `deepspeed.fused_adam` runs torch's fused
 AdamW kernel and trains to the same weights as the default loop, up to rounding, under ZeRO-0
-(fp32) and ZeRO-2 (bf16); bf16 gradients accumulate in float32 under ZeRO-2 and ZeRO-3. How a
-finished rank of a several-process CPU job ends."""
+(fp32) and ZeRO-2 (bf16); bf16 gradients accumulate in float32 under ZeRO-2 and ZeRO-3.
+runtime/dist.py: how a finished rank of a several-process CPU job ends."""
 
 import pytest
 import torch
@@ -74,7 +74,7 @@ def test_finish_process_leaves_one_process_and_a_failure_alone():
     (rank 0 of 1) it returns the code, whatever it is, and the group stays."""
     import torch.distributed as dist
 
-    from runtime.engine import finish_process, init_distributed
+    from runtime.dist import finish_process, init_distributed
 
     init_distributed()
     assert finish_process(0) == 0 and finish_process(2) == 2

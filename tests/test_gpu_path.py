@@ -12,7 +12,7 @@ from configs import load_config
 from policy.sampling import Sampler, rollout_step, score_step
 from policy.rewards import Scores
 from policy.generation.rollout import generate_groups
-from runtime import engine as engine_module
+from runtime import dist as dist_module
 from runtime.data import load_splits
 from runtime.models import load_causal_lm, load_tokenizer
 from tasks.prompts import prompt_format
@@ -113,9 +113,9 @@ def test_collectives_allocate_on_the_process_groups_device(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert engine_module.collective_device() == torch.device("cuda", 3)
+    assert dist_module.collective_device() == torch.device("cuda", 3)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
-    assert engine_module.collective_device() == torch.device("cpu")
+    assert dist_module.collective_device() == torch.device("cpu")
 
     seen = []
 
@@ -126,11 +126,11 @@ def test_collectives_allocate_on_the_process_groups_device(monkeypatch):
         seen.append(tensor.device)
         raise Reduced
 
-    monkeypatch.setattr(engine_module, "world", lambda: (0, 2))
-    monkeypatch.setattr(engine_module, "collective_device", lambda: META)
+    monkeypatch.setattr(dist_module, "world", lambda: (0, 2))
+    monkeypatch.setattr(dist_module, "collective_device", lambda: META)
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     with pytest.raises(Reduced):
-        engine_module.global_sum(1.0)
+        dist_module.global_sum(1.0)
     assert seen == [META]
 
 

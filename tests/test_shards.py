@@ -45,7 +45,7 @@ def test_a_chunk_samples_the_same_whatever_ran_before_and_leaves_the_rng_alone()
 def test_the_process_group_waits_as_long_as_the_config_says():
     """`run.dist_timeout_minutes` reaches the process group (DeepSpeed's default: 10 minutes)."""
     code = ("import json, torch, torch.distributed as dist\n"
-            "from runtime.engine import init_distributed\n"
+            "from runtime.dist import init_distributed\n"
             "init_distributed(7.5)\n"
             "backend = dist.group.WORLD._get_backend(torch.device('cpu'))\n"
             "print(json.dumps(backend.options._timeout.total_seconds()))\n")

@@ -40,7 +40,8 @@ from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
 from policy.stage import DPOSpec, PolicyStage
 from runtime.data import MathRecord
-from runtime.engine import current_lr, gather_rows, global_sum, rank_loss, world
+from runtime.dist import gather_rows, global_sum, world
+from runtime.engine import current_lr, rank_loss
 from runtime.models import load_causal_lm
 from runtime.training import StageLoop, stage_done
 

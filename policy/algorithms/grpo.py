@@ -34,8 +34,9 @@ from policy.rewards import RewardFn, Scores
 from policy.stage import GRPOSpec, PolicyStage
 from policy.stage_watch import StageWatch
 from runtime.data import MathRecord
-from runtime.engine import (current_lr, gather_rows, global_sum, memory_metrics, memory_phase,
-                            rank_loss, world)
+from runtime.dist import gather_rows, global_sum, world
+from runtime.engine import current_lr, rank_loss
+from runtime.memory import memory_metrics, memory_phase
 from runtime.training import StageLoop, stage_done
 from runtime.seeds import derive_seed
 
@@ -125,8 +126,8 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
                 rl_records: list[MathRecord], step: int, p: PolicyConfig, spec: GRPOSpec,
                 seed: int, sample_seed: int, pad_id: int, offset: int = 0) -> Sampled:
     """The step's questions (the stream's step `offset + step`) rolled out and scored
-    (`policy.sampling.make_sample`, seeded from the stage's sampling seed, the step and the round), refilled
-    under DAPO's dynamic sampling."""
+    (`policy.sampling.make_sample`, seeded from the stage's sampling seed, the step and the
+    round), refilled under DAPO's dynamic sampling."""
     key = (sample_seed, step)
     sampled = sample(step_questions(rl_records, offset + step, p.questions_per_step, seed),
                      (*key, 0))

@@ -30,7 +30,8 @@ from policy.supervised import sft_tensors, supervised_step
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, RFTSpec
 from runtime.data import MathRecord
-from runtime.engine import broadcast_from_main, build_engine, current_lr, is_main, world
+from runtime.dist import broadcast_from_main, is_main, world
+from runtime.engine import build_engine, current_lr
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, stage_done
 from runtime.seeds import derive_seed

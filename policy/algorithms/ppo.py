@@ -25,7 +25,7 @@ from policy.sampling import Sampled, make_sample, starts_at, step_questions
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, PPOSpec
 from runtime.data import MathRecord
-from runtime.engine import global_sum, world
+from runtime.dist import global_sum, world
 from runtime.training import StageLoop, stage_done
 
 

@@ -23,7 +23,8 @@ from policy.stage import Evaluation, PolicyStage
 from policy.supervised import sft_tensors, supervised_step
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
-from runtime.engine import build_engine, current_lr, gathered_for_generation, world
+from runtime.dist import world
+from runtime.engine import build_engine, current_lr, gathered_for_generation
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, stage_done
 from runtime.seeds import derive_seed

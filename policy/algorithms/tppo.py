@@ -30,7 +30,7 @@ from policy.sampling import score_step, starts_at
 from policy.rewards import RewardFn, Scores
 from policy.stage import PolicyStage, PPOSpec
 from runtime.data import MathRecord
-from runtime.engine import gather_objects, gather_rows, global_sum, world
+from runtime.dist import gather_objects, gather_rows, global_sum, world
 from runtime.models import end_token_ids
 from tasks.prompts import encode_prompts
 from runtime.training import epoch_slice, stage_done

@@ -328,7 +328,7 @@ def launch_settings() -> dict:
 def rank_seed(seed: int) -> int:
     """This rank's engine seed: each rank's engine samples its own stream (with one seed for
     all, ranks given the same prompt would draw the same samples)."""
-    from runtime.engine import world
+    from runtime.dist import world
     from runtime.shards import chunk_seed
 
     return chunk_seed(seed, "vllm", world()[0])

@@ -75,7 +75,7 @@ def step_metrics() -> dict:
     from policy.actor_critic import Targets, value_metrics
     from policy.rewards import Scores
     from policy.generation.rollout import Rollout
-    from runtime.engine import world
+    from runtime.dist import world
 
     rank, size = world()
     n, width = 12, 6
@@ -127,7 +127,7 @@ def sharded_phases(out: Path) -> dict:
     from reward_model.examples import synthetic_step_examples
     from reward_model.score import TagScorer
     from runtime.data import load_splits
-    from runtime.engine import gather_objects
+    from runtime.dist import gather_objects
     from runtime.models import load_causal_lm, load_tokenizer
     from tasks.prompts import prompt_format
     from configs import load_config
@@ -168,7 +168,7 @@ def stepwise_rows(out: Path) -> dict:
     every rank stops with when the bad row lies in another rank's chunk."""
     from process_supervision.formats import read_step_rows, to_math_shepherd
     from runtime.data import DataError
-    from runtime.engine import barrier, gather_objects, is_main
+    from runtime.dist import barrier, gather_objects, is_main
 
     good, bad = out / "rows.jsonl", out / "bad.jsonl"
     if is_main():
@@ -190,7 +190,8 @@ def stepwise_rows(out: Path) -> dict:
 
 def nonfinite_on_the_last_rank(cfg) -> str:
     """How each rank stops when only the last rank's loss is NaN (checked_backward)."""
-    from runtime.engine import build_engine, checked_backward, world
+    from runtime.dist import world
+    from runtime.engine import build_engine, checked_backward
 
     rank, size = world()
     engine = build_engine(torch.nn.Linear(2, 1), cfg.deepspeed, lr=0.1, micro_batch_size=1,
@@ -212,7 +213,7 @@ def vllm_ranks() -> dict:
     from policy.generation.rollout import generate_groups
     from iteration.resolve import resolve
     from policy.generation.vllm import engine_for, launch_settings
-    from runtime.engine import gather_objects, world
+    from runtime.dist import gather_objects, world
     from runtime.models import load_causal_lm, load_tokenizer
 
     rank, _ = world()
@@ -261,7 +262,7 @@ def perturb_gradients(ulps: float) -> None:
 def main() -> None:
     kind, out = sys.argv[1], Path(sys.argv[2])
     from configs import load_config
-    from runtime.engine import init_distributed, is_main, world
+    from runtime.dist import init_distributed, is_main, world
     from runtime.tracking import MetricsLogger
 
     torch.set_num_threads(1)
@@ -348,7 +349,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from runtime.engine import finish_process
+    from runtime.dist import finish_process
 
     main()
     finish_process(0)  # as the CLI ends: a rank that finished its work exits with 0

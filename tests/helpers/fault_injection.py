@@ -101,7 +101,7 @@ for line in sys.stdin:
             code = 1
             try:
                 if script:  # `python tests/helpers/SCRIPT.py ARGS`: its main(), then its exit
-                    from runtime.engine import finish_process
+                    from runtime.dist import finish_process
 
                     sys.argv = [f"{script}.py", *request["args"]]
                     importlib.import_module(script).main()

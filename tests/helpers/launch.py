@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.engine import free_port
+from runtime.dist import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}

@@ -75,7 +75,7 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
 
 def main() -> None:
     from runtime import training
-    from runtime.engine import init_distributed, is_main
+    from runtime.dist import init_distributed, is_main
     from runtime.tracking import MetricsLogger, read_metrics
 
     root, base, kinds, precisions = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -127,7 +127,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from runtime.engine import finish_process
+    from runtime.dist import finish_process
 
     main()
     finish_process(0)  # as the CLI ends: a rank that finished its work exits with 0
