@@ -17,8 +17,9 @@ import torch
 from configs.schema import PolicyConfig, PPOConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.sampling import (Sampler, due_evaluation, forward_logprobs, make_evaluator, make_sample,
-                             policy_engines, reference_logprobs, sampling_seed, step_questions)
+from policy.engines import Sampler, forward_logprobs, policy_engines, reference_logprobs
+from policy.evaluate import due_evaluation, make_evaluator
+from policy.sampling import make_sample, sampling_seed, step_questions
 from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                                length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from policy.rewards import RewardFn, ValueSource

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from tqdm import tqdm
@@ -23,6 +23,12 @@ from runtime.rundir import atomic_write_json
 from runtime.shards import map_chunks, my_chunks
 from runtime.stats import bootstrap_interval, ratio_interval
 from runtime.steps import split_steps
+
+if TYPE_CHECKING:  # (annotations only: the evaluator's schedule, at the end of this file)
+    from configs.schema import PolicyConfig
+    from policy.engines import Sampler
+    from policy.stage import Evaluation
+    from runtime.training import StageLoop
 
 StepOracle = Callable[[str, list[str]], list[bool]]
 """(question, steps of a solution) -> is each step still on the true path (tasks.synthetic's
@@ -230,3 +236,35 @@ def at_k_curves(outcomes: dict, ks: list[int]) -> dict[str, list[float]]:
         out["pass"].append(pass_k / len(rights))
         out["maj"].append(maj_k / len(rights))
     return out
+
+
+# -- the held-out evaluation of a policy stage, and its schedule ---------------------------------
+
+def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
+                   eval_records: list[MathRecord], fmt, trainer: StageLoop, evaluate_ends: bool):
+    """evaluate(sampled) -> held-out metrics, the questions spread over the ranks (every rank
+    calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
+    first."""
+    def evaluate(sampled: bool) -> dict:
+        with sampler.generating() as model:
+            e = evaluation
+            return evaluate_policy(
+                model, tokenizer, eval_records, fmt, k=e.k, temperature=e.temperature,
+                max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, timeout_s=e.timeout_s,
+                sampled=sampled, seed=e.seed, step_oracle=e.step_oracle,
+                step_separator=e.step_separator)
+    if trainer.step == 0 and evaluate_ends:
+        trainer.log(evaluate(sampled=False))
+    return evaluate
+
+
+def due_evaluation(trainer: StageLoop, g: PolicyConfig, evaluate, evaluate_ends: bool) -> dict:
+    """The held-out metrics due after this step: greedy every `policy.eval_every` steps, and
+    (`evaluate_ends`) the sampled ones after the last step, or the step a guard ended on."""
+    metrics = {}
+    if g.eval_every and trainer.step % g.eval_every == 0 and trainer.step < g.steps:
+        metrics.update(evaluate(sampled=False))
+        trainer.bar.set_postfix(acc=f"{metrics['eval/greedy_accuracy']:.3f}")
+    if (trainer.step == g.steps or trainer.stopped) and evaluate_ends:
+        metrics.update(evaluate(sampled=True))
+    return metrics

@@ -152,7 +152,7 @@ def chosen_samples(num_samples: int, group_size: int, groups: int, per_group: in
 def inspect_step(folder: Path, step: int, inspect: InspectConfig, spec: GRPOSpec, tokenizer,
                  sampled, batch, logger) -> dict | None:
     """Every `inspect.every` steps (main rank): write a GRPO step's advantage table and token
-    heatmap (`sampled`: the step's `policy.sampling.Sampled`, `batch` its `StepBatch`); return the
+    heatmap (`sampled`: the step's `policy.scoring.Sampled`, `batch` its `StepBatch`); return the
     wandb media to log (None otherwise)."""
     if not (inspect.every and step % inspect.every == 0 and is_main()):
         return None

@@ -20,7 +20,8 @@ import torch
 
 from policy.batch import StepBatch
 from policy.generation.rollout import Rollout
-from policy.sampling import Sampled, forward_logprobs
+from policy.engines import forward_logprobs
+from policy.scoring import Sampled
 from policy.stage import Evaluation, GRPOSpec, PolicyStage
 from policy.trace import drop_steps_after, trace_rows, write_trace
 from policy.evaluate import trace_flags

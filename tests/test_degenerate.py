@@ -9,7 +9,7 @@ import torch
 from configs import load_config
 from configs.schema import DeepSpeedConfig
 from policy.math.advantages import outcome_advantages, process_advantages
-from policy.sampling import drop_nonfinite
+from policy.scoring import drop_nonfinite
 from iteration.resolve import resolve
 from policy.math.losses import POLICY_LOSSES, k3_kl
 from policy.rewards import Scores

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from configs import load_config
-from policy.sampling import Sampler, rollout_step, score_step
+from policy.engines import Sampler
+from policy.sampling import rollout_step
+from policy.scoring import score_step
 from policy.rewards import Scores
 from policy.generation.rollout import generate_groups
 from runtime import dist as dist_module
@@ -76,7 +78,7 @@ def test_a_grpo_step_uses_no_tensor_of_a_default_device(tmp_path, warm_start):
     scores from Python numbers, runs outside: `score_step` moves them.)"""
     from policy.algorithms.grpo import advantage_step, log_step, update_step
     from iteration.resolve import resolve
-    from policy.sampling import policy_engines
+    from policy.engines import policy_engines
     from runtime.training import StageLoop
     from runtime.tracking import MetricsLogger
 

@@ -11,7 +11,7 @@ from configs import load_config
 from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step, refill_step
 from policy.generation.rollout import Rollout
-from policy.sampling import Sampled, score_step
+from policy.scoring import Sampled, score_step
 from policy.math.advantages import process_advantages
 from policy.rewards import RuleReward, Scores
 from runtime.data import load_splits
@@ -25,7 +25,7 @@ from small_runs import RandomReward, weights_differ
 
 
 def test_shuffled_reward_control_moves_step_rewards_off_their_steps():
-    from policy.sampling import shuffled_rewards
+    from policy.scoring import shuffled_rewards
     from policy.rewards import Scores
 
     torch.manual_seed(0)
@@ -399,16 +399,16 @@ def test_first_step_uses_the_policy_as_its_reference(tmp_path, monkeypatch, extr
 
     import policy.algorithms.grpo
     import policy.actor_critic
-    import policy.sampling
+    import policy.engines
 
     calls = {"reference": 0}
-    forward = policy.sampling.forward_logprobs
+    forward = policy.engines.forward_logprobs
 
     def counting(model, rollout, micro, *args):  # the reference's (and pi_old's: mu = 2)
         calls["reference"] += 1
         return forward(model, rollout, micro, *args)
 
-    for module in (policy.sampling, policy.algorithms.grpo, policy.actor_critic):  # where it is called
+    for module in (policy.engines, policy.algorithms.grpo, policy.actor_critic):  # where it is called
         monkeypatch.setattr(module, "forward_logprobs", counting)
     cfg = load_config("configs/tiny.yaml", [f"run.root={tmp_path}", *SMALL, "policy.steps=2",
                                             "policy.eval_every=0", "run.wandb_mode=disabled",

@@ -21,13 +21,14 @@ def recorder(monkeypatch):
     import iteration.loop
     import iteration.stages
     import policy.algorithms.grpo
+    import policy.engines
     import policy.sampling
     import reward_model.report
     from runtime.training import StageLoop
 
     recording_vllm.install(monkeypatch)
-    gather = policy.sampling.gathered_for_generation
-    monkeypatch.setattr(policy.sampling, "gathered_for_generation",
+    gather = policy.engines.gathered_for_generation
+    monkeypatch.setattr(policy.engines, "gathered_for_generation",
                         lambda engine: recorded("gather", gather(engine)))
     monkeypatch.setattr(policy.sampling, "score_step", recording("score", policy.sampling.score_step))
     monkeypatch.setattr(policy.algorithms.grpo, "update_step",

@@ -33,9 +33,10 @@ import torch
 from configs.schema import ModelConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.sampling import (Sampled, Sampler, due_evaluation, make_evaluator, make_sample,
-                             policy_engines, reference_logprobs, sampling_seed, starts_at,
-                             step_questions)
+from policy.engines import Sampler, policy_engines, reference_logprobs, starts_at
+from policy.evaluate import due_evaluation, make_evaluator
+from policy.sampling import make_sample, sampling_seed, step_questions
+from policy.scoring import Sampled
 from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
 from policy.stage import DPOSpec, PolicyStage

@@ -23,14 +23,15 @@ import torch
 from configs.schema import PolicyConfig
 from policy import inspection
 from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batches
+from policy.engines import (Sampler, forward_logprobs, policy_engines, reference_logprobs,
+                            sampler_drift, starts_at)
+from policy.evaluate import due_evaluation, make_evaluator
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.sampling import (Sampled, Sampler, concat_sampled, due_evaluation, forward_logprobs,
-                             make_evaluator, make_sample, policy_engines, reference_logprobs,
-                             refill_questions, sampler_drift, sampling_seed, starts_at,
-                             step_questions)
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
 from policy.rewards import RewardFn, Scores
+from policy.sampling import make_sample, refill_questions, sampling_seed, step_questions
+from policy.scoring import Sampled, concat_sampled
 from policy.stage import GRPOSpec, PolicyStage
 from policy.stage_watch import StageWatch
 from runtime.data import MathRecord
@@ -126,8 +127,8 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
                 rl_records: list[MathRecord], step: int, p: PolicyConfig, spec: GRPOSpec,
                 seed: int, sample_seed: int, pad_id: int, offset: int = 0) -> Sampled:
     """The step's questions (the stream's step `offset + step`) rolled out and scored
-    (`policy.sampling.make_sample`, seeded from the stage's sampling seed, the step and the
-    round), refilled under DAPO's dynamic sampling."""
+    (`make_sample`, seeded from the stage's sampling seed, the step and the round), refilled
+    under DAPO's dynamic sampling."""
     key = (sample_seed, step)
     sampled = sample(step_questions(rl_records, offset + step, p.questions_per_step, seed),
                      (*key, 0))
@@ -377,8 +378,7 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
         "train/clip_high": stats.clip_high,
         "train/entropy": float(r["entropy"].sum() / r["tokens"].sum().clamp(min=1)),
         "train/grad_norm": stats.grad_norm, "train/kept_groups": float(r["keep"].mean()),
-        "train/skipped_step": stats.skipped,
-        "train/advantage_group_sum": float(r["check"].max()),
+        "train/skipped_step": stats.skipped, "train/advantage_group_sum": float(r["check"].max()),
         "train/tokens_per_s": float(r["seen"].sum()) * g.mu / max(timing["update"], 1e-9),
         "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
         "time/update": timing["update"], "time/step": step_time,

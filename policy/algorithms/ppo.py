@@ -21,7 +21,9 @@ from pathlib import Path
 from configs.schema import PolicyConfig
 from policy.actor_critic import (end_value_step, finish_value_stage, forward_values, ppo_targets,
                                  rollout_logprobs, train_passes, value_metrics, value_stage)
-from policy.sampling import Sampled, make_sample, starts_at, step_questions
+from policy.engines import starts_at
+from policy.sampling import make_sample, step_questions
+from policy.scoring import Sampled
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, PPOSpec
 from runtime.data import MathRecord

@@ -26,7 +26,8 @@ from policy.actor_critic import (ValueStage, end_value_step, finish_value_stage,
                                  ppo_targets, rollout_logprobs, train_passes, value_metrics,
                                  value_stage)
 from policy.generation.rollout import Rollout, continue_rows
-from policy.sampling import score_step, starts_at
+from policy.engines import starts_at
+from policy.scoring import score_step
 from policy.rewards import RewardFn, Scores
 from policy.stage import PolicyStage, PPOSpec
 from runtime.data import MathRecord
