@@ -327,8 +327,8 @@ class Ledger:
             if entry["slurm"]:
                 submitit.SlurmJob(folder=self.path.parent, job_id=entry["job_id"]).cancel(
                     check=False)
-            else:  # a local job's id is its controller's pid: SIGINT, as LocalJob.cancel does
-                _interrupt_local(int(entry["job_id"]))
+            else:  # a local job's id is its controller's pid
+                _stop_local(int(entry["job_id"]))
         self.path.unlink()
         if left:
             print(f"[study] cancelled {len(left)} jobs a stopped study left running: "
@@ -336,24 +336,26 @@ class Ledger:
         return [e["job_id"] for e in left]
 
 
-def _interrupt_local(pid: int, timeout: float = 60.0) -> None:
-    """SIGINT to a local submitit controller still running (its tasks follow), if `pid` is one
-    (a pid may have been reused), and wait for it to end."""
+def _stop_local(pid: int, timeout: float = 30.0) -> None:
+    """Kill a local submitit controller still running, with every process under it (its task
+    and the run the task started), as a preemption would: each run resumes from its folder. Only
+    if `pid` still is such a controller (a pid may have been reused). (Not SIGINT, as
+    LocalJob.cancel sends: a process started in the background inherits SIGINT ignored.)"""
+    import psutil
+
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return
-    if b"submitit" not in cmdline:
-        return
-    os.kill(pid, signal.SIGINT)
-    end = time.time() + timeout
-    while time.time() < end:
-        try:  # (ended: gone, or a zombie its parent has not reaped)
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except OSError:
+        controller = psutil.Process(pid)
+        if "submitit" not in " ".join(controller.cmdline()):
             return
-        time.sleep(0.2)
+        procs = [controller, *controller.children(recursive=True)]
+    except psutil.Error:  # gone, or not ours to read
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def _name(executor, name: str) -> None:

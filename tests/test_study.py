@@ -291,18 +291,29 @@ def test_the_slurm_executor_renders_each_run_as_a_torchrun_job(tmp_path, monkeyp
 
 def test_jobs_a_killed_study_left_running_are_cancelled_first(tmp_path):
     """A local job's controller left running by a study killed without cleaning up (its pid in
-    running.json) gets SIGINT as LocalJob.cancel sends it; a pid that is not a submitit
-    controller (reused since) is left alone."""
-    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+    running.json) is killed with the processes under it (its run), even with SIGINT ignored, as
+    a process started in the background has it; a pid that is not a submitit controller (reused
+    since) is left alone."""
+    import psutil
+
+    child = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(120)"
+    leftover = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                                 f"subprocess.Popen([sys.executable, '-c', {child!r}]).wait()",
                                  "submitit-controller"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
+        deadline = time.time() + 30
+        while not psutil.Process(leftover.pid).children() and time.time() < deadline:
+            time.sleep(0.1)
+        run, = psutil.Process(leftover.pid).children()
         (tmp_path / "running.json").write_text(json.dumps(
             [{"job_id": str(leftover.pid), "slurm": False},
              {"job_id": str(other.pid), "slurm": False}]))
         cancelled = study.Ledger(tmp_path).cancel_leftovers()
         assert cancelled == [str(leftover.pid), str(other.pid)]
-        assert leftover.wait(timeout=10) != 0 and other.poll() is None
+        leftover.wait(timeout=10)  # (killed, and reaped already by the kill's wait)
+        assert other.poll() is None
+        assert not run.is_running() or run.status() == psutil.STATUS_ZOMBIE
         assert not (tmp_path / "running.json").exists()
     finally:
         leftover.kill()
