@@ -223,7 +223,7 @@ class Schedule:
         finally:
             self.progress.close()
             for handle in running:  # stopped or failed: no job is left running
-                handle.cancel(check=False)
+                _cancel(handle)
             ledger.write({})
 
     def next_item(self):
@@ -334,6 +334,15 @@ class Ledger:
             print(f"[study] cancelled {len(left)} jobs a stopped study left running: "
                   + ", ".join(e["job_id"] for e in left), flush=True)
         return [e["job_id"] for e in left]
+
+
+def _cancel(handle) -> None:
+    """SLURM's scancel; a local job's controller killed with the run under it (the SIGINT that
+    LocalJob.cancel sends is ignored by a study started in the background)."""
+    if type(handle).__name__ == "LocalJob":
+        _stop_local(int(handle.job_id))
+    else:
+        handle.cancel(check=False)
 
 
 def _stop_local(pid: int, timeout: float = 30.0) -> None:

@@ -320,6 +320,35 @@ def test_jobs_a_killed_study_left_running_are_cancelled_first(tmp_path):
         other.kill()
 
 
+def test_a_stopped_study_ends_its_local_jobs_even_with_sigint_ignored(tmp_path):
+    """A study started in the background (SIGINT ignored, and so in every job it starts) that
+    stops ends its local jobs: each job's controller, its task and the command's process, killed
+    as a preemption (submitit's LocalJob.cancel sends only SIGINT)."""
+    import signal
+
+    import psutil
+
+    executor = study.make_executor("local", tmp_path / "jobs", study.Resources(timeout_min=5))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        job = executor.submit(study.command_function(
+            [sys.executable, "-c", "import time; time.sleep(120)"]))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    controller = psutil.Process(int(job.job_id))
+    deadline = time.time() + 60
+    while len(controller.children(recursive=True)) < 2 and time.time() < deadline:
+        time.sleep(0.2)  # the task, then the command it runs
+    tree = [controller, *controller.children(recursive=True)]
+    assert len(tree) >= 3
+    job.cancel(check=False)  # what submitit offers: SIGINT, ignored here
+    time.sleep(2)
+    assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
+    study._cancel(job)
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_jobs_run_seed_by_seed_each_after_its_prefix_and_the_strong_models(tmp_path, monkeypatch):
     """The scheduler's order with one slot: what it submits, in order, to an executor that runs
     nothing (each job done at once)."""
@@ -382,8 +411,12 @@ def test_study_end_to_end_shares_the_prefix_keeps_results_and_resumes(tmp_path):
             "--seeds", "0", "--arms", "A,G,D+", "--jobs", "2", *SMALL, *ITERATE,
             "rm.likelihood_feature=true"]
     # Stopped (SIGTERM) while its first runs work: every job ends, the invocation is logged.
+    # Started as in the background (SIGINT ignored, which its jobs inherit).
+    import signal
+
     log = open(tmp_path / "stopped.log", "w")
-    first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     manifest = root / "steps" / "seed0-prefix" / "manifest.json"
     while not (manifest.exists() and '"label/0"' in manifest.read_text()):
         assert first.poll() is None, (tmp_path / "stopped.log").read_text()[-3000:]
