@@ -223,7 +223,7 @@ class Schedule:
         finally:
             self.progress.close()
             for handle in running:  # stopped or failed: no job is left running
-                _cancel(handle)
+                cancel_job(handle)
             ledger.write({})
 
     def next_item(self):
@@ -336,7 +336,7 @@ class Ledger:
         return [e["job_id"] for e in left]
 
 
-def _cancel(handle) -> None:
+def cancel_job(handle) -> None:
     """SLURM's scancel; a local job's controller killed with the run under it (the SIGINT that
     LocalJob.cancel sends is ignored by a study started in the background)."""
     if type(handle).__name__ == "LocalJob":

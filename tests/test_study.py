@@ -344,7 +344,7 @@ def test_a_stopped_study_ends_its_local_jobs_even_with_sigint_ignored(tmp_path):
     job.cancel(check=False)  # what submitit offers: SIGINT, ignored here
     time.sleep(2)
     assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
-    study._cancel(job)
+    study.cancel_job(job)
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
