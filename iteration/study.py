@@ -34,8 +34,8 @@ from pathlib import Path
 
 from iteration import study_results as sr
 from iteration.manifest import fork
-from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_UNITS, Resources, StrongSpec, Study,
-                                  StudyError, load_study, stream_of)
+from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_UNITS, RUN_KINDS, Resources, StrongSpec,
+                                  Study, StudyError, load_study, stream_of)
 
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -56,10 +56,9 @@ class Job:
     result: Path | None = None  # where the finished run's results are kept
     recipe: str = ""
     command: str = "iterate"
-    forks_prefix: bool = True  # (study_spec.RunKind)
 
 
-def iterate_command(config: str, root: Path, name: str, seed: int, overrides: list[str],
+def igrpo_command(config: str, root: Path, name: str, seed: int, overrides: list[str],
                     processes: int = 1, command: str = "iterate", recipe: str = "") -> list[str]:
     """`igrpo iterate` (or `command`) of one run, as the job runs it (from the project's
     folder). One process runs without the launcher variables of whatever started the study (a
@@ -139,7 +138,7 @@ def study_jobs(study: Study, root: Path, tasks: list[str], arms: list[str],
                 if not result.exists():
                     work.append(Job(task, study.tasks[task], root / task, seed, arm,
                                     [*spec.overrides], spec.strong, result, spec.recipe,
-                                    study.spec.command, study.kind.forks_prefix))
+                                    study.spec.command))
     # Seed by seed (every arm of seed 0 first), so that a stopped study leaves whole seeds.
     return sorted(work, key=lambda j: j.seed)
 
@@ -255,7 +254,7 @@ class Schedule:
             _, task, root, seed = item
             name = f"seed{seed}-prefix"
             _name(executor, f"{task}-{name}")
-            return executor.submit(command_function(iterate_command(
+            return executor.submit(command_function(igrpo_command(
                 self.study.tasks[task], root, name, seed, [*overrides, "iterate.iterations=0"],
                 processes)))
         if item[0] == "strong":
@@ -266,20 +265,20 @@ class Schedule:
         j = self.work[item[1]]
         run = j.root / f"seed{j.seed}-{j.arm}"
         _name(executor, f"{j.task}-seed{j.seed}-{j.arm}")
-        if not j.forks_prefix:  # the policy stage from the warm start, then its evaluation
+        if not RUN_KINDS[j.command].forks_prefix:  # the stage from the warm start, then eval
             return executor.submit(Commands([
-                iterate_command(j.config, j.root, run.name, j.seed, [*overrides, *j.args],
+                igrpo_command(j.config, j.root, run.name, j.seed, [*overrides, *j.args],
                                 processes, j.command, j.recipe),
                 self.eval_command(j.task, j.root, run.name, j.seed,
                                   str(run.resolve() / "grpo" / "final"), j.args)]))
         start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, self.reward_models(j))
-        return executor.submit(command_function(iterate_command(
+        return executor.submit(command_function(igrpo_command(
             j.config, j.root, run.name, j.seed, [*overrides, *j.args], processes)))
 
     def eval_command(self, task: str, root: Path, name: str, seed: int, checkpoint: str,
                      args: list[str] = ()) -> list[str]:
         """`igrpo eval` of `checkpoint` into run `name` (its outcomes file per question)."""
-        return iterate_command(self.study.tasks[task], root, name, seed,
+        return igrpo_command(self.study.tasks[task], root, name, seed,
                                [*self.overrides, *args, f"eval.checkpoint={checkpoint}"],
                                self.processes, "eval")
 
@@ -559,7 +558,7 @@ def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
     every arm shared (`overrides`, less how it ran: run.threads), the question stream and, for a
     strong arm, its reward models' weights (sha256)."""
     prefix = job.root / f"seed{job.seed}-prefix"
-    if not job.forks_prefix:  # the warm start's evaluation in the prefix, the run's in its own
+    if not RUN_KINDS[job.command].forks_prefix:  # warm start's eval in the prefix, the run's own
         (warm,), (final,) = (sorted((folder / "eval").glob("*.outcomes.json"))
                              for folder in (prefix, run))
         minutes, prefix_minutes = seconds / 60, json.loads((prefix / "minutes.json").read_text())
