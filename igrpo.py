@@ -287,29 +287,41 @@ def run_grpo(session: Session) -> Path:
     splits = w.splits()
     start = warm_start(session)
     reward = make_reward(w, load_tokenizer(start, w.stage.model), w.reward)
-    logger = session.logger("grpo")
+    folder = policy_folder(session.cfg.run, session.cfg.policy.algorithm)
+    logger = session.logger(folder)
     try:
         return w.train_policy(session.run.path, start, reward, splits.rl, splits.eval, logger,
-                              session.config_yaml)
+                              session.config_yaml, out_name=folder)
     finally:
         logger.close()
 
 
+def policy_folder(run, algorithm: str) -> str:
+    """The folder of run section `run`'s run that `igrpo grpo`'s stage writes: named for
+    `policy.algorithm` (`stage_folder`)."""
+    from iteration.resolve import stage_folder
+
+    return stage_folder(Path(run.root) / run.name, algorithm)
+
+
 def newest_export(run: Path, patterns: tuple[str, ...]) -> Path | None:
     """The most recently written model among a run's exports matching `patterns` (a stage
-    command's own, e.g. grpo/final, or those `iterate` wrote, grpo/iteration-k/final)."""
+    command's own, e.g. grpo/final or ppo/final, or those `iterate` wrote,
+    grpo/iteration-k/final)."""
     found = [p for pattern in patterns for p in run.glob(pattern) if (p / "config.json").exists()]
     return max(found, key=lambda p: (p / "config.json").stat().st_mtime, default=None)
 
 
 def run_eval(session: Session, checkpoint: Path | None = None) -> dict:
     from iteration import stages
+    from policy.algorithms import TRAINERS
     from runtime.rundir import atomic_write_json
 
     cfg = session.cfg
     if checkpoint is None:
         checkpoint = Path(cfg.eval.checkpoint) if cfg.eval.checkpoint else newest_export(
-            session.run.path, ("grpo/final", "grpo/iteration-*/final", "sft/best"))
+            session.run.path, (*(f"{a}/final" for a in TRAINERS),
+                               *(f"{a}/iteration-*/final" for a in TRAINERS), "sft/best"))
     if checkpoint is None:
         raise SystemExit("nothing to evaluate: set eval.checkpoint=PATH or train first")
     w = session.wiring
@@ -480,10 +492,11 @@ COMMANDS = {
                    ("run", "data", "model", "deepspeed", "sft"), run_sft, lambda cfg: "sft",
                    example="igrpo sft --config configs/tiny.yaml model.policy_path= "
                            "sft.enabled=true"),
-    "grpo": Command("GRPO alone from the warm start, rewarded by policy.reward -> <run>/grpo/final",
+    "grpo": Command("GRPO (or the policy.algorithm of --recipe) alone from the warm start, "
+                    "rewarded by policy.reward -> <run>/<policy.algorithm>/final",
                     ("run", "data", "model", "deepspeed", "sft", "policy", "grpo", "ppo", "rft",
                      "controls", "inspect", "watch", "eval", "rollout"),
-                    run_grpo, lambda cfg: "grpo",
+                    run_grpo, lambda cfg: policy_folder(cfg.run, cfg.policy.algorithm),
                     example="igrpo grpo --config configs/tiny.yaml --recipe dapo "
                             "policy.group_size=16"),
     "eval": Command("held-out greedy, mean@k, maj@k, pass@k with 95% intervals of "

@@ -27,7 +27,7 @@ from typing import Callable
 from iteration import stages
 from iteration.manifest import Manifest
 from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
-from iteration.resolve import Resolved, make_reward
+from iteration.resolve import Resolved, make_reward, stage_folder
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, step_means, watch_ends, write_summary
 from policy.algorithms.sft import train_sft
@@ -51,6 +51,8 @@ class IterationRun:
         self.w, self.run, self.base = w, run_path, base_policy
         self.splits, self.make_logger, self.config_yaml = splits, make_logger, config_yaml
         self.manifest = Manifest(run_path / "manifest.json", w.seed, write=is_main())
+        self.policy_folder = stage_folder(run_path, w.algorithm)
+        """Where the policy stages go (`grpo/iteration-K`, `ppo/iteration-K`, ...)."""
         if w.evals.prm_benchmark:  # a bad benchmark file stops the run before any work
             stages.prm_benchmark(w.evals.prm_benchmark)
 
@@ -121,9 +123,9 @@ class IterationRun:
         """GRPO from `policy` with the reference reset to it, rewarded by the current RMs
         (RM_{rm_iteration}), from step `offset` of the RL question stream on (where the previous
         GRPO unit left it). `segment` > 0: the `steps` left of iteration k after a guard fired
-        `refresh` (`grpo/iteration-K.J`)."""
+        `refresh` (`<policy folder>/iteration-K.J`)."""
         tokenizer = load_tokenizer(policy, self.w.stage.model)
-        folder = f"grpo/iteration-{k}" + (f".{segment}" if segment else "")
+        folder = f"{self.policy_folder}/iteration-{k}" + (f".{segment}" if segment else "")
         logger = self.make_logger(folder)
         try:
             final = self.w.policy_trainer(offset, self._policy_after(0), steps)(
@@ -303,7 +305,7 @@ class IterationRun:
         """Iteration k's GRPO step rows, over its units in order."""
         folders = [f"iteration-{name.split('/')[1]}" for name in self._grpo_units(k)]
         return [r for folder in folders
-                for r in read_metrics(self.run / "grpo" / folder / "metrics.jsonl")
+                for r in read_metrics(self.run / self.policy_folder / folder / "metrics.jsonl")
                 if "train/loss" in r]
 
     def _grpo_means(self, k: int) -> dict:

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Callable
+
+import yaml
 
 from configs.schema import DataConfig, EvalConfig, IterateConfig, LabelConfig, SFTConfig
 
@@ -121,6 +124,8 @@ class Resolved:
     train_policy: Callable
     """train(run_path, policy_path, reward_fn, rl_records, eval_records, logger, config_yaml,
     **options): that method's trainer with `stage` and `method` bound."""
+    algorithm: str
+    """`policy.algorithm`: its trainer's, and its stages' folder's, name (`stage_folder`)."""
     per_step: bool
     reward: str
     """`policy.reward` (`igrpo grpo`'s reward: rule, step_oracle, rm; see `make_reward`)."""
@@ -169,7 +174,8 @@ def resolve(cfg) -> Resolved:
         inspect=cfg.inspect, watch=cfg.watch)
     method = _method_spec(cfg)
     return Resolved(seed, stage, method,
-                  partial(TRAINERS[p.algorithm], stage, method), per_step(p.supervision),
+                  partial(TRAINERS[p.algorithm], stage, method), p.algorithm,
+                  per_step(p.supervision),
                   p.reward, rm_spec(cfg.rm, cfg.model, cfg.deepspeed, seed, cfg.run.name),
                   cfg.data, cfg.eval, cfg.label, cfg.sft, cfg.iterate)
 
@@ -209,3 +215,18 @@ def grpo_reward_problem(w: Resolved) -> str | None:
         return ("policy.supervision=process needs step rewards: set policy.reward=step_oracle, "
                 "or run `igrpo iterate` (which rewards with the PRM)")
     return None
+
+
+def stage_folder(run_path: Path, algorithm: str) -> str:
+    """The folder of a run that its policy stage of `algorithm` (`policy.algorithm`) writes:
+    named for the algorithm (`grpo/`, `ppo/`, `t_ppo/`, `dpo/`, `online_dpo/`, `offline_rft/`;
+    the outer loop's stages go in it as `iteration-K/`). Runs made while every algorithm wrote
+    into `grpo/` resume there: a `grpo/` whose recorded config (its own, else the run's) names
+    `algorithm`, beside no folder of the algorithm's name."""
+    if algorithm == "grpo" or (run_path / algorithm).exists() or not (run_path / "grpo").is_dir():
+        return algorithm
+    for recorded in (run_path / "grpo" / "config.yaml", run_path / "config.yaml"):
+        if recorded.exists():
+            policy = (yaml.safe_load(recorded.read_text(encoding="utf-8")) or {}).get("policy")
+            return "grpo" if (policy or {}).get("algorithm", "grpo") == algorithm else algorithm
+    return algorithm

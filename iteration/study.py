@@ -57,6 +57,16 @@ class Job:
     recipe: str = ""
     command: str = "iterate"
 
+    def policy_folder(self, overrides: list[str]) -> str:
+        """Its run's folder of policy stages (`grpo`, `ppo`, ...: `policy.algorithm` under the
+        study's `overrides` and the arm's own)."""
+        from configs import load_config
+        from iteration.resolve import stage_folder
+
+        config = self.config if Path(self.config).is_absolute() else str(ROOT / self.config)
+        cfg = load_config(config, [*overrides, *self.args], recipe=self.recipe or None)
+        return stage_folder(self.root / f"seed{self.seed}-{self.arm}", cfg.policy.algorithm)
+
 
 def igrpo_command(config: str, root: Path, name: str, seed: int, overrides: list[str],
                     processes: int = 1, command: str = "iterate", recipe: str = "") -> list[str]:
@@ -270,7 +280,8 @@ class Schedule:
                 igrpo_command(j.config, j.root, run.name, j.seed, [*overrides, *j.args],
                                 processes, j.command, j.recipe),
                 self.eval_command(j.task, j.root, run.name, j.seed,
-                                  str(run.resolve() / "grpo" / "final"), j.args)]))
+                                  str(run.resolve() / j.policy_folder(overrides) / "final"),
+                                  j.args)]))
         start_arm(j.root / f"seed{j.seed}-prefix", run, j.args, self.reward_models(j))
         return executor.submit(command_function(igrpo_command(
             j.config, j.root, run.name, j.seed, [*overrides, *j.args], processes)))
@@ -531,18 +542,19 @@ def finished(run: Path) -> bool:
     return len(json.loads((run / "summary.json").read_text())["iterations"]) == planned + 1
 
 
-def proxy_and_gold(run: Path) -> dict[str, list]:
-    """Per GRPO step of every iteration in order, the proxy reward (`reward/mean`: what the run
-    is trained on) and the gold one (`reward/accuracy`: the share of the step's samples whose
-    final answer is right); `ends`: the steps at which each iteration ends."""
+def proxy_and_gold(run: Path, folder: str = "grpo") -> dict[str, list]:
+    """Per policy step of every iteration in order (the stages in the run's `folder`), the
+    proxy reward (`reward/mean`: what the run is trained on) and the gold one
+    (`reward/accuracy`: the share of the step's samples whose final answer is right); `ends`:
+    the steps at which each iteration ends."""
     from runtime.tracking import read_metrics
 
     proxy, gold, ends = [], [], []
-    stages = [run / "grpo" / "metrics.jsonl"] if (run / "grpo" / "metrics.jsonl").exists() \
+    stages = [run / folder / "metrics.jsonl"] if (run / folder / "metrics.jsonl").exists() \
         else []  # (`igrpo grpo`'s one stage; `iterate`'s below)
     k = 1
-    while (run / "grpo" / f"iteration-{k}" / "metrics.jsonl").exists():
-        stages.append(run / "grpo" / f"iteration-{k}" / "metrics.jsonl")
+    while (run / folder / f"iteration-{k}" / "metrics.jsonl").exists():
+        stages.append(run / folder / f"iteration-{k}" / "metrics.jsonl")
         k += 1
     for metrics in stages:
         rows = [r for r in read_metrics(metrics) if "reward/mean" in r]
@@ -558,23 +570,27 @@ def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
     every arm shared (`overrides`, less how it ran: run.threads), the question stream and, for a
     strong arm, its reward models' weights (sha256)."""
     prefix = job.root / f"seed{job.seed}-prefix"
+    folder = job.policy_folder(overrides)
     if not RUN_KINDS[job.command].forks_prefix:  # warm start's eval in the prefix, the run's own
         (warm,), (final,) = (sorted((folder / "eval").glob("*.outcomes.json"))
                              for folder in (prefix, run))
         minutes, prefix_minutes = seconds / 60, json.loads((prefix / "minutes.json").read_text())
         last = {}
+        done = json.loads((run / folder / "done.json").read_text())
+        steps = {"steps": done.get("steps")}  # what a wall-clock budget allowed
     else:
         evals = sorted((run / "eval").glob("iteration-*.json"),
                        key=lambda p: int(p.stem.split("-")[1]))
         warm, final = evals[0], evals[-1]
         minutes, prefix_minutes = compute_minutes(run, prefix), compute_minutes(prefix)
         last = json.loads((run / "summary.json").read_text())["iterations"][-1]
-    rewards = proxy_and_gold(run)
+        steps = {}
+    rewards = proxy_and_gold(run, folder)
     proxy, gold = ([round(x, 5) for x in rewards[key]] for key in ("proxy", "gold"))
     return {"task": job.task, "arm": job.arm, "seed": job.seed,
             "config": job.config, "overrides": job.args,
             **({"recipe": job.recipe} if job.recipe else {}),
-            "minutes": round(minutes, 2), "prefix_minutes": round(prefix_minutes, 2),
+            "minutes": round(minutes, 2), "prefix_minutes": round(prefix_minutes, 2), **steps,
             "common_overrides": common_overrides(overrides),
             "question_stream": QUESTION_STREAM,
             **({"strong_sha256": {k: weights_sha256(v) for k, v in _paths(reward_models).items()}}

@@ -130,7 +130,8 @@ def _runs_section(study: Study, runs: dict, tasks: list[str]) -> list[str]:
     lines = ["", "## Every training run", "",
              "mean@4 of each run after RL, seed by seed, and in brackets its gold reward (the "
              f"share of GRPO's samples answered right) over the first and the last {WINDOW} GRPO "
-             "steps.",
+             "steps" + ("; in square brackets the policy steps the run took (what its budget "
+                        "allowed)" if any("steps" in r for r in runs.values()) else "") + ".",
              "", "| task | arm | " + " | ".join(f"seed {s}" for s in seeds) + " |",
              "|---|---|" + "---|" * len(seeds)]
     for task in tasks:
@@ -151,6 +152,8 @@ def _runs_section(study: Study, runs: dict, tasks: list[str]) -> list[str]:
                 ends = _ends(record["grpo"]["gold"])
                 if ends:
                     cell += f" ({ends[0]:.2f} -> {ends[1]:.2f})"
+                if record.get("steps") is not None:
+                    cell += f" [{record['steps']} steps]"
                 cells.append(cell)
             if any(c != "-" for c in cells):
                 lines.append(f"| {task} | {arm} | " + " | ".join(cells) + " |")

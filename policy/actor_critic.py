@@ -18,11 +18,12 @@ from configs.schema import PolicyConfig, PPOConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.engines import Sampler, forward_logprobs, policy_engines, reference_logprobs
-from policy.evaluate import due_evaluation, make_evaluator
-from policy.sampling import make_sample, sampling_seed, step_questions
+from policy.evaluate import make_evaluator
+from policy.sampling import make_sample, rollout_key, sampling_seed, step_questions
 from policy.math.value import (clipped_value_loss, gae, kl_penalty_rewards, last_token_rewards,
                                length_adaptive_lambda, positive_nll, step_end_rewards, whiten)
 from policy.rewards import RewardFn, ValueSource
+from policy.skeleton import end_step, finish_stage, stage_trainer
 from policy.stage import PolicyStage, PPOSpec
 from runtime.checkpoint import export
 from runtime.data import MathRecord
@@ -113,7 +114,7 @@ def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, r
     targets. `lam_critic`: in place of `ppo.lam_critic` (value pretraining's 1.0);
     `last_values`: T-PPO's bootstrap for unfinished rows; `loss_mask`: the tokens trained
     (default: every completion token)."""
-    p = spec.settings
+    ppo = spec.settings
     mask = rollout.completion_mask.float()
     width = mask.shape[1]
     if spec.per_step:
@@ -122,14 +123,14 @@ def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, r
     else:
         placed = last_token_rewards(rewards, mask)
     token_rewards = placed + kl_penalty_rewards(old_logprobs, ref_logprobs, mask, beta)
-    lam = length_adaptive_lambda(rollout.lengths, p.length_adaptive_alpha) \
-        if p.length_adaptive_alpha else p.lam_actor
-    advantages, _ = gae(token_rewards, values, mask, p.gamma, lam, last_values)
-    _, returns = gae(token_rewards, values, mask, p.gamma,
-                     p.lam_critic if lam_critic is None else lam_critic, last_values)
+    lam = length_adaptive_lambda(rollout.lengths, ppo.length_adaptive_alpha) \
+        if ppo.length_adaptive_alpha else ppo.lam_actor
+    advantages, _ = gae(token_rewards, values, mask, ppo.gamma, lam, last_values)
+    _, returns = gae(token_rewards, values, mask, ppo.gamma,
+                     ppo.lam_critic if lam_critic is None else lam_critic, last_values)
     trained = mask if loss_mask is None else loss_mask.float()
     num_tokens = global_sum(float(trained.sum()))
-    if p.whiten_advantages:
+    if ppo.whiten_advantages:
         mean = global_sum(float((advantages * trained).sum())) / max(num_tokens, 1.0)
         var = global_sum(float((((advantages - mean) * trained) ** 2).sum())) \
             / max(num_tokens, 1.0)
@@ -138,8 +139,8 @@ def ppo_targets(rollout: Rollout, scores, rewards: torch.Tensor, old_logprobs, r
                    num_tokens)
 
 
-def critic_step(trainer: StageLoop, critic, rollout: Rollout, targets: Targets, p: PPOConfig, plan,
-                where: str) -> dict:
+def critic_step(trainer: StageLoop, critic, rollout: Rollout, targets: Targets, ppo: PPOConfig,
+                plan, where: str) -> dict:
     """One optimizer step of the critic on the clipped value loss."""
     stats = {"value_loss": 0.0}
     mask = targets.mask
@@ -148,7 +149,7 @@ def critic_step(trainer: StageLoop, critic, rollout: Rollout, targets: Targets, 
         values = state_values(critic, rollout.rows(torch.arange(rows.start, min(
             rows.stop, mask.shape[0]), device=mask.device)))
         loss = clipped_value_loss(values, targets.old_values[rows], targets.returns[rows],
-                                  mask[rows], p.value_clip, max(targets.num_tokens, 1.0))
+                                  mask[rows], ppo.value_clip, max(targets.num_tokens, 1.0))
         stats["value_loss"] += loss.item()
         return rank_loss(loss, world()[1])
 
@@ -158,7 +159,7 @@ def critic_step(trainer: StageLoop, critic, rollout: Rollout, targets: Targets, 
 
 
 def actor_step(trainer: StageLoop, rollout: Rollout, targets: Targets, right: torch.Tensor,
-               g: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
+               p: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
     """One optimizer step of the policy: `policy.loss`'s clipped surrogate on the GAE advantages
     (no KL term: it is in the rewards), plus VAPO's LM loss on right samples."""
     engine, world_size = trainer.engine, world()[1]
@@ -173,9 +174,9 @@ def actor_step(trainer: StageLoop, rollout: Rollout, targets: Targets, right: to
         old = logprobs.detach() if targets.old_logprobs is None else targets.old_logprobs[rows]
         result = spec.loss(
             logprobs, old, None, targets.advantages[rows], mask[rows],
-            clip_eps_low=g.clip_eps, clip_eps_high=g.clip_eps_high, beta=0.0,
+            clip_eps_low=p.clip_eps, clip_eps_high=p.clip_eps_high, beta=0.0,
             num_sequences=num_sequences, num_tokens=max(targets.num_tokens, 1.0),
-            max_tokens=g.max_new_tokens)
+            max_tokens=p.max_new_tokens)
         loss = result.loss
         if spec.settings.positive_nll_weight:
             nll = positive_nll(logprobs, mask[rows], right[rows], right_tokens)
@@ -204,17 +205,17 @@ def rollout_logprobs(trainer: StageLoop, rollout: Rollout, reference, mu: int, p
 
 
 def train_passes(trainer: StageLoop, critic, rollout: Rollout, targets: Targets,
-                 right: torch.Tensor, g: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
+                 right: torch.Tensor, p: PolicyConfig, spec: PPOSpec, plan, where: str) -> dict:
     """`policy.mu` passes of one policy and one critic step each; their stats averaged."""
     trainer.engine.train()
     critic.train()
     stats: dict = {}
-    for update in range(g.mu):
+    for update in range(p.mu):
         at = f"{where}, update {update + 1}"
-        for key, value in {**actor_step(trainer, rollout, targets, right, g, spec, plan, at),
+        for key, value in {**actor_step(trainer, rollout, targets, right, p, spec, plan, at),
                            **critic_step(trainer, critic, rollout, targets, spec.settings, plan,
                                          at)}.items():
-            stats[key] = stats.get(key, 0.0) + value / g.mu
+            stats[key] = stats.get(key, 0.0) + value / p.mu
     return stats
 
 
@@ -277,21 +278,20 @@ def value_stage(stage: PolicyStage, spec: PPOSpec, out: Path, desc: str, policy_
     """Build a value-based stage in `out`: the policy and reference engines, the critic (after
     VC-PPO's value pretraining where `ppo.value_pretrain_steps` asks for it), and a trainer
     whose wall-clock budget (`policy.max_minutes`) is what value pretraining left."""
-    g, p = stage.policy, spec.settings
+    p, ppo = stage.policy, spec.settings
     tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
     sampler = Sampler(engine, None, stage.vllm, policy_path)
     pretrained = pretrain_values(stage, spec, out, sampler, policy_path, reward_fn, rl_records,
-                                 plan) if p.value_pretrain_steps else None
+                                 plan) if ppo.value_pretrain_steps else None
     critic = build_engine(load_critic(stage, spec, policy_path, reward_fn, pretrained),
-                          stage.deepspeed, lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
+                          stage.deepspeed, lr=ppo.critic_lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     fmt = stage.prompts
-    budget = g.max_minutes * 60
+    budget = p.max_minutes * 60
     if budget and pretrained is not None:
         budget = max(budget - pretrain_seconds(pretrained), 1e-3)
-    trainer = StageLoop(out, engine, logger, g.steps, desc=desc, max_seconds=budget,
-                      companions={"critic": critic},
-                      fresh_state={"sample_seed": sampling_seed()})
+    trainer = stage_trainer(stage, out, engine, logger, desc, max_seconds=budget,
+                            companions={"critic": critic})
     sampler.trainer = trainer
     evaluate = make_evaluator(stage.evaluation, sampler, tokenizer, eval_records, fmt, trainer,
                               evaluate_ends)
@@ -299,27 +299,20 @@ def value_stage(stage: PolicyStage, spec: PPOSpec, out: Path, desc: str, policy_
 
 
 def end_value_step(stage: ValueStage, metrics: dict, timing: dict, started: float,
-                   g: PolicyConfig, evaluate_ends: bool) -> None:
+                   p: PolicyConfig, evaluate_ends: bool) -> None:
     """Close a step: its update's seconds, the optimizer step count, the metrics (with the
     evaluation due), and the state when a save is due."""
-    trainer = stage.trainer
     timing["update"] = time.perf_counter() - started - timing["rollout"] - timing["scoring"]
-    trainer.advance()
+    stage.trainer.advance()
     metrics.update({"train/lr": current_lr(stage.engine), "time/rollout": timing["rollout"],
                     "time/scoring": timing["scoring"], "time/update": timing["update"]})
-    metrics.update(due_evaluation(trainer, g, stage.evaluate, evaluate_ends))
-    trainer.log(metrics)
-    if trainer.due(g.save_every):
-        trainer.save()
+    end_step(stage.trainer, metrics, p, stage.evaluate, evaluate_ends)
 
 
 def finish_value_stage(stage: ValueStage, out: Path, config_yaml: str) -> Path:
     """Export the critic (`<out>/critic`) and the policy (`<out>/final`); returns the latter."""
-    export(stage.critic, stage.tokenizer, out / "critic", config_yaml)
-    stage.trainer.finish(stage.tokenizer, out / "final", config_yaml,
-                         {"steps": stage.trainer.step,
-                          "seconds": stage.trainer.state.get("seconds", 0.0)})
-    return out / "final"
+    return finish_stage(stage.trainer, stage.sampler, stage.tokenizer, out, config_yaml,
+                        lambda: export(stage.critic, stage.tokenizer, out / "critic", config_yaml))
 
 
 def pretrain_seconds(critic_path: Path) -> float:
@@ -335,41 +328,41 @@ def pretrain_values(stage: PolicyStage, spec: PPOSpec, out: Path, sampler: Sampl
     steps on samples of the starting policy (`sampler`, not trained meanwhile), fit to lambda =
     1 targets (Monte Carlo returns). Its own resumable stage `<out>/value-pretrain`, on
     questions of a stream the PPO steps do not draw from; returns the critic's export."""
-    g, p, seed = stage.policy, spec.settings, stage.seed
+    p, ppo, seed = stage.policy, spec.settings, stage.seed
     folder = out / "value-pretrain"
     if stage_done(folder):
         return folder / "critic"
     rank, world_size = world()
     tokenizer = load_tokenizer(policy_path, stage.model)
     critic = build_engine(load_critic(stage, spec, policy_path, reward_fn), stage.deepspeed,
-                          lr=p.critic_lr, micro_batch_size=plan.micro_batch_size,
+                          lr=ppo.critic_lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     # its metrics go to a file of its own: the PPO stage's logger rewinds to PPO's steps
     own = MetricsLogger(folder / "metrics.jsonl", config={}, mode="disabled", project="",
                         name="value-pretrain")
-    trainer = StageLoop(folder, critic, own, p.value_pretrain_steps, desc="value pretraining",
-                      max_seconds=g.max_minutes * 60, fresh_state={"sample_seed": sampling_seed()})
+    trainer = StageLoop(folder, critic, own, ppo.value_pretrain_steps, desc="value pretraining",
+                      max_seconds=p.max_minutes * 60, fresh_state={"sample_seed": sampling_seed()})
     sampler.trainer = trainer
     sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,
-                         g.questions_per_step // world_size, {"rollout": 0.0, "scoring": 0.0})
+                         p.questions_per_step // world_size, {"rollout": 0.0, "scoring": 0.0})
     while trainer.running():
         step = trainer.step
-        sampled = sample(step_questions(rl_records, step, g.questions_per_step,
+        sampled = sample(step_questions(rl_records, step, p.questions_per_step,
                                         derive_seed(seed, "value-pretrain")),
-                         (trainer.state.get("sample_seed", seed), step))
+                         rollout_key(trainer.state.get("sample_seed", seed), step))
         sampler.rest()
         critic.eval()
         values = forward_values(critic.module, sampled.rollout, plan.micro_batch_size)
         targets = ppo_targets(sampled.rollout, sampled.scores, sampled.rewards,
-                              torch.zeros_like(values), None, values, g.beta, spec,
+                              torch.zeros_like(values), None, values, p.beta, spec,
                               lam_critic=1.0)
         critic.train()
-        stats = critic_step(trainer, critic, sampled.rollout, targets, p, plan,
+        stats = critic_step(trainer, critic, sampled.rollout, targets, ppo, plan,
                             f"value pretraining step {step + 1}")
         trainer.advance()
         trainer.log({"critic/pretrain_value_loss": stats["value_loss"],
                      "critic/pretrain_grad_norm": stats["critic_grad_norm"]})
-        if trainer.due(g.save_every):
+        if trainer.due(p.save_every):
             trainer.save()
     trainer.finish(tokenizer, folder / "critic", "",
                    {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from configs.batching import plan_grpo_batch
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.stage import PolicyStage, VLLMSettings
+from runtime.batching import plan_grpo_batch
 from runtime.dist import world
 from runtime.engine import build_engine, build_inference_engine, gathered_for_generation
 from runtime.memory import memory_phase

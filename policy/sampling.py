@@ -51,8 +51,16 @@ def refill_questions(records: list[MathRecord], step: int, round_: int, per_step
 def sampling_seed() -> int:
     """A stage's sampling seed, drawn from the random state the stage starts in (the outer loop
     seeds each unit from its name) and kept in the stage's saved state: the rollouts of step s
-    are seeded from (it, s), whatever ran before and however many processes run."""
+    are seeded from `rollout_key`(it, s), whatever ran before and however many processes run."""
     return broadcast_from_main(int(torch.randint(2**31 - 1, ())))
+
+
+def rollout_key(sample_seed: int, step: int, round_: int = 0) -> tuple[int, int, int]:
+    """The key of a step's rollouts, one convention for every algorithm that samples per step
+    (GRPO and its recipes, DPO, PPO and its value pretraining): (the stage's sampling seed, the
+    step, the round: 0, then dynamic sampling's refills 1, 2, ...). `rollout_step` seeds each
+    sample from it and the sample's index in the step."""
+    return sample_seed, step, round_
 
 
 def rollout_step(sampler: Sampler, tokenizer, prompts: list[str], g: PolicyConfig, key: tuple = (),

@@ -19,7 +19,6 @@ from typing import Callable
 
 import torch
 
-from configs.batching import plan_batch
 from configs.schema import DeepSpeedConfig, ModelConfig, RewardModelConfig
 from process_supervision.formats import StepExample, StepRows
 from reward_model.backbone import added_layer_parameters, deepen
@@ -33,6 +32,7 @@ from reward_model.packing import (packed_class_margins, packed_tag_margins, ques
                                   shared_prefixes)
 from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
+from runtime.batching import plan_batch
 from runtime.dist import broadcast_from_main, global_sum, is_main, world
 from runtime.engine import build_engine, current_lr, gathered_for_generation, rank_loss
 from runtime.models import load_causal_lm, load_tokenizer

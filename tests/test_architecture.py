@@ -235,3 +235,28 @@ def test_every_seed_is_derived_in_one_place():
              if path.relative_to(ROOT) != Path("runtime/seeds.py")
              for hit in _seed_arithmetic(path)]
     assert found == []
+
+
+def _sample_calls_without_rollout_key(path: Path) -> list[str]:
+    """Calls of a step sampler (`make_sample(...)(questions, key)` or its name) whose key is not
+    `rollout_key(...)`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call) or len(node.args) != 2:
+            continue
+        made = isinstance(node.func, ast.Call) \
+            and getattr(node.func.func, "id", "") == "make_sample"
+        named = isinstance(node.func, ast.Name) and node.func.id == "sample"
+        key = node.args[1]
+        if (made or named) and not (isinstance(key, ast.Call)
+                                    and getattr(key.func, "id", "") == "rollout_key"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_algorithm_keys_its_rollouts_one_way():
+    """GRPO, DPO, PPO and PPO's value pretraining seed a step's rollouts from one key,
+    `policy.sampling.rollout_key(sampling seed, step, round)`, not each its own tuple."""
+    files = _sources("policy")
+    assert sum("rollout_key(" in p.read_text() for p in files) >= 5  # the convention and 4 users
+    assert [hit for path in files for hit in _sample_calls_without_rollout_key(path)] == []

@@ -3,7 +3,7 @@
 import pytest
 
 from configs import CONFIG_DIR, ConfigError, load_config
-from configs.batching import plan_grpo_batch
+from runtime.batching import plan_grpo_batch
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

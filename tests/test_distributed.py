@@ -237,9 +237,10 @@ def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, ranks, base, re
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["train/grad_norm"] > 0 and one.get("dpo/pairs", 1) > 0
     assert one.get("dpo/margin", 1) != 0  # the reference forward ran
-    _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
+    folder = "dpo" if "dpo" in recipe else "grpo"  # train_dpo's own folder (gspo is GRPO's)
+    _same_weights(out1 / folder / "final", out2 / folder / "final")
     # ... and the steps moved the weights far past the comparison's tolerance
-    start, end = _weights(Path(base)), _weights(out1 / "grpo" / "final")
+    start, end = _weights(Path(base)), _weights(out1 / folder / "final")
     moved = torch.cat([(end[k] - start[k]).abs().flatten() for k in end])
     assert moved.median() > 100 * TOL["atol"]
 
@@ -261,8 +262,8 @@ def test_ppo_step_two_processes_equal_one(tmp_path, ranks, base):
                 "rollout/length_mean"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     assert one["critic/grad_norm"] > 0 and one["train/grad_norm"] > 0
-    _same_weights(out1 / "grpo" / "final", out2 / "grpo" / "final")
-    _same_weights(out1 / "grpo" / "critic", out2 / "grpo" / "critic")
+    _same_weights(out1 / "ppo" / "final", out2 / "ppo" / "final")
+    _same_weights(out1 / "ppo" / "critic", out2 / "ppo" / "critic")
 
 
 @pytest.mark.slow

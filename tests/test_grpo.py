@@ -138,7 +138,7 @@ def test_overlong_penalty_reaches_process_advantages():
 def test_empty_step_leaves_weights_and_optimizer_state_unchanged(tmp_path):
     """A step whose every group was dropped (dynamic sampling found no signal) must not call
     AdamW: after one real step its momentum is non-zero and would move the weights again."""
-    from configs.batching import plan_grpo_batch
+    from runtime.batching import plan_grpo_batch
     from policy.algorithms.grpo import StepBatch, update_step
     from runtime.engine import build_engine
     from runtime.models import load_causal_lm
@@ -238,7 +238,7 @@ def test_each_mini_batch_step_sees_its_rows_and_its_own_normalisers(tmp_path, mo
     (6, 7) for the second, each with its mini-batch's kept sequences (3, then 4) and tokens."""
     import dataclasses
 
-    from configs.batching import plan_grpo_batch
+    from runtime.batching import plan_grpo_batch
     from policy.algorithms.grpo import StepBatch, update_step
     from policy.math.losses import POLICY_LOSSES
     from runtime.engine import build_engine

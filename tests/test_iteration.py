@@ -199,9 +199,9 @@ def test_iterate_runs_ppo_with_a_critic_from_the_reward_model(tmp_path):
     run = tmp_path / "tiny"
     summary = json.loads((run / "summary.json").read_text())
     assert [entry["iteration"] for entry in summary["iterations"]] == [0, 1]
-    metrics = [json.loads(line) for line in open(run / "grpo" / "iteration-1" / "metrics.jsonl")]
+    metrics = [json.loads(line) for line in open(run / "ppo" / "iteration-1" / "metrics.jsonl")]
     assert metrics and all("critic/value_loss" in row for row in metrics)
-    head = load_file(str(run / "grpo" / "iteration-1" / "critic" / "model.safetensors"))[
+    head = load_file(str(run / "ppo" / "iteration-1" / "critic" / "model.safetensors"))[
         "score.weight"][0]
     # the PRM the GRPO stage was rewarded by: its '+' minus '-' rows, where the head started
     prm = run / "rm-prm" / "iteration-0" / "final"

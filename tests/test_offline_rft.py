@@ -33,20 +33,20 @@ def test_offline_rft_keeps_the_right_samples_and_resumes(tmp_path):
 
     start = cfg.model.policy_path
     final = resolve(cfg).train_policy(tmp_path, start, reward, splits.rl, splits.eval, logger, "")
-    rows = [json.loads(line) for line in open(tmp_path / "grpo" / "samples.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "offline_rft" / "samples.jsonl")]
     assert len(rows) == 2 * 2 * 4 and calls == [8, 8]
     right = [r for r in rows if r["right"]]
     assert 0 < len(right) < len(rows)  # the warm start is right on some samples, not all
     from tasks.grading import grade
     assert all(grade(r["text"], r["answer"]) == r["right"] for r in rows)
-    done = json.loads((tmp_path / "grpo" / "done.json").read_text())
+    done = json.loads((tmp_path / "offline_rft" / "done.json").read_text())
     assert (done["samples"], done["kept"]) == (16, len(right))
     metrics = read_metrics(tmp_path / "m.jsonl")
     assert metrics[-1]["rft/kept"] == len(right)
     assert not torch.equal(load_causal_lm(start).lm_head.weight,
                            load_causal_lm(final).lm_head.weight)
     # a crash after sampling: the samples are reused, nothing is drawn again
-    (tmp_path / "grpo" / "done.json").unlink()
+    (tmp_path / "offline_rft" / "done.json").unlink()
     resolve(cfg).train_policy(tmp_path, start, reward, splits.rl, splits.eval, logger, "")
     assert calls == [8, 8]
 

@@ -37,7 +37,8 @@ def test_every_value_recipe_trains_the_policy_and_the_critic(tmp_path, recipe):
                            load_causal_lm(final).lm_head.weight)
     critic = load_file(str(final.parent / "critic" / "model.safetensors"))
     assert critic["score.weight"].abs().sum() > 0  # the zero-initialised head learned
-    pretrain = tmp_path / "grpo" / "value-pretrain"
+    assert final.parent == tmp_path / ("t_ppo" if recipe == "t_ppo" else "ppo")
+    pretrain = final.parent / "value-pretrain"
     assert (pretrain / "done.json").exists() == (recipe in ("vc_ppo", "vapo"))
     if recipe in ("vc_ppo", "vapo"):
         losses = [r["critic/pretrain_value_loss"] for r in read_metrics(pretrain / "metrics.jsonl")]
@@ -67,7 +68,7 @@ def test_ppo_resumes_bitwise_after_a_crash(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     steps = [r["step"] for r in read_metrics(crashed / "m.jsonl")]
     assert steps == [1, 2, 3]
-    assert json.loads((crashed / "grpo" / "done.json").read_text())["steps"] == 3
+    assert json.loads((crashed / "ppo" / "done.json").read_text())["steps"] == 3
 
 
 def test_critic_from_the_reward_model_starts_at_its_logit_margin(tmp_path):

@@ -139,3 +139,25 @@ def test_every_shipped_recipe_trains_a_step(tmp_path, recipe):
     row = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r][-1]
     assert torch.isfinite(torch.tensor(row["train/loss"]))
     assert weights_differ(base, final)
+
+
+def test_each_algorithm_has_its_own_run_folder_and_older_runs_resume_in_grpo(tmp_path):
+    """A policy stage writes into a folder named for `policy.algorithm`; a run made when every
+    algorithm wrote into `grpo/` (its recorded config naming the algorithm, no folder of the
+    algorithm's name) resumes there; a `grpo/` of another algorithm is not taken."""
+    from iteration.resolve import stage_folder
+    from policy.algorithms import TRAINERS
+
+    run = tmp_path / "run"
+    assert {a: stage_folder(run, a) for a in TRAINERS} == {a: a for a in TRAINERS}
+    (run / "grpo").mkdir(parents=True)
+    (run / "config.yaml").write_text("policy:\n  algorithm: ppo\n")
+    assert stage_folder(run, "ppo") == "grpo"  # an older PPO run, recorded in the run's config
+    assert stage_folder(run, "online_dpo") == "online_dpo"
+    (run / "grpo" / "config.yaml").write_text("policy:\n  algorithm: grpo\n")
+    assert stage_folder(run, "ppo") == "ppo"  # the folder's own config names GRPO
+    (run / "grpo" / "config.yaml").write_text("policy:\n  algorithm: dpo\n")
+    assert stage_folder(run, "dpo") == "grpo"
+    (run / "dpo").mkdir()
+    assert stage_folder(run, "dpo") == "dpo"  # once its own folder exists, always that one
+    assert stage_folder(run, "grpo") == "grpo"

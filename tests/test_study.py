@@ -507,19 +507,21 @@ def test_a_failed_run_stops_the_study_with_its_error(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_grpo_study_evaluates_each_seeds_warm_start_once_and_each_run_after_its_stage(
         tmp_path):
-    """configs/studies/ceiling.yaml (`command: grpo`) with an arm under a recipe, one seed of the
-    tiny task at a small budget, on submitit's local executor: each run is `igrpo grpo` then
-    `igrpo eval`, the seed's warm start evaluated once in its prefix; the kept results are what
-    `igrpo eval` measured, the report pairs the arms, and a rerun runs nothing."""
+    """configs/studies/ceiling.yaml (`command: grpo`) with an arm under a recipe of another
+    algorithm (PPO), one seed of the tiny task at a small budget, on submitit's local executor:
+    each run is `igrpo grpo` then `igrpo eval` of the policy in its algorithm's folder, the
+    seed's warm start evaluated once in its prefix; the kept results are what `igrpo eval`
+    measured, with the steps each stage took, the report pairs the arms, and a rerun runs
+    nothing."""
     from fault_injection import DIST_VARS
 
     small = ["policy.steps=2", "policy.questions_per_step=2", "policy.group_size=4",
              "policy.max_new_tokens=12", "policy.eval_every=0", "data.eval_questions=16",
              "eval.k=2", "deepspeed.micro_batch_size=8"]
     spec = _spec(tmp_path, shipped=ROOT / "configs" / "studies" / "ceiling.yaml", **{
-        "arms.dapo": {"reward": "exact check", "advantages": "outcome, token mean",
-                      "overrides": ["policy.reward=rule", "policy.supervision=outcome"],
-                      "recipe": "dapo", "seeds": 1, "tasks": ["tiny"]}})
+        "arms.ppo": {"reward": "exact check", "advantages": "GAE",
+                     "overrides": ["policy.reward=rule", "policy.supervision=outcome"],
+                     "recipe": "ppo", "seeds": 1, "tasks": ["tiny"]}})
     root, results, doc = tmp_path / "runs", tmp_path / "results", tmp_path / "ceiling.md"
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     args = [sys.executable, "-m", "igrpo", "study", "run", "--study", str(spec), "--root",
@@ -528,22 +530,27 @@ def test_a_grpo_study_evaluates_each_seeds_warm_start_once_and_each_run_after_it
     subprocess.run(args, check=True, env=env, cwd=ROOT)
     runs = root / "tiny"
     kept = sr.read_runs(results)
-    assert sorted(a for _, a, _ in kept) == ["dapo", "exact", "steps"]
+    assert sorted(a for _, a, _ in kept) == ["exact", "ppo", "steps"]
     warm = json.loads((runs / "seed0-prefix" / "eval" / "bundled.json").read_text())
-    for arm in ("exact", "steps", "dapo"):
+    for arm in ("exact", "steps", "ppo"):
         record = kept[("tiny", arm, 0)]
-        measured = json.loads((runs / f"seed0-{arm}" / "eval" / "grpo.json").read_text())
+        folder = "ppo" if arm == "ppo" else "grpo"  # the stage's folder: policy.algorithm
+        measured = json.loads((runs / f"seed0-{arm}" / "eval" / f"{folder}.json").read_text())
+        assert measured["checkpoint"] == str(runs / f"seed0-{arm}" / folder / "final")
         values = sr.per_question(record["final"])
         for metric in ("mean_at_k", "greedy_accuracy", "trace_accuracy"):
             assert sr.metric(values, metric) == pytest.approx(measured[f"eval/{metric}"])
         assert sr.metric(sr.per_question(record["warm"]), "mean_at_k") == pytest.approx(
             warm["eval/mean_at_k"])
         assert len(record["grpo"]["gold"]) == 2 and record["minutes"] > 0
-    assert kept[("tiny", "dapo", 0)]["recipe"] == "dapo"
-    config = (runs / "seed0-dapo" / "grpo" / "config.yaml").read_text()
-    assert "loss: dapo" in config
+        assert record["steps"] == 2
+    assert kept[("tiny", "ppo", 0)]["recipe"] == "ppo"
+    config = (runs / "seed0-ppo" / "ppo" / "config.yaml").read_text()
+    assert "algorithm: ppo" in config
+    assert not (runs / "seed0-ppo" / "grpo").exists()
     text = doc.read_text()
     assert "| tiny | steps - exact | 1 |" in text and "then `igrpo eval`" in text
+    assert "[2 steps]" in text  # what the budget allowed each stage
     rerun = subprocess.run(args, check=True, env=env, cwd=ROOT, capture_output=True, text=True)
     assert "[study] 0 runs to do" in rerun.stdout
 

@@ -5,10 +5,10 @@ generation engines (policy/generation/); none imports another algorithm. Adding 
 is one file and one entry below.
 
 Every trainer has train_grpo's contract: (stage, spec, run_path, policy_path, reward_fn,
-rl_records, eval_records, logger, config_yaml, out_name="grpo", reference_path=None,
-evaluate_ends=True) -> the folder of the final export, where `stage` is the `PolicyStage` and
-`spec` the method's own object (policy/stage.py), both made once from the config by
-iteration/resolve.py. SFT (sft.py) trains the warm start and has its own.
+rl_records, eval_records, logger, config_yaml, out_name=<its folder>, reference_path=None,
+evaluate_ends=True) -> the folder of the final export (`<run_path>/<out_name>/final`), where
+`stage` is the `PolicyStage` and `spec` the method's own object (policy/stage.py), both made
+once from the config by iteration/resolve.py. SFT (sft.py) trains the warm start and has its own.
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ from configs.schema import ModelConfig
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.engines import Sampler, policy_engines, reference_logprobs, starts_at
-from policy.evaluate import due_evaluation, make_evaluator
-from policy.sampling import make_sample, sampling_seed, step_questions
+from policy.evaluate import make_evaluator
+from policy.sampling import make_sample, rollout_key, step_questions
 from policy.scoring import Sampled
+from policy.skeleton import end_step, finish_stage, stage_trainer
 from policy.math.losses import dpo_loss
 from policy.rewards import RewardFn
 from policy.stage import DPOSpec, PolicyStage
@@ -115,11 +116,11 @@ def dpo_update(trainer: StageLoop, reference, rollout: Rollout, role: torch.Tens
 
 def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: str | Path,
               reward_fn: RewardFn, rl_records: list[MathRecord], eval_records: list[MathRecord],
-              logger, config_yaml: str, out_name: str = "grpo",
+              logger, config_yaml: str, out_name: str = "dpo",
               reference_path: str | Path | None = None, evaluate_ends: bool = True) -> Path:
     """DPO on pairs from the starting policy's samples (or, `spec.online`, the current
     policy's, every step); train_grpo's contract."""
-    g, seed = stage.policy, stage.seed
+    p, seed = stage.policy, stage.seed
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
@@ -133,26 +134,21 @@ def train_dpo(stage: PolicyStage, spec: DPOSpec, run_path: Path, policy_path: st
     while trainer.running():
         step, timing = trainer.step, {"rollout": 0.0, "scoring": 0.0}
         sample = make_sample(sampler, tokenizer, reward_fn, stage, rank,
-                             g.questions_per_step // world_size, timing)
+                             p.questions_per_step // world_size, timing)
         sampled = sample(step_questions(rl_records, stage.question_offset + step,
-                                        g.questions_per_step, seed),
-                         (trainer.state.get("sample_seed", seed), step, 0))
+                                        p.questions_per_step, seed),
+                         rollout_key(trainer.state.get("sample_seed", seed), step))
         updating = time.perf_counter()
         policy_sampler.rest()
-        order, role = preference_pairs(sampled.rewards, g.group_size, sampled.broken)
+        order, role = preference_pairs(sampled.rewards, p.group_size, sampled.broken)
         stats = dpo_update(trainer, reference, sampled.rollout.rows(order.to(
-            sampled.rewards.device)), role, g.beta, plan, f"{out_name} step {step + 1}",
+            sampled.rewards.device)), role, p.beta, plan, f"{out_name} step {step + 1}",
             is_reference=step == 0 and starts_at(reference_path, policy_path))
         timing["update"] = time.perf_counter() - updating
         trainer.advance()
-        metrics = dpo_metrics(sampled, stats, timing, current_lr(trainer.engine),
-                              policy_sampler.stats())
-        trainer.log({**metrics, **due_evaluation(trainer, g, evaluate, evaluate_ends)})
-        if trainer.due(g.save_every):
-            trainer.save()
-    trainer.finish(tokenizer, out / "final", config_yaml,
-                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0)})
-    return out / "final"
+        end_step(trainer, dpo_metrics(sampled, stats, timing, current_lr(trainer.engine),
+                                      policy_sampler.stats()), p, evaluate, evaluate_ends)
+    return finish_stage(trainer, policy_sampler, tokenizer, out, config_yaml)
 
 
 def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_path,
@@ -167,9 +163,7 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
         raise ValueError(f"DPO ({out}): micro-batches of {plan.micro_batch_size} rows would "
                          "split a pair; set deepspeed.micro_batch_size (and the samples per "
                          "rank) even")
-    trainer = StageLoop(out, engine, logger, stage.policy.steps, desc=out_name,
-                      max_seconds=stage.policy.max_minutes * 60,
-                      fresh_state={"sample_seed": sampling_seed()})
+    trainer = stage_trainer(stage, out, engine, logger, out_name)
     return tokenizer, plan, reference, trainer, Sampler(engine, trainer, stage.vllm, policy_path)
 
 

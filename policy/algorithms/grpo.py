@@ -25,13 +25,14 @@ from policy import inspection
 from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batches
 from policy.engines import (Sampler, forward_logprobs, policy_engines, reference_logprobs,
                             sampler_drift, starts_at)
-from policy.evaluate import due_evaluation, make_evaluator
+from policy.evaluate import make_evaluator
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
 from policy.rewards import RewardFn, Scores
-from policy.sampling import make_sample, refill_questions, sampling_seed, step_questions
+from policy.sampling import make_sample, refill_questions, rollout_key, step_questions
 from policy.scoring import Sampled, concat_sampled
+from policy.skeleton import end_step, finish_stage, stage_trainer
 from policy.stage import GRPOSpec, PolicyStage
 from policy.stage_watch import StageWatch
 from runtime.data import MathRecord
@@ -74,23 +75,10 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
                    **memory_metrics(timing["rollout_memory"]),
                    "train/lr": current_lr(trainer.engine),
                    **watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs,
-                                        plan.micro_batch_size),
-                   **due_evaluation(trainer, p, evaluate, evaluate_ends)}
-        trainer.log(metrics, inspection.inspect_step(out / "inspect", trainer.step, stage.inspect,
-                                                     spec, tokenizer, sampled, batch, logger))
-        if trainer.due(p.save_every) or trainer.stopped:
-            trainer.save()
-    return end_stage(trainer, sampler, tokenizer, out, config_yaml)
-
-
-def end_stage(trainer: StageLoop, sampler: Sampler, tokenizer, out: Path, config_yaml: str
-              ) -> Path:
-    """Export the final policy and write done.json (with the guard's record, where it fired)."""
-    sampler.rest()  # the export gathers a ZeRO-3 policy: vLLM's pool is freed first
-    trainer.finish(tokenizer, out / "final", config_yaml,
-                   {"steps": trainer.step, "seconds": trainer.state.get("seconds", 0.0),
-                    **({"guard": trainer.state["guard"]} if "guard" in trainer.state else {})})
-    return out / "final"
+                                        plan.micro_batch_size)}
+        end_step(trainer, metrics, p, evaluate, evaluate_ends, lambda: inspection.inspect_step(
+            out / "inspect", trainer.step, stage.inspect, spec, tokenizer, sampled, batch, logger))
+    return finish_stage(trainer, sampler, tokenizer, out, config_yaml)
 
 
 def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_path,
@@ -98,9 +86,7 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
     """(tokenizer, batch plan, reference, trainer, sampler, watch) of a GRPO stage in `out`."""
     with memory_phase("start-up"):
         tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
-        trainer = StageLoop(out, engine, logger, stage.policy.steps, desc=out_name,
-                          max_seconds=stage.policy.max_minutes * 60,
-                          fresh_state={"sample_seed": sampling_seed()})
+        trainer = stage_trainer(stage, out, engine, logger, out_name)
         sampler = Sampler(engine, trainer, stage.vllm, policy_path)
         rank, size = world()
         watch = StageWatch(stage, out / "trace", trainer, reference, policy_path, reference_path,
@@ -129,13 +115,12 @@ def sample_step(sample: Callable[[list[MathRecord], tuple], Sampled],
     """The step's questions (the stream's step `offset + step`) rolled out and scored
     (`make_sample`, seeded from the stage's sampling seed, the step and the round), refilled
     under DAPO's dynamic sampling."""
-    key = (sample_seed, step)
     sampled = sample(step_questions(rl_records, offset + step, p.questions_per_step, seed),
-                     (*key, 0))
+                     rollout_key(sample_seed, step))
     if spec.filter_groups:
         sampled = refill_step(sampled, lambda round_: sample(refill_questions(
             rl_records, offset + step, round_, p.questions_per_step, seed, spec.dynamic_rounds),
-            (*key, round_)), spec, p.group_size, pad_id)
+            rollout_key(sample_seed, step, round_)), spec, p.group_size, pad_id)
     return sampled
 
 

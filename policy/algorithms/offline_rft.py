@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from configs.batching import plan_batch
 from configs.schema import PolicyConfig
 from policy.generation.rollout import generate_groups
 from policy.sampling import step_questions
 from policy.supervised import sft_tensors, supervised_step
 from policy.rewards import RewardFn
 from policy.stage import PolicyStage, RFTSpec
+from runtime.batching import plan_batch
 from runtime.data import MathRecord
 from runtime.dist import broadcast_from_main, is_main, world
 from runtime.engine import build_engine, current_lr
@@ -119,7 +119,7 @@ def sample_steps(stage: PolicyStage, policy_path, reward_fn: RewardFn,
 def train_offline_rft(stage: PolicyStage, spec: RFTSpec, run_path: Path,
                       policy_path: str | Path, reward_fn: RewardFn,
                       rl_records: list[MathRecord], eval_records: list[MathRecord], logger,
-                      config_yaml: str, out_name: str = "grpo",
+                      config_yaml: str, out_name: str = "offline_rft",
                       reference_path: str | Path | None = None,
                       evaluate_ends: bool = True) -> Path:
     """Sample the starting policy once, keep the right solutions, fine-tune on them; returns

@@ -16,11 +16,11 @@ import math
 import time
 from pathlib import Path
 
-from configs.batching import plan_batch
 from configs.schema import SFTConfig
 from policy.evaluate import evaluate_policy
 from policy.stage import Evaluation, PolicyStage
 from policy.supervised import sft_tensors, supervised_step
+from runtime.batching import plan_batch
 from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
 from runtime.dist import world

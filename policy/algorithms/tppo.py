@@ -40,7 +40,7 @@ from runtime.seeds import derive_seed
 
 def train_tppo(stage: PolicyStage, spec: PPOSpec, run_path: Path, policy_path: str | Path,
                reward_fn: RewardFn, rl_records: list[MathRecord], eval_records: list[MathRecord],
-               logger, config_yaml: str, out_name: str = "grpo",
+               logger, config_yaml: str, out_name: str = "t_ppo",
                reference_path: str | Path | None = None, evaluate_ends: bool = True) -> Path:
     """`policy.steps` T-PPO steps from `policy_path` (train_grpo's contract); returns the
     policy's export (`<run>/<out_name>/final`)."""
@@ -120,28 +120,28 @@ class Window:
 def roll_window(value: ValueStage, stage: PolicyStage, spec: PPOSpec,
                 rl_records: list[MathRecord], pool: list[dict]) -> Window:
     """Every row of this rank's share of `pool` continued by one window of tokens."""
-    g, tokenizer = stage.policy, value.tokenizer
+    p, tokenizer = stage.policy, value.tokenizer
     rank, world_size = world()
     share = len(pool) // world_size
     mine = pool[rank * share:(rank + 1) * share]
     # (the stream goes on from the questions earlier stages' steps drew, `question_offset`)
-    first = stage.question_offset * g.questions_per_step * g.group_size
-    records = [sample_record(rl_records, first + row["k"], g.group_size, stage.seed)
+    first = stage.question_offset * p.questions_per_step * p.group_size
+    records = [sample_record(rl_records, first + row["k"], p.group_size, stage.seed)
                for row in mine]
     prompts = encode_prompts(tokenizer, stage.prompts.prompts(tokenizer, records))
     started = time.perf_counter()
-    size = window_tokens(spec.settings.window_share, g.max_new_tokens)
+    size = window_tokens(spec.settings.window_share, p.max_new_tokens)
     with value.sampler.generating() as model:
         new = continue_rows(model, tokenizer,
                             [q + row["tokens"] for q, row in zip(prompts, mine)],
-                            [min(size, g.max_new_tokens - len(row["tokens"])) for row in mine],
-                            temperature=g.temperature, top_p=g.top_p)
+                            [min(size, p.max_new_tokens - len(row["tokens"])) for row in mine],
+                            temperature=p.temperature, top_p=p.top_p)
     rolled = time.perf_counter()
     texts = tokenizer.batch_decode([row["tokens"] + n for row, n in zip(mine, new)],
                                    skip_special_tokens=True)
     rollout, window, ended = window_rollout(
         tokenizer.pad_token_id, end_token_ids(tokenizer), prompts, [r["tokens"] for r in mine],
-        new, texts, g.max_new_tokens, g.group_size)
+        new, texts, p.max_new_tokens, p.group_size)
     device = value.sampler.engine.device
     return Window(mine, records, rollout.to(device), window.to(device), ended.to(device), new,
                   rolled - started, rolled)
@@ -152,23 +152,23 @@ def tppo_step(value: ValueStage, stage: PolicyStage, spec: PPOSpec, reward_fn: R
               is_reference: bool = False) -> tuple[dict, dict]:
     """One T-PPO step on the pool in `trainer.state` (updated in place); returns the metrics
     and the seconds of rollout and scoring."""
-    g, trainer, plan = stage.policy, value.trainer, value.plan
+    p, trainer, plan = stage.policy, value.trainer, value.plan
     pool, next_sample = fill_pool(trainer.state.get("pool", []),
-                                  g.questions_per_step * g.group_size,
+                                  p.questions_per_step * p.group_size,
                                   trainer.state.get("next_sample", 0))
     w = roll_window(value, stage, spec, rl_records, pool)
     rewards, correct, broken = _score_ended(reward_fn, w.records, w.rollout, w.ended, stage)
     scored = time.perf_counter()
     value.critic.eval()
-    old_logprobs, ref_logprobs = rollout_logprobs(trainer, w.rollout, value.reference, g.mu,
+    old_logprobs, ref_logprobs = rollout_logprobs(trainer, w.rollout, value.reference, p.mu,
                                                   plan, is_reference)
     values = forward_values(value.critic.module, w.rollout, plan.micro_batch_size, True)
     last = values.gather(1, w.rollout.lengths[:, None].long())[:, 0] * (~w.ended).float()
     # a row whose reward is not finite is left out of the loss (dropped, as GRPO drops its group)
     targets = ppo_targets(w.rollout, Scores(rewards), rewards, old_logprobs, ref_logprobs,
-                          values[:, :-1], g.beta, spec, last_values=last,
+                          values[:, :-1], p.beta, spec, last_values=last,
                           loss_mask=w.window * ~broken[:, None])
-    stats = train_passes(trainer, value.critic, w.rollout, targets, correct & w.ended, g, spec,
+    stats = train_passes(trainer, value.critic, w.rollout, targets, correct & w.ended, p, spec,
                          plan, where)
     kept = [{"k": row["k"], "tokens": row["tokens"] + n}
             for row, n, done in zip(w.mine, w.new, w.ended.tolist()) if not done]
