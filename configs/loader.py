@@ -354,6 +354,14 @@ def _check_algorithm_options(p, g, where: str) -> None:
                           f"supervision={p.supervision} and policy.algorithm={p.algorithm}: a "
                           "credit form shapes GRPO's process advantages (policy.supervision="
                           "process, policy.algorithm=grpo)")
+    if not 0.0 <= g.gold_share <= 1.0:
+        raise ConfigError(f"{where}: grpo.gold_share = {g.gold_share}; expected a share of the "
+                          "questions in [0, 1]")
+    if g.gold_share < 1.0 and g.process_credit != "anchored":
+        raise ConfigError(f"{where}: grpo.gold_share={g.gold_share} with grpo.process_credit="
+                          f"{g.process_credit}: the gold budget says which questions the "
+                          "anchored form's exact check may read; set grpo.process_credit="
+                          "anchored (and policy.supervision=process)")
     if not 0.0 <= g.process_weight < float("inf"):
         raise ConfigError(f"{where}: grpo.process_weight = {g.process_weight}; expected a finite "
                           "weight >= 0")

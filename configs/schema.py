@@ -280,6 +280,13 @@ class GRPOConfig:
     outcome advantages differ by >= 2 with the std, exactly 1 without it; the term spans at most
     2 x weight): the exact check orders right against wrong, the PRM orders within each and
     speaks alone where a group is all right or all wrong."""
+    gold_share: float = 1.0
+    """anchored: the gold budget, the share rho of the RL questions whose exact final-answer
+    check the reward may read (drawn per question from the run seed and its source id, so a
+    question is always in or always out). A question outside it is rewarded by the PRM's min
+    form alone (as process_credit=min); 1 = every question (the anchored form as it is). How
+    little gold keeps a learned PRM safe where gold exists on only part of the prompts (PURE's
+    best run had it on about 10%)."""
     std_unbiased: bool = False
     """Advantage std convention: False = population std (the seed's example), True = sample std."""
     std_eps: float = 1e-6

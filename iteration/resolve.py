@@ -170,7 +170,8 @@ def resolve(cfg) -> Resolved:
             p.max_new_tokens, cfg.eval.max_new_tokens, cfg.label.max_new_tokens), seed),
         prompts=prompt_format(cfg.data), evaluation=evaluation(cfg.eval, cfg.data, seed),
         shaping=Shaping(round(cfg.grpo.overlong_buffer_share * p.max_new_tokens),
-                        cfg.grpo.overlong_penalty, cfg.controls.shuffle_rewards),
+                        cfg.grpo.overlong_penalty, cfg.controls.shuffle_rewards,
+                        cfg.grpo.gold_share, seed),
         inspect=cfg.inspect, watch=cfg.watch)
     method = _method_spec(cfg)
     return Resolved(seed, stage, method,

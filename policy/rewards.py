@@ -15,6 +15,7 @@ import torch
 
 from policy.generation.rollout import Rollout
 from runtime.data import MathRecord
+from runtime.seeds import derive_seed
 from tasks.grading import grade
 
 
@@ -30,6 +31,9 @@ class Scores:
     """[N, S] bool, True on real steps."""
     step_end_index: torch.Tensor | None = None
     """[N, S] completion-token index (inclusive) where each step ends."""
+    revealed: torch.Tensor | None = None
+    """[N] bool: the samples whose `correct` the advantages may read (the gold budget,
+    `gold_budget`); None: every sample's. `correct` itself stays whole, for the metrics."""
 
     def to(self, device) -> "Scores":
         """The same scores on `device` (reward callables may build them on the CPU)."""
@@ -37,7 +41,7 @@ class Scores:
             return None if t is None else t.to(device)
 
         return Scores(moved(self.rewards), moved(self.correct), moved(self.step_rewards),
-                      moved(self.step_mask), moved(self.step_end_index))
+                      moved(self.step_mask), moved(self.step_end_index), moved(self.revealed))
 
     def rows(self, index: torch.Tensor) -> "Scores":
         """The scores of the samples at `index` ([M] row indices), in that order."""
@@ -45,7 +49,8 @@ class Scores:
             return None if t is None else t[index]
 
         return Scores(picked(self.rewards), picked(self.correct), picked(self.step_rewards),
-                      picked(self.step_mask), picked(self.step_end_index))
+                      picked(self.step_mask), picked(self.step_end_index),
+                      picked(self.revealed))
 
 
 def concat_scores(parts: list[Scores]) -> Scores:
@@ -64,7 +69,8 @@ def concat_scores(parts: list[Scores]) -> Scores:
                           for t in tensors])
 
     return Scores(joined("rewards", 0), joined("correct", False), joined("step_rewards", 0.0),
-                  joined("step_mask", False), joined("step_end_index", 0))
+                  joined("step_mask", False), joined("step_end_index", 0),
+                  joined("revealed", False))
 
 
 class RewardFn(Protocol):
@@ -81,6 +87,14 @@ class ValueSource(Protocol):
         the critic starts as this backbone with that head, valuing every state as the reward
         model scores it."""
         ...
+
+
+def gold_budget(records: list[MathRecord], share: float, seed: int) -> torch.Tensor:
+    """[N] bool: which of `records` (one per sample) lie inside a gold budget of `share` of the
+    questions: question q is in when a uniform draw keyed by (`seed`, its source id) falls under
+    `share`, so a question is in or out whatever step, rank or iteration draws it."""
+    return torch.tensor([derive_seed(seed, "gold-budget", rec.source_id) / 2**31 < share
+                         for rec in records], dtype=torch.bool)
 
 
 def grade_samples(records: list[MathRecord], texts: list[str], timeout_s: int = 2) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from configs.schema import PolicyConfig
 from policy.generation.rollout import Rollout, concat_rollouts
 from policy.math.shaping import add_to_last_step, overlong_penalty
-from policy.rewards import RewardFn, Scores, concat_scores
+from policy.rewards import RewardFn, Scores, concat_scores, gold_budget
 from policy.stage import Shaping
 from runtime.data import MathRecord
 
@@ -57,10 +57,16 @@ def score_step(reward_fn: RewardFn, records: list[MathRecord], rollout: Rollout,
                p: PolicyConfig, shaping: Shaping, group_size: int | None = None):
     """(scores, [N] rewards, [Q] broken groups): the reward callable's scores with non-finite
     groups zeroed, DAPO's overlong penalty added (under process supervision to the last step's
-    reward too), and with `controls.shuffle_rewards` the control's permutation applied. Each record
-    has `group_size` samples (default `policy.group_size`; T-PPO scores single rows)."""
+    reward too), with `controls.shuffle_rewards` the control's permutation applied, and under a
+    gold budget (`grpo.gold_share` < 1) the questions whose check is readable marked
+    (`Scores.revealed`). Each record has `group_size` samples (default `policy.group_size`;
+    T-PPO scores single rows)."""
     group_size = group_size or p.group_size
-    scores = reward_fn([r for r in records for _ in range(group_size)], rollout)
+    rows = [r for r in records for _ in range(group_size)]
+    scores = reward_fn(rows, rollout)
+    if shaping.gold_share < 1.0:  # the gold budget: the check readable on these questions only
+        scores = replace(scores, revealed=gold_budget(rows, shaping.gold_share,
+                                                      shaping.gold_seed))
     scores = scores.to(rollout.completion_ids.device)  # every tensor of the step on one device
     scores, broken = drop_nonfinite(scores, group_size)
     penalty = overlong_penalty(rollout.lengths, p.max_new_tokens, shaping.overlong_buffer,

@@ -27,10 +27,15 @@ from policy.math.losses import LossOutput
 class Shaping:
     """What happens to a sample's reward before the advantages (every method): DAPO's soft
     overlong punishment (`overlong_buffer` tokens before the limit, up to `overlong_penalty`;
-    0 tokens = off) and the shuffled-reward control."""
+    0 tokens = off), the shuffled-reward control and the gold budget."""
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     shuffle: bool = False
+    gold_share: float = 1.0
+    """The gold budget (`grpo.gold_share`): the share of questions whose final-answer check the
+    reward may read (`Scores.revealed`); 1: every question."""
+    gold_seed: int = 0
+    """The run seed the gold budget's draw is made from."""
 
 
 @dataclass(frozen=True)

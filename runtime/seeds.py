@@ -40,7 +40,7 @@ PURPOSES: dict[str, Callable[..., int]] = {
 }
 
 
-def derive_seed(run_seed: int, purpose: str, *key: int) -> int:
+def derive_seed(run_seed: int, purpose: str, *key: int | str) -> int:
     """The seed of `purpose`'s stream at `key` (a step, an iteration, a shard)."""
     form = PURPOSES.get(purpose)
     return form(run_seed, *key) if form is not None else chunk_seed(run_seed, purpose, *key)

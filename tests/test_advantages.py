@@ -298,3 +298,65 @@ def test_credit_form_typos_and_misuse_fail_at_start_up():
                                           "grpo.process_weight=-0.5"])
     assert load_config("configs/tiny.yaml", ["grpo.process_credit=anchored"]).grpo.process_weight \
         == 0.5
+
+
+def test_a_gold_budget_leaves_the_questions_outside_it_to_the_prm_min_form():
+    """Two groups of the hand-built one above, the first inside the gold budget and the second
+    outside: the first gets the anchored advantages worked out by hand, the second the min form's
+    (2 | 0 | -1, unclamped, no outcome term), and its outcome column is 0."""
+    steps, mask, ends = STEPS.repeat(2, 1), STEP_MASK.repeat(2, 1), STEP_END.repeat(2, 1)
+    correct = CORRECT.repeat(2)
+    revealed = torch.tensor([True] * 3 + [False] * 3)
+    adv, parts = PROCESS_CREDIT["anchored"].estimate(steps, mask, ends, correct, 6, NORM, 0.5,
+                                                     revealed=revealed)
+    _close(adv, [[1 / ROOT2 + 0.5] * 3 + [1 / ROOT2] * 3,
+                 [1 / ROOT2] * 6,
+                 [-ROOT2 - 0.5] * 3 + [-ROOT2] * 3,
+                 [2.0] * 3 + [0.0] * 3,
+                 [0.0] * 6,
+                 [-1.0] * 3 + [0.0] * 3])
+    _close(parts[3:, -1], [0.0, 0.0, 0.0])
+    # outside the budget the verdicts' spread is no signal: only the min-form values can be
+    two = torch.tensor([[0.5, 0.2], [0.2, 0.0]]).repeat(2, 1)
+    two_mask = torch.tensor([[True, True], [True, False]]).repeat(2, 1)
+    one = torch.tensor([True, False]).repeat(2)
+    assert PROCESS_CREDIT["anchored"].informative(
+        two, two_mask, one, 2, revealed=torch.tensor([True, True, False, False])).tolist() == \
+        [True, False]
+
+
+def test_the_gold_budget_is_drawn_per_question_and_keeps_its_share():
+    """`gold_budget`: a question is in or out whatever order, step or group it comes in; the
+    share of 4,000 questions in a 25% budget is 0.25 within 0.03 (about 4 binomial standard
+    errors); 0 and 1 take none and all; score_step marks exactly those samples."""
+    from policy.rewards import gold_budget
+    from runtime.data import MathRecord
+
+    records = [MathRecord(f"q{i}", "1", ("1",), f"synthetic:0:{i}") for i in range(4000)]
+    inside = gold_budget(records, 0.25, seed=3)
+    assert abs(float(inside.float().mean()) - 0.25) < 0.03
+    assert torch.equal(gold_budget(records[::-1], 0.25, seed=3), inside.flip(0))
+    assert not torch.equal(gold_budget(records, 0.25, seed=4), inside)  # the seed draws it
+    assert not gold_budget(records, 0.0, seed=3).any() and gold_budget(records, 1.0, seed=3).all()
+
+    from policy.rewards import RuleReward
+    from policy.scoring import score_step
+    from policy.stage import Shaping
+
+    cfg = load_config("configs/tiny.yaml", ["policy.group_size=2"])
+    rollout = batch_rollout(lengths=[3, 3, 3, 3, 3, 3], width=4)
+    scores, _, _ = score_step(RuleReward(), records[:3], rollout, cfg.policy,
+                              Shaping(gold_share=0.25, gold_seed=3))
+    assert torch.equal(scores.revealed, inside[:3].repeat_interleave(2))
+    whole, _, _ = score_step(RuleReward(), records[:3], rollout, cfg.policy, Shaping())
+    assert whole.revealed is None and torch.equal(whole.correct, scores.correct)
+
+
+def test_a_gold_budget_needs_the_anchored_form():
+    with pytest.raises(ConfigError, match="grpo.gold_share=0.1 with grpo.process_credit=sum"):
+        load_config("configs/tiny.yaml", ["policy.supervision=process", "grpo.gold_share=0.1"])
+    with pytest.raises(ConfigError, match=r"grpo.gold_share = 1.5; expected a share"):
+        load_config("configs/tiny.yaml", ["grpo.gold_share=1.5"])
+    cfg = load_config("configs/tiny.yaml", ["policy.supervision=process", "grpo.gold_share=0.1",
+                                            "grpo.process_credit=anchored", "run.seed=7"])
+    assert (resolve(cfg).stage.shaping.gold_share, resolve(cfg).stage.shaping.gold_seed) == (0.1, 7)

@@ -195,21 +195,30 @@ def test_grpo_step_under_gradient_checkpointing_on_two_processes_equals_one(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("credit", ["min", "anchored"])
+@pytest.mark.parametrize("credit", ["min", "anchored", "anchored-gold-budget"])
 def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit):
-    """`grpo.process_credit` min and anchored (the sum form is the test above): one GRPO step on
-    2 processes under ZeRO-2 and under ZeRO-3 equals one process's. Sampled at temperature 1
-    (a group's samples differ, so the min-form values and the final-answer checks spread), one
-    question per generate call so that sampling does not depend on the ranks."""
-    extra = (f"grpo.process_credit={credit}", "policy.temperature=1.0", "policy.rollout_questions=1")
+    """`grpo.process_credit` min and anchored (the sum form is the test above), and anchored
+    under a gold budget of half the questions: one GRPO step on 2 processes under ZeRO-2 and
+    under ZeRO-3 equals one process's. Sampled at temperature 1 (a group's samples differ, so
+    the min-form values and the final-answer checks spread), one question per generate call so
+    that sampling does not depend on the ranks."""
+    extra = (f"grpo.process_credit={credit.split('-')[0]}", "policy.temperature=1.0",
+             "policy.rollout_questions=1",
+             *(["grpo.gold_share=0.5"] if credit.endswith("budget") else []))
     one = _grpo_step(ranks, 1, tmp_path / "p1", base, 2, *extra)
     for stage in (2, 3):
-        _same_step(one, _grpo_step(ranks, 2, tmp_path / f"z{stage}", base, stage, *extra))
+        two = _grpo_step(ranks, 2, tmp_path / f"z{stage}", base, stage, *extra)
+        _same_step(one, two)
+        if credit.endswith("budget"):  # every rank reads the same questions' checks
+            assert two[0]["reward/gold_revealed"] == one[0]["reward/gold_revealed"]
     # Groups hold right and wrong samples, so the watch's AUROCs are measured; the anchored form
     # puts the exact check into the advantage: it ranks right above wrong in every group.
     assert one[0]["watch/mixed_groups"] > 0
     if credit == "anchored":
         assert one[0]["watch/adv_auroc"] == 1.0 and one[0]["watch/wrong_push"] == 0.0
+        assert "reward/gold_revealed" not in one[0]
+    if credit.endswith("budget"):
+        assert 0.0 <= one[0]["reward/gold_revealed"] <= 1.0
 
 
 @pytest.mark.slow

@@ -136,7 +136,7 @@ def compute_advantages(scores: Scores, rewards: torch.Tensor, rollout: Rollout,
                              "rewards (a PRM or a step oracle); this one returned only outcomes")
         advantages, normalised = spec.credit.estimate(
             scores.step_rewards, scores.step_mask, scores.step_end_index, scores.correct,
-            num_tokens, spec.norm, spec.process_weight)
+            num_tokens, spec.norm, spec.process_weight, revealed=scores.revealed)
     else:
         advantages, normalised = spec.estimator(rewards, num_tokens, spec.norm)
     return advantages * rollout.completion_mask, normalised
@@ -149,7 +149,7 @@ def signal_groups(scores: Scores, rewards: torch.Tensor, spec: GRPOSpec, group_s
     if spec.credit is None or scores.step_rewards is None:
         return informative_groups(rewards, group_size)
     return spec.credit.informative(scores.step_rewards, scores.step_mask, scores.correct,
-                                   group_size)
+                                   group_size, revealed=scores.revealed)
 
 
 def informative(sampled: Sampled, spec: GRPOSpec) -> torch.Tensor:
@@ -348,7 +348,8 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
             "keep": batch.keep.float(), "silent": (by_group == 0).all(-1).float(),
             "broken": batch.broken.float(), "check": torch.tensor(
                 [inspection.group_sum_check(batch.normalised, g.group_size)], device=mask.device),
-            **({} if scores.correct is None else {"correct": scores.correct.float()})}
+            **({} if scores.correct is None else {"correct": scores.correct.float()}),
+            **({} if scores.revealed is None else {"revealed": scores.revealed.float()})}
     r = dict(zip(rows, gather_rows(*rows.values())))  # every rank's rows
     lengths, step_time = r["lengths"], timing["rollout"] + timing["scoring"] + timing["update"]
     metrics = {
@@ -372,6 +373,8 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
         **batch.stats}
     if "correct" in r:
         metrics["reward/accuracy"] = float(r["correct"].mean())
+    if "revealed" in r:  # the gold budget: the share of the step's samples whose check was read
+        metrics["reward/gold_revealed"] = float(r["revealed"].mean())
     return metrics
 
 

@@ -161,7 +161,8 @@ NO_CHECK = ("grpo.process_credit=anchored needs the reward's final-answer check 
 
 def sum_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                step_end_index: torch.Tensor, correct: torch.Tensor | None, num_tokens: int,
-               norm: GroupNorm, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               norm: GroupNorm, weight: float = 0.0, revealed: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeekMath §4.1.3: all step rewards of a group normalised together, r~ = (r - mean) /
     std; token t gets sum_{j: end_j >= t} r~_j, its step's and every later step's (0 after the
     last step, and on every token of a sample without a step).
@@ -213,7 +214,8 @@ def own_step_to_tokens(values: torch.Tensor, step_mask: torch.Tensor,
 
 def min_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                step_end_index: torch.Tensor, correct: torch.Tensor | None, num_tokens: int,
-               norm: GroupNorm, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               norm: GroupNorm, weight: float = 0.0, revealed: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """PURE's min-form credit (Cheng et al. 2025, "Stop Summation: Min-Form Credit Assignment Is
     All Process Reward Model Needs for Reasoning"), in GRPO's group normalisation: the values
     v_k = min_{j >= k} r_j of a group's steps (`min_form_values`, a sample without a step at the
@@ -244,8 +246,8 @@ def min_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
 
 def anchored_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                     step_end_index: torch.Tensor, correct: torch.Tensor | None,
-                    num_tokens: int, norm: GroupNorm,
-                    weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_tokens: int, norm: GroupNorm, weight: float = 0.5,
+                    revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact final-answer check's outcome advantage plus a bounded process term:
     A_t = o + weight * clamp(v~_t, -1, 1), where o = (c - mean) / std is `correct` [N] (1 right,
     0 wrong) normalised within each group of G samples (as outcome supervision normalises its
@@ -260,7 +262,11 @@ def anchored_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     all wrong) only the process term speaks. PURE's best model added verifiable rewards, on the
     ~10% of its prompts that had a gold answer, to its PRM's (coefficient 1.0, on the last
     token); here every sample has its verdict and the PRM refines it.
-    Returns ([N, T], [N, S + 1]: the normalised min-form values, then o in the last column)."""
+    Under a gold budget (`revealed` [N] bool, whole groups: the questions whose check may be
+    read) a group outside it has no outcome term, and its tokens get the min-form value v~_t
+    alone, unclamped and unweighted (`min_credit`: the PRM is all it has).
+    Returns ([N, T], [N, S + 1]: the normalised min-form values, then o in the last column,
+    0 outside the budget)."""
     if correct is None:
         raise ValueError(NO_CHECK)
     outcome = outcome_advantages(correct.float(), norm.group_size, scale_by_std=norm.scale_by_std,
@@ -268,17 +274,22 @@ def anchored_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     process, normalised = min_credit(step_rewards, step_mask, step_end_index, None, num_tokens,
                                      norm)
     advantages = outcome[:, None] + weight * process.clamp(-1.0, 1.0)
+    if revealed is not None:
+        advantages = torch.where(revealed[:, None], advantages, process)
+        outcome = torch.where(revealed, outcome, torch.zeros_like(outcome))
     return advantages, torch.cat([normalised, outcome[:, None]], -1)
 
 
 def sum_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
-                    correct: torch.Tensor | None, group_size: int) -> torch.Tensor:
+                    correct: torch.Tensor | None, group_size: int,
+                    revealed: torch.Tensor | None = None) -> torch.Tensor:
     """[Q] bool: the group's step rewards spread (what `sum_credit` normalises)."""
     return informative_groups(step_rewards, group_size, step_rewards, step_mask)
 
 
 def min_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
-                    correct: torch.Tensor | None, group_size: int) -> torch.Tensor:
+                    correct: torch.Tensor | None, group_size: int,
+                    revealed: torch.Tensor | None = None) -> torch.Tensor:
     """[Q] bool: the group's min-form values spread (what `min_credit` normalises)."""
     values, valid = min_form_values(step_rewards, step_mask, group_size)
     width = group_size * values.shape[1]
@@ -286,13 +297,16 @@ def min_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
 
 
 def anchored_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
-                         correct: torch.Tensor | None, group_size: int) -> torch.Tensor:
-    """[Q] bool: the group's final-answer checks or its min-form values spread (either part of
-    `anchored_credit` can carry signal)."""
+                         correct: torch.Tensor | None, group_size: int,
+                         revealed: torch.Tensor | None = None) -> torch.Tensor:
+    """[Q] bool: the group's final-answer checks (inside the gold budget) or its min-form
+    values spread (either part of `anchored_credit` can carry signal)."""
     if correct is None:
         raise ValueError(NO_CHECK)
     verdicts = correct.float().view(-1, group_size)
     spread = ~zero_spread(verdicts, torch.ones_like(verdicts, dtype=torch.bool))
+    if revealed is not None:
+        spread &= revealed.view(-1, group_size)[:, 0]
     return spread | min_informative(step_rewards, step_mask, correct, group_size)
 
 
@@ -301,10 +315,11 @@ class ProcessCredit:
     """One `grpo.process_credit` form: its estimator and DAPO's filter on what it normalises."""
     estimate: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     """(step_rewards, step_mask, step_end_index [N, S], correct [N] | None, T, GroupNorm,
-    weight) -> ([N, T] token advantages, what was normalised)."""
+    weight, revealed=[N] bool | None) -> ([N, T] token advantages, what was normalised);
+    `revealed`: the gold budget (only the anchored form reads the check)."""
     informative: Callable[..., torch.Tensor]
-    """(step_rewards, step_mask [N, S], correct [N] | None, G) -> [Q] bool: groups whose
-    advantages can be non-zero."""
+    """(step_rewards, step_mask [N, S], correct [N] | None, G, revealed=...) -> [Q] bool:
+    groups whose advantages can be non-zero."""
 
 
 PROCESS_CREDIT: dict[str, ProcessCredit] = {
