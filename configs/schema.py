@@ -255,7 +255,7 @@ class PolicyConfig:
     """Steps between resumable checkpoints."""
     max_minutes: float = 0.0
     """A wall-clock budget: training stops after the step that spends it, whatever `steps`
-    says (0 = off). For comparisons at equal time (docs/recipes.md); the step count then
+    says (0 = off); the held-out evaluation of the starting policy is not part of it. For comparisons at equal time (docs/recipes.md); the step count then
     depends on the machine. Offline RFT shares it between sampling and fine-tuning
     (`rft.sampling_share`)."""
 

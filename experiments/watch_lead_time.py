@@ -101,6 +101,58 @@ def analyse(root: Path, seeds: list[int], arms: list[str], guard: Guard,
     return out
 
 
+def over_seeds(rows: list[dict]) -> str:
+    """Per arm, paired by seed: mean@4 minus A's (and minus D's for a refreshed D) with the 95%
+    t interval over seeds; the seeds whose gold fell, the alarms, and the false alarms."""
+    from runtime.stats import t_interval_over_seeds
+
+    by = {(r["arm"], r["seed"]): r for r in rows}
+    lines = ["| arm | seeds | mean@4 - A, 95% t over seeds | minus D | gold fell | alarmed "
+             "| lead, steps (alarm before the fall: +) | false alarms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+
+        def cell(values):
+            t = t_interval_over_seeds(values)
+            return f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]" if len(values) > 1 \
+                else f"{t['mean']:+.3f}"
+
+        minus_d = [r["mean_at_4_minus_A"] - by[("D", r["seed"])]["mean_at_4_minus_A"]
+                   for r in mine if ("D", r["seed"]) in by] if arm != "D" else []
+        fell = [r for r in mine if r["gold_fall_step"] is not None]
+        alarmed = [r for r in mine if r["alarm_step"] is not None]
+        leads = [r["lead_steps"] for r in mine if r["lead_steps"] is not None]
+        lines.append(f"| {arm} | {len(mine)} | {cell([r['mean_at_4_minus_A'] for r in mine])} | "
+                     f"{cell(minus_d) if minus_d and arm != 'A' else '-'} | {len(fell)} | "
+                     f"{len(alarmed)} | {', '.join(f'{x:+d}' for x in leads) or '-'} | "
+                     f"{sum(1 for r in alarmed if r['gold_fall_step'] is None)} |")
+    return "\n".join(lines)
+
+
+def sweep(root: Path, seeds: list[int], arms: list[str]) -> str:
+    """The guard's rule over a grid of windows and thresholds, on the given seeds' runs (the
+    same seeds the table judges: an in-sample choice): per setting, the lead in steps on every
+    run whose paired gold fell (alarm before the fall: +; no alarm: `none`), and the alarms on
+    runs whose gold did not fall (false alarms, A's included)."""
+    lines = ["| window | group_auroc < | wrong_push > | lead on the falls | false alarms |",
+             "|---|---|---|---|---|"]
+    for window in (1, 3, 5):
+        for auroc in (0.5, 0.6, 0.7, 0.8):
+            for push in (0.5, 0.7, None):
+                rows = analyse(root, seeds, arms, Guard("stop", window, auroc,
+                                                        push if push is not None else 2.0))
+                falls = [r for r in rows if r["gold_fall_step"] is not None]
+                leads = ", ".join("none" if r["alarm_step"] is None else f"{r['lead_steps']:+d}"
+                                  for r in falls)
+                false = sum(1 for r in rows if r["gold_fall_step"] is None
+                            and r["alarm_step"] is not None)
+                lines.append(f"| {window} | {auroc} | {push if push is not None else 'off'} | "
+                             f"{leads or '-'} | {false} of "
+                             f"{sum(1 for r in rows if r['gold_fall_step'] is None)} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     keys = list(rows[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -118,6 +170,8 @@ def main() -> None:
     parser.add_argument("--min-group-auroc", type=float, default=0.6)
     parser.add_argument("--max-wrong-push", type=float, default=0.5)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also print the guard's rule over a grid of windows and thresholds")
     parser.add_argument("--refresh", metavar="ARM",
                         help="also run ARM with watch.guard=refresh (under ROOT/refresh)")
     parser.add_argument("overrides", nargs="*", help="for every arm, e.g. iterate.iterations=4")
@@ -152,6 +206,11 @@ def main() -> None:
     rows = analyse(args.root, [int(s) for s in args.seeds.split(",")], arms, guard, args.refresh)
     (args.root / "lead_time.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
+    print()
+    print(over_seeds(rows))
+    if args.sweep:
+        print()
+        print(sweep(args.root, [int(s) for s in args.seeds.split(",")], arms))
 
 
 if __name__ == "__main__":

@@ -244,7 +244,8 @@ def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
                    eval_records: list[MathRecord], fmt, trainer: StageLoop, evaluate_ends: bool):
     """evaluate(sampled) -> held-out metrics, the questions spread over the ranks (every rank
     calls it). A stage at step 0 with `evaluate_ends` logs the starting policy's greedy metrics
-    first."""
+    first, outside its wall-clock budget (`policy.max_minutes` is for training: a stage whose
+    start is evaluated gets the steps one whose start is not would)."""
     def evaluate(sampled: bool) -> dict:
         with sampler.generating() as model:
             e = evaluation
@@ -255,6 +256,7 @@ def make_evaluator(evaluation: Evaluation, sampler: Sampler, tokenizer,
                 step_separator=e.step_separator)
     if trainer.step == 0 and evaluate_ends:
         trainer.log(evaluate(sampled=False))
+        trainer.restart_clock()
     return evaluate
 
 

@@ -152,6 +152,11 @@ class StageLoop:
         self.bar.update(1)
         return self.state["step"]
 
+    def restart_clock(self) -> None:
+        """What ran since the last step (or the loop's start) is not the stage's: its seconds
+        do not count toward the wall-clock budget."""
+        self._clock = time.perf_counter()
+
     def due(self, every: int) -> bool:
         """At every `every`-th step, and at the last one."""
         return (every and self.step % every == 0) or self.step == self.total_steps

@@ -340,6 +340,39 @@ def test_wall_clock_budget_stops_after_the_step_that_spends_it(tmp_path, monkeyp
     assert unlimited.step == 4
 
 
+def test_the_starting_policys_evaluation_is_not_spent_from_the_budget(tmp_path, monkeypatch):
+    """A stage that evaluates its starting policy (`igrpo grpo`: evaluate_ends) gets the steps
+    of one that does not: with 10 s a step, a 25 s budget and a 40 s first evaluation, three
+    steps still run (the study's `igrpo grpo` arms train as long as the old runner's, which
+    skipped that evaluation)."""
+    import contextlib
+
+    import policy.evaluate as evaluate
+    import runtime.training as training
+
+    now = [0.0]
+    monkeypatch.setattr(training.time, "perf_counter", lambda: now[0])
+
+    def slow_evaluation(*args, **kwargs):
+        now[0] += 40.0
+        return {"eval/greedy_accuracy": 0.5}
+
+    monkeypatch.setattr(evaluate, "evaluate_policy", slow_evaluation)
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    sampler = type("Sampler", (), {"generating": lambda self: contextlib.nullcontext(None)})()
+    steps = {}
+    for ends in (True, False):
+        trainer = training.StageLoop(tmp_path / f"stage-{ends}", None, logger, 100, desc="t",
+                                     max_seconds=25)
+        evaluate.make_evaluator(resolve(load_config("configs/tiny.yaml")).stage.evaluation,
+                                sampler, None, [], None, trainer, ends)
+        while trainer.running():
+            now[0] += 10.0
+            trainer.advance()
+        steps[ends] = trainer.step
+    assert steps == {True: 3, False: 3}
+
+
 SMALL = [*BASE, "policy.eval_every=1"]
 
 
