@@ -495,7 +495,7 @@ COMMANDS = {
     "grpo": Command("GRPO (or the policy.algorithm of --recipe) alone from the warm start, "
                     "rewarded by policy.reward -> <run>/<policy.algorithm>/final",
                     ("run", "data", "model", "deepspeed", "sft", "policy", "grpo", "ppo", "rft",
-                     "controls", "inspect", "watch", "eval", "rollout"),
+                     "controls", "inspect", "watch", "eval", "rollout", "rm"),
                     run_grpo, lambda cfg: policy_folder(cfg.run, cfg.policy.algorithm),
                     example="igrpo grpo --config configs/tiny.yaml --recipe dapo "
                             "policy.group_size=16"),

@@ -280,6 +280,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_watch(cfg.watch, where)
     _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
+    _check_online(cfg.rm, cfg.policy, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -415,6 +416,23 @@ def _check_reward_family(rm, where: str) -> None:
                           "or train a causal LM at its step tag (rm.family=tag_lm)")
     if rm.label_index < 0:
         raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
+
+
+def _check_online(rm, p, where: str) -> None:
+    """The online ORM (`rm.online`) is GRPO's outcome reward, a tag-LM reward model."""
+    if not rm.online:
+        return
+    if p.algorithm != "grpo" or p.supervision != "outcome":
+        raise ConfigError(f"{where}: rm.online with policy.algorithm={p.algorithm} and policy."
+                          f"supervision={p.supervision}: the online ORM rewards GRPO's samples "
+                          "one score each; set policy.algorithm=grpo and policy.supervision="
+                          "outcome")
+    if rm.family not in ("", "tag_lm"):
+        raise ConfigError(f"{where}: rm.online with rm.family={rm.family}: the online ORM trains "
+                          "the tag_lm family")
+    if not 0.0 <= rm.online_lr < float("inf"):
+        raise ConfigError(f"{where}: rm.online_lr = {rm.online_lr}; expected a rate >= 0 (0: "
+                          "rm.lr)")
 
 
 def _check_lengths(data, g, lab, rm, where: str) -> None:

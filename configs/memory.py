@@ -24,8 +24,10 @@ policy's states, the reference and the reward model it is rewarded by throughout
     start-up        held + a whole bf16 copy (ZeRO-3: each model is loaded whole, then partitioned)
     push            held + the gathered policy (ZeRO-3) + vLLM's weights (its KV cache asleep)
     rollout         held + vLLM's pool (weights + KV cache), or the decoding loop's KV cache
-    scoring         held + the reward model's forward (vLLM asleep)
+    scoring         held + the reward model's forward (vLLM asleep); an online ORM
+                    (`rm.online`) is held as training states and gathered whole to score
     update          held + activations + logits (vLLM asleep)
+    update: ORM     the online ORM's step after the policy's: held + its activations
     reward models   a reward model's training states + its activations (vLLM asleep)
     labelling       vLLM's pool (the decoding loop: the policy + its KV cache)
     evaluation      sampling beside both reward models (best-of-N), then their scoring
@@ -191,7 +193,7 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     rollout_seqs = min(rank_questions, g.rollout_questions or rank_questions) * g.group_size
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
     whole = value_bytes * params
-    rows = [*_weight_rows(ds, g, arch, gpus, nodes),
+    rows = [*_weight_rows(ds, g, arch, gpus, nodes, cfg.rm.online),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
                     "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
     if cfg.rollout.backend != "vllm":
@@ -219,10 +221,11 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     return rows, numbers
 
 
-def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int) -> list[PlanRow]:
+def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
+                 online: bool = False) -> list[PlanRow]:
     """What a GRPO stage holds throughout: the policy's model states (the critic's too), the
     frozen reference and the reward model GRPO is rewarded by (`ds`: the deepspeed section, `g`
-    the policy section)."""
+    the policy section; `online`: the ORM trains beside the policy, `rm.online`)."""
     value_bytes = 2 if ds.bf16 else 4
     params, largest = arch.params, arch.largest_layer_params
     states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
@@ -243,9 +246,14 @@ def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int) -> list[PlanR
         else:
             rows.append(PlanRow("reference model", value_bytes * params,
                                 "replicated weights (inference only)"))
+    if online:  # a second training engine: its model states count like the policy's
+        rm_gpu, rm_cpu, _ = model_states(params, largest, ds, gpus, nodes)
+        rows.append(PlanRow("online ORM model states", rm_gpu, f"rm.online: trained every step; "
+                            f"CPU {rm_cpu / GB:.1f} GiB"))
     # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
     reward = "PRM" if g.supervision == "process" else "ORM"
     rows.append(PlanRow(f"{reward} (scoring)", value_bytes * params,
+                        "the online ORM gathered whole to score" if online else
                         "replicated weights (scoring)"))
     return rows
 
@@ -300,9 +308,11 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
     """Each phase's terms on a GPU sold as `gpu_gb` GB (module docstring)."""
     t, v = numbers["terms"], numbers["vllm"]
     held = tuple((k, b) for k, b in t.items()
-                 if k in ("policy model states", "critic model states", "reference model")
-                 or k.endswith("(scoring)"))
+                 if k in ("policy model states", "critic model states", "reference model",
+                          "online ORM model states")
+                 or (k.endswith("(scoring)") and "online ORM model states" not in t))
     scorer = next(b for k, b in t.items() if k.endswith("(scoring)"))
+    online = "online ORM model states" in t
     whole = t["whole policy"]
     gathered = (("gathered policy", whole),) if numbers["zero3"] else ()
     both_rms = (("both reward models", 2 * scorer),)
@@ -321,9 +331,13 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
                                        if numbers["zero3"] else ())))]
     out += [push] if push is not None else []
     out += [Phase("rollout", (*held, *rollout)),
-            Phase("scoring", (*held, ("scoring: forward", t["scoring: forward"]), *awake)),
+            # the online ORM scores gathered whole (`gathered_for_generation`) beside its states
+            Phase("scoring", (*held, *((("gathered online ORM", scorer),) if online else ()),
+                              ("scoring: forward", t["scoring: forward"]), *awake)),
             Phase("update", (*held, ("activations", t["update: activations"]),
                              ("logits", t["update: logits"]), *awake)),
+            *([Phase("update: ORM", (*held, ("activations", t["reward model: activations"]),
+                                     *awake))] if online else []),
             Phase("reward models", (("states", t["reward model states"]),
                                     ("activations", t["reward model: activations"]), *awake)),
             Phase("labelling", label),

@@ -490,6 +490,14 @@ class RewardModelConfig:
     Math-Shepherd tag), token_classification (a label at each step's separator: TRL's
     PRMTrainer, Qwen2.5-Math-PRM), sequence_classification (a scalar at the last token: an
     ORM). Empty = told from the checkpoint's architecture when loading, tag_lm when training."""
+    online: bool = False
+    """GRPO's ORM learns while the policy trains (reward_model/online.py): each step's samples
+    are scored, then the ORM takes one optimizer step on them labelled by their exact final-answer
+    checks (so no reward reads its own sample's label). Outcome supervision and the tag_lm
+    family; `igrpo grpo policy.reward=rm` starts it from `rm.path`, `igrpo iterate` (with
+    `iterate.refresh=false`) from its first ORM and each iteration from the last one's."""
+    online_lr: float = 0.0
+    """The online ORM's learning rate (0 = `rm.lr`)."""
     path: str = ""
     """A reward model of any family to use instead of the run's own: `igrpo eval-rm` reports
     it, `igrpo grpo policy.reward=rm` is rewarded by it (a PRM under process supervision), `igrpo

@@ -27,7 +27,8 @@ from typing import Callable
 from iteration import stages
 from iteration.manifest import Manifest
 from iteration.replay import WORKED, composition, load_iteration, refresh_set, save_iteration
-from iteration.resolve import Resolved, make_reward, stage_folder
+from configs import ConfigError
+from iteration.resolve import Resolved, loop_reward_problem, make_reward, stage_folder
 from iteration.stages import KINDS
 from iteration.summary import change_from, plot_accuracy, step_means, watch_ends, write_summary
 from policy.algorithms.sft import train_sft
@@ -53,6 +54,9 @@ class IterationRun:
         self.manifest = Manifest(run_path / "manifest.json", w.seed, write=is_main())
         self.policy_folder = stage_folder(run_path, w.algorithm)
         """Where the policy stages go (`grpo/iteration-K`, `ppo/iteration-K`, ...)."""
+        problem = loop_reward_problem(w)
+        if problem:
+            raise ConfigError(problem)
         if w.evals.prm_benchmark:  # a bad benchmark file stops the run before any work
             stages.prm_benchmark(w.evals.prm_benchmark)
 
@@ -119,17 +123,20 @@ class IterationRun:
         return worked_examples(records)
 
     def grpo(self, k: int, policy: str, rm_iteration: int, segment: int = 0,
-             steps: int | None = None, offset: int = 0) -> dict:
+             steps: int | None = None, offset: int = 0, online_init: str | None = None) -> dict:
         """GRPO from `policy` with the reference reset to it, rewarded by the current RMs
         (RM_{rm_iteration}), from step `offset` of the RL question stream on (where the previous
         GRPO unit left it). `segment` > 0: the `steps` left of iteration k after a guard fired
-        `refresh` (`<policy folder>/iteration-K.J`)."""
+        `refresh` (`<policy folder>/iteration-K.J`). With `rm.online` the ORM learns during the
+        stage, started from `online_init` (the previous GRPO unit's; default RM_{rm_iteration}),
+        and its export is the unit's `online_rm`."""
         tokenizer = load_tokenizer(policy, self.w.stage.model)
         folder = f"{self.policy_folder}/iteration-{k}" + (f".{segment}" if segment else "")
         logger = self.make_logger(folder)
         try:
             final = self.w.policy_trainer(offset, self._policy_after(0), steps)(
-                self.run, policy, self._reward(tokenizer, rm_iteration), self.splits.rl,
+                self.run, policy, self._reward(tokenizer, rm_iteration, online_init),
+                self.splits.rl,
                 self.splits.eval, logger, self.config_yaml, out_name=folder,
                 reference_path=policy, evaluate_ends=False)  # eval/{k-1} and eval/k do that
         finally:
@@ -137,8 +144,10 @@ class IterationRun:
         done = self.run / folder / "done.json"  # (the main rank wrote it)
         done = broadcast_from_main(json.loads(done.read_text()) if is_main() else None)
         drawn = done.get("question_steps", done["steps"])  # (offline RFT: its sampling steps)
+        online = self.run / folder / "online-rm"
         return {"policy": self._rel(final), "reference": self._rel(policy),
                 "question_steps": [offset, offset + int(drawn)],
+                **({"online_rm": self._rel(online)} if self.w.rm.settings.online else {}),
                 **({"guard": done["guard"]} if "guard" in done else {})}
 
     def evaluate(self, k: int, policy: str, rm_iteration: int) -> dict:
@@ -270,7 +279,9 @@ class IterationRun:
     def _grpo_unit(self, k: int, source: str, last_grpo: str | None, rms: int, segment: int,
                    steps: int) -> dict:
         offset = 0 if last_grpo is None else self._question_end(last_grpo)
-        return self.grpo(k, self._policy_of(source), rms, segment, steps, offset)
+        online = None if last_grpo is None else self.manifest.outputs(last_grpo).get("online_rm")
+        return self.grpo(k, self._policy_of(source), rms, segment, steps, offset,
+                         online and self._abs(online))
 
     def _question_end(self, unit: str) -> int:
         """Where GRPO unit `unit` left the RL question stream (a run recorded before the
@@ -295,11 +306,15 @@ class IterationRun:
             self.w, self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]))
             for kind in kinds}
 
-    def _reward(self, policy_tokenizer, rm_iteration: int):
+    def _reward(self, policy_tokenizer, rm_iteration: int, online_init: str | None = None):
         """GRPO's reward in the loop (`iterate.reward`): the reward model of its supervision
-        (RM_{rm_iteration}), or the rule."""
+        (RM_{rm_iteration}; with `rm.online` learning from `online_init`, default
+        RM_{rm_iteration}),
+        or the rule."""
+        if self.w.rm.settings.online and online_init is None:
+            online_init = self._abs(self.manifest.outputs(f"rm-orm/{rm_iteration}")["path"])
         return make_reward(self.w, policy_tokenizer, self.w.iterate.reward,
-                           lambda kinds: self._scorers(rm_iteration, kinds))
+                           lambda kinds: self._scorers(rm_iteration, kinds), online_init)
 
     def _grpo_rows(self, k: int) -> list[dict]:
         """Iteration k's GRPO step rows, over its units in order."""

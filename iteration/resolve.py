@@ -182,11 +182,13 @@ def resolve(cfg) -> Resolved:
 
 
 def make_reward(w: Resolved, policy_tokenizer, choice: str,
-                load_scorers: Callable[[list[str]], dict] | None = None):
+                load_scorers: Callable[[list[str]], dict] | None = None,
+                online_init: str | Path | None = None):
     """The GRPO reward callable `choice` names: `rule` (the final answer against the gold
     one), `step_oracle` (synthetic task: each step's true correctness), or `rm`: the PRM's step
     scores under process supervision, else the ORM's. `load_scorers(kinds)` gives the reward
-    models ({kind: scorer of any family}); without it, `rm.path`'s."""
+    models ({kind: scorer of any family}); without it, `rm.path`'s. With `rm.online` the ORM
+    learns during the stage (`OnlineORM`), started from `online_init` (default `rm.path`)."""
     from policy.rewards import RuleReward
     from process_supervision.oracle import StepOracleReward
     from reward_model.families import load_reward_model
@@ -198,6 +200,16 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
     if choice == "step_oracle":
         return StepOracleReward(policy_tokenizer, timeout)
     kind = "prm" if w.per_step else "orm"
+    if w.rm.settings.online:
+        from reward_model.online import OnlineORM
+        from runtime.batching import plan_grpo_batch
+        from runtime.dist import world
+
+        p = w.stage.policy
+        plan = plan_grpo_batch(p.questions_per_step, p.group_size,
+                               w.stage.deepspeed.micro_batch_size, world()[1])
+        return OnlineORM(w.rm, online_init or w.rm.settings.path, plan,
+                         w.rm.settings.online_lr or w.rm.settings.lr, timeout)
     scorer = load_scorers([kind])[kind] if load_scorers is not None else \
         load_reward_model(w.rm.settings.path, w.rm.settings, w.stage.model)
     if w.per_step:
@@ -212,9 +224,27 @@ def grpo_reward_problem(w: Resolved) -> str | None:
     if w.reward == "rm" and not w.rm.settings.path:
         return ("policy.reward=rm: name the reward model with rm.path (any family); "
                 "`igrpo iterate` rewards with the reward models it trains")
+    if w.rm.settings.online and w.reward != "rm":
+        return (f"rm.online with policy.reward={w.reward}: the online ORM is the reward it "
+                "trains; set policy.reward=rm and "
+                "rm.path to the ORM it starts from")
     if w.per_step and w.reward == "rule":
         return ("policy.supervision=process needs step rewards: set policy.reward=step_oracle, "
                 "or run `igrpo iterate` (which rewards with the PRM)")
+    return None
+
+
+def loop_reward_problem(w: Resolved) -> str | None:
+    """Why `igrpo iterate` cannot reward GRPO as configured, or None: the online ORM is GRPO's
+    reward (`iterate.reward=rm`) carried from one iteration to the next, which a refresh (each
+    iteration's, or the guard's) would replace."""
+    if w.rm.settings.online and (w.iterate.refresh or w.iterate.reward != "rm"
+                                 or w.stage.watch.guard == "refresh"):
+        return (f"rm.online with iterate.reward={w.iterate.reward}, iterate.refresh="
+                f"{w.iterate.refresh}, watch.guard={w.stage.watch.guard}: the online ORM is "
+                "GRPO's reward (iterate.reward=rm) and learns at every step, carried from one "
+                "iteration to the next; a refresh would replace it. Set iterate.refresh=false "
+                "(and a watch.guard other than refresh)")
     return None
 
 

@@ -89,6 +89,44 @@ class ValueSource(Protocol):
         ...
 
 
+@runtime_checkable
+class LearnsOnline(Protocol):
+    """A reward that learns from the samples it scored (`rm.online`, reward_model/online.py):
+    its engines are the stage's companions (saved and resumed with the policy), and after a
+    step's samples are scored and the policy updated, `learn` takes its own optimizer step on
+    them."""
+
+    name: str
+
+    def companions(self) -> dict:
+        """name -> the training engine(s) the stage saves and restores with the policy."""
+        ...
+
+    def learn(self, records: list[MathRecord], rollout: Rollout, backward, where: str) -> dict:
+        """One update on this rank's scored samples (`records[i]`: sample i's question), through
+        `backward` (the stage's `StageLoop.backward`); returns its metrics."""
+        ...
+
+    def export(self, folder, config_yaml: str) -> None:
+        """Save what it learned as a model any command reads."""
+        ...
+
+
+def gold_read(reward_fn: RewardFn, credit, metrics: dict) -> float:
+    """The share of a step's samples whose exact final-answer check reached its advantages or
+    its reward's training (`reward/gold_read`): 1 for a reward that is the check or learns from
+    it (`reads_gold`: the rule, the step oracle, the online ORM); for a process credit form
+    that reads the check (`credit.reads_check`: anchored) the gold budget's revealed share (the
+    step's `metrics["reward/gold_revealed"]`, all without a budget); 0 for a frozen reward
+    model, whose gold was spent on its labels before the stage. The watch reads the check too,
+    but nothing it reads reaches a reward."""
+    if getattr(reward_fn, "reads_gold", False):
+        return 1.0
+    if credit is not None and credit.reads_check:
+        return metrics.get("reward/gold_revealed", 1.0)
+    return 0.0
+
+
 def gold_budget(records: list[MathRecord], share: float, seed: int) -> torch.Tensor:
     """[N] bool: which of `records` (one per sample) lie inside a gold budget of `share` of the
     questions: question q is in when a uniform draw keyed by (`seed`, its source id) falls under
@@ -105,6 +143,9 @@ def grade_samples(records: list[MathRecord], texts: list[str], timeout_s: int = 
 
 class RuleReward:
     """1 if the final answer is equivalent to the gold answer, else 0 (the foundation's grader)."""
+
+    reads_gold = True
+    """Its rewards are the check (`gold_read`)."""
 
     def __init__(self, timeout_s: int = 2):
         self.timeout_s = timeout_s

@@ -12,9 +12,10 @@ import torch
 from configs.schema import PolicyConfig
 from policy.generation.rollout import Rollout, concat_rollouts
 from policy.math.shaping import add_to_last_step, overlong_penalty
-from policy.rewards import RewardFn, Scores, concat_scores, gold_budget
+from policy.rewards import LearnsOnline, RewardFn, Scores, concat_scores, gold_budget
 from policy.stage import Shaping
 from runtime.data import MathRecord
+from runtime.memory import memory_phase
 
 
 def shuffled_rewards(scores: Scores, rewards: torch.Tensor) -> tuple[Scores, torch.Tensor]:
@@ -108,3 +109,14 @@ def concat_sampled(parts: list[Sampled], pad_id: int) -> Sampled:
                    concat_rollouts([p.rollout for p in parts], pad_id),
                    concat_scores([p.scores for p in parts]),
                    torch.cat([p.rewards for p in parts]), torch.cat([p.broken for p in parts]))
+
+
+def learn_reward(online: LearnsOnline | None, sampled: Sampled, trainer, where: str) -> dict:
+    """A reward that learns online (`rm.online`) takes its step on the step's samples, scored
+    already, through the stage's `trainer` (`StageLoop.backward`); its metrics ({} for a fixed
+    reward)."""
+    if online is None:
+        return {}
+    rows = [rec for rec in sampled.records for _ in range(sampled.rollout.group_size)]
+    with memory_phase("reward models"):
+        return online.learn(rows, sampled.rollout, trainer.backward, where)

@@ -18,6 +18,9 @@ from tasks.synthetic import step_correctness
 class StepOracleReward:
     """Step reward 1 for a step still on the true solution path, 0 once it went wrong."""
 
+    reads_gold = True
+    """Its rewards are gold (`policy.rewards.gold_read`)."""
+
     def __init__(self, tokenizer, timeout_s: int = 2):
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s

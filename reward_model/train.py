@@ -107,7 +107,7 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
     train, val = split_validation(examples, rm.val_fraction, seed, rm.val_rows)
     plan = plan_batch(rm.batch_size, spec.deepspeed.micro_batch_size, world_size,
                       f"rm.batch_size={rm.batch_size}")
-    tokenizer, engine, read = _reward_model_engine(spec, out, init, plan)
+    tokenizer, engine, read = reward_model_engine(spec, out, init, plan)
     epochs = rm.epochs if epochs is None else epochs
     trainer = StageLoop(out, engine, logger, math.ceil(
         epochs * max(1, len(train) // plan.global_sequences)), desc=out.name)
@@ -126,7 +126,7 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
         batch = read.encode(mine)
         started = time.perf_counter()
         engine.train()
-        sums, loss_of = _batch_loss(engine, batch, read, rm, world_size, plan.micro_batch_size,
+        sums, loss_of = batch_loss(engine, batch, read, rm, world_size, plan.micro_batch_size,
                                     [ex.question for ex in mine])
         grad_norm = trainer.backward(plan.grad_accum, plan.micro_batch_size, loss_of,
                                      f"{out} step {state['step'] + 1}")
@@ -187,10 +187,13 @@ class _Read:
     tags: object = None
 
 
-def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
-    """The tokenizer, the engine over the (possibly deepened) backbone, and how the family
-    (`rm.family`: the tag LM, or a token-classification PRM) is fed and read."""
+def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
+                        lr: float | None = None):
+    """The tokenizer, the engine over the (possibly deepened) backbone at `lr` (default
+    `rm.lr`), and how the family (`rm.family`: the tag LM, or a token-classification PRM) is fed
+    and read."""
     rm = spec.settings
+    lr = rm.lr if lr is None else lr
     if not spec.trainable:
         raise ValueError(f"rm.family={rm.family}: `igrpo train-rm` trains the tag_lm and "
                          "token_classification families")
@@ -198,7 +201,7 @@ def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
     tokenizer.padding_side = "right"
     if spec.token_classifier:
         model = _token_classifier(init, spec.model, spec.seed)
-        engine = build_engine(model, spec.deepspeed, lr=rm.lr,
+        engine = build_engine(model, spec.deepspeed, lr=lr,
                               micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
         reading = Reading.of(rm)
 
@@ -216,7 +219,7 @@ def _reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan):
               f"token {len(tokenizer) - 1}")
     fresh = {id(p): rm.new_layer_lr for p in added_layer_parameters(model)} \
         if rm.new_layer_lr else None
-    engine = build_engine(model, spec.deepspeed, lr=rm.lr, micro_batch_size=plan.micro_batch_size,
+    engine = build_engine(model, spec.deepspeed, lr=lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum, lr_by_param=fresh)
     tags = tag_tokens(tokenizer, rm.step_tag)
     return tokenizer, engine, _Read(
@@ -249,7 +252,7 @@ def _token_classifier(init: str | Path, model_cfg: ModelConfig, seed: int):
     return model
 
 
-def _batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_size: int,
+def batch_loss(engine, batch, read: _Read, rm, world_size: int, micro_batch_size: int,
                 questions: list[str]):
     """(running sums, loss of a micro-batch): the tag loss as a mean over the step's labels of
     all ranks, plus `rm.lm_weight` x the next-token loss, the same global mean over LM tokens,

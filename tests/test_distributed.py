@@ -222,6 +222,37 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit)
 
 
 @pytest.mark.slow
+def test_online_orm_step_on_two_processes_equals_one(tmp_path, ranks, base):
+    """GRPO rewarded by an ORM that learns from the step's samples (`rm.online`): one step on 2
+    processes under ZeRO-2 and under ZeRO-3 equals one process's, the policy's update and the
+    ORM's (its loss, gradient norm and exported weights), the 2-process gradients perturbed by an
+    ulp as in the recipes' test below. Both models moved far past the tolerance."""
+    runs = {}
+    for name, nproc, stage in (("p1", 1, 0), ("z2", 2, 2), ("z3", 2, 3)):
+        out = tmp_path / name
+        _launch(ranks, nproc, "grpo-online", out, base, stage,
+                env={"DIST_CHECK_GRAD_ULPS": "1"} if nproc == 2 else None)
+        runs[name] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][-1],
+                      out)
+    one, out1 = runs["p1"]
+    assert one["online_rm/grad_norm"] > 0 and one["train/grad_norm"] > 0
+    assert one["reward/group_std"] > 0  # the ORM's scores spread within groups
+    assert one["reward/gold_read"] == 1.0  # every check trained the ORM, after scoring
+    for name in ("z2", "z3"):
+        two, out2 = runs[name]
+        for key in ("train/loss", "train/grad_norm", "reward/mean", "reward/group_std",
+                    "online_rm/loss", "online_rm/grad_norm", "online_rm/right_share"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (name, key)
+        for folder in ("final", "online-rm"):
+            _same_weights(out1 / "grpo" / folder, out2 / "grpo" / folder)
+    start = _weights(Path(base))
+    for folder in ("final", "online-rm"):
+        end = _weights(out1 / "grpo" / folder)
+        moved = torch.cat([(end[k] - start[k]).abs().flatten() for k in end])
+        assert moved.median() > 100 * TOL["atol"], folder
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, stage", [("gspo", 3), ("dpo", 3), ("online_dpo", 2)])
 def test_gspo_and_dpo_steps_on_two_processes_equal_one(tmp_path, ranks, base, recipe, stage):
     """A GSPO step (GSPO-token on process rewards, 4 mini-batches: 4 optimizer steps), two DPO

@@ -153,3 +153,24 @@ def test_ppo_plan_counts_the_critic():
     vc = {r.item for r in plan(load_config("configs/deepseekmath_7b.yaml", recipe="vc_ppo"),
                                8, 1)[0]}
     assert "reference model" not in vc and "critic model states" in vc
+
+
+def test_an_online_orm_is_held_as_training_states_and_gathered_to_score():
+    """`rm.online`: the ORM is a second training engine of the GRPO stage, its model states
+    counted like the policy's (same architecture) in every phase the stage holds; it scores
+    gathered whole, and its own update (activations of a micro-batch of `rm.max_length`) comes
+    after the policy's."""
+    args = ["rm.online=true", "policy.supervision=outcome"]
+    frozen = dict((r.item, r.gpu_bytes) for r in plan(load_config(
+        "configs/deepseekmath_7b.yaml", args[1:]), 8, 1, 256)[0])
+    rows, numbers = plan(load_config("configs/deepseekmath_7b.yaml", args), 8, 1, 256)
+    t = {r.item: r.gpu_bytes for r in rows}
+    assert t["online ORM model states"] == t["policy model states"]
+    assert "online ORM model states" not in frozen
+    by_phase = {p.name: dict(p.terms) for p in phases(numbers, 80)}
+    held = t["policy model states"] + t["reference model"] + t["online ORM model states"]
+    assert sum(by_phase["scoring"].values()) == held + t["ORM (scoring)"] + t["scoring: forward"]
+    assert by_phase["scoring"]["gathered online ORM"] == 2 * numbers["params"]  # bf16, whole
+    assert sum(by_phase["update: ORM"].values()) == held + t["reward model: activations"]
+    assert [p.name for p in phases(numbers, 80)].index("update: ORM") == \
+        [p.name for p in phases(numbers, 80)].index("update") + 1

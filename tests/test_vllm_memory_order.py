@@ -12,7 +12,8 @@ import recording_vllm
 from recording_vllm import EVENTS, recorded, recording
 
 VLLM = ["rollout.backend=vllm", "run.wandb_mode=disabled", "inspect.every=0"]
-NEVER_BESIDE_THE_POOL = {"gather", "score", "update", "rm-train", "rm-score", "export"}
+NEVER_BESIDE_THE_POOL = {"gather", "score", "update", "rm-train", "rm-score", "rm-online",
+                         "export"}
 
 
 @pytest.fixture
@@ -24,6 +25,7 @@ def recorder(monkeypatch):
     import policy.engines
     import policy.sampling
     import reward_model.report
+    from reward_model.online import OnlineORM
     from runtime.training import StageLoop
 
     recording_vllm.install(monkeypatch)
@@ -40,6 +42,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(reward_model.report, "solution_scores",
                         recording("rm-score", reward_model.report.solution_scores))
     monkeypatch.setattr(StageLoop, "finish", recording("export", StageLoop.finish))
+    monkeypatch.setattr(OnlineORM, "learn", recording("rm-online", OnlineORM.learn))
     return EVENTS
 
 
@@ -103,6 +106,39 @@ def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(record
     # checkpoints loaded outside a gather (labelling, evaluation; after a sleep, from disk)
     inside = {j for start in spans for j in range(start, names.index("gather-end", start))}
     assert any(name == "reload" and j not in inside for j, name in enumerate(names))
+
+
+def test_iterate_with_an_online_orm_learns_after_the_update_with_the_pool_asleep(
+        recorder, tmp_path, monkeypatch):
+    """`rm.online` through Algorithm 1 (two iterations, no refresh): each GRPO step is rollout,
+    sleep, scoring, the policy's update, then the ORM's update, never beside vLLM's pool; the
+    first stage's ORM starts from the ORM the loop trained, the second from the first's export
+    (`online-rm`), which both stages write."""
+    import igrpo
+    from reward_model.online import OnlineORM
+    from small_config import ITERATE, SMALL
+
+    starts = []
+    init = OnlineORM.__init__
+
+    def starting(self, spec, path, *args, **kwargs):
+        starts.append(str(path))
+        init(self, spec, path, *args, **kwargs)
+
+    monkeypatch.setattr(OnlineORM, "__init__", starting)
+    assert igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
+                       *SMALL, *ITERATE, *VLLM, "policy.supervision=outcome", "rm.online=true",
+                       "iterate.refresh=false"]) == 0
+    assert _beside_the_pool(recorder) == []
+    names = [n for n in _names(recorder) if n in ("generate", "sleep", "score", "update",
+                                                  "rm-online")]
+    assert names.count("rm-online") == names.count("update") == 4
+    for at in (i for i, n in enumerate(names) if n == "update"):
+        assert names[at - 2:at + 2] == ["sleep", "score", "update", "rm-online"]
+    run = tmp_path / "tiny"
+    assert starts == [str(run / "rm-orm/iteration-0/final"),
+                      str(run / "grpo/iteration-1/online-rm")]
+    assert all((run / f"grpo/iteration-{k}/online-rm/model.safetensors").exists() for k in (1, 2))
 
 
 def test_the_engine_refuses_an_untested_vllm_naming_the_version_and_the_range():

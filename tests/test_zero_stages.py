@@ -97,6 +97,34 @@ def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base, rank
                 assert all(torch.equal(a[k], b[k]) for k in a), f"{name}: {rel}"
 
 
+@pytest.mark.slow
+def test_grpo_with_an_online_orm_resumes_under_every_zero_stage(tmp_path, base, ranks):
+    """GRPO rewarded by an ORM that learns at every step (`rm.online`): killed after step 1's
+    state is saved under ZeRO-0, 1, 2 and 3 on 2 processes, step 2 then equals the
+    uninterrupted run's bit for bit: the policy's and the ORM's weights, every logged number
+    (the ORM's loss among them) but wall-clock ones. The ORM's state is the stage's companion."""
+    ranks.launch(2, "zero_resume", tmp_path, base, "grpo_online", "fp32",
+                 log=tmp_path / "zero_resume.log", timeout=600)
+    for stage in (0, 1, 2, 3):
+        name = f"grpo_online-z{stage}"
+        rows = json.loads((tmp_path / "fp32" / f"{name}.json").read_text())
+        assert rows["resumed_from"] == 1, name
+
+        def timeless(run):
+            return [{k: v for k, v in row.items()
+                     if not k.startswith("time/") and "per_s" not in k} for row in run]
+
+        assert timeless(rows["resumed"]) == timeless(rows["straight"]), name
+        assert rows["straight"][-1]["step"] == 2
+        assert sum("online_rm/loss" in row for row in rows["straight"]) == 2  # one a step
+        for folder in ("final", "online-rm"):
+            a = load_file(tmp_path / "fp32" / f"{name}-straight" / "grpo" / folder /
+                          "model.safetensors")
+            b = load_file(tmp_path / "fp32" / f"{name}-resumed" / "grpo" / folder /
+                          "model.safetensors")
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{name}: {folder}"
+
+
 @pytest.fixture(scope="module")
 def iterate_runs(tmp_path_factory, ranks):
     """The small Algorithm 1 run on 1 process (ZeRO-0), and on 2 under ZeRO-2 and ZeRO-3."""

@@ -29,9 +29,9 @@ from policy.evaluate import make_evaluator
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
-from policy.rewards import RewardFn, Scores
+from policy.rewards import LearnsOnline, RewardFn, Scores, gold_read
 from policy.sampling import make_sample, refill_questions, rollout_key, step_questions
-from policy.scoring import Sampled, concat_sampled
+from policy.scoring import Sampled, concat_sampled, learn_reward
 from policy.skeleton import end_step, finish_stage, stage_trainer
 from policy.stage import GRPOSpec, PolicyStage
 from policy.stage_watch import StageWatch
@@ -55,8 +55,8 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
     out = run_path / out_name
     if stage_done(out):
         return out / "final"
-    tokenizer, plan, reference, trainer, sampler, watch = start_stage(
-        stage, out, out_name, logger, policy_path, reference_path)
+    tokenizer, plan, reference, trainer, sampler, watch, online = start_stage(
+        stage, out, out_name, logger, policy_path, reference_path, reward_fn)
     evaluate = make_evaluator(stage.evaluation, sampler, tokenizer, eval_records, stage.prompts,
                               trainer, evaluate_ends)
     rank, per_rank = world()[0], p.questions_per_step // world()[1]
@@ -69,29 +69,36 @@ def train_grpo(stage: PolicyStage, spec: GRPOSpec, run_path: Path, policy_path: 
         batch, stats = learn_step(trainer, reference, sampled, p, spec, plan, seed, timing,
                                   f"{out_name} step {step + 1}",
                                   step == 0 and starts_at(reference_path, policy_path))
+        learned = learn_reward(online, sampled, trainer, f"{out_name} step {step + 1}")
         trainer.advance()
-        metrics = {**log_step(sampled.rollout, sampled.scores, sampled.rewards, batch, stats, p,
-                              timing), **sampled.stats, **sampler.stats(),
-                   **memory_metrics(timing["rollout_memory"]),
+        metrics = {**learned, **log_step(sampled.rollout, sampled.scores, sampled.rewards, batch,
+                                         stats, p, timing),
+                   **sampled.stats, **sampler.stats(), **memory_metrics(timing["rollout_memory"]),
                    "train/lr": current_lr(trainer.engine),
                    **watch.after_update(sampled, batch, spec, tokenizer, stats.logprobs,
                                         plan.micro_batch_size)}
+        metrics["reward/gold_read"] = gold_read(reward_fn, spec.credit, metrics)
         end_step(trainer, metrics, p, evaluate, evaluate_ends, lambda: inspection.inspect_step(
             out / "inspect", trainer.step, stage.inspect, spec, tokenizer, sampled, batch, logger))
-    return finish_stage(trainer, sampler, tokenizer, out, config_yaml)
+    return finish_stage(trainer, sampler, tokenizer, out, config_yaml,
+                        lambda: online and online.export(out / online.name, config_yaml))
 
 
 def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_path,
-                reference_path) -> tuple:
-    """(tokenizer, batch plan, reference, trainer, sampler, watch) of a GRPO stage in `out`."""
+                reference_path, reward_fn: RewardFn) -> tuple:
+    """(tokenizer, batch plan, reference, trainer, sampler, watch, the reward if it learns
+    online, else None) of a GRPO stage in `out`; a reward that learns online
+    (`policy.rewards.LearnsOnline`) has its engines saved and restored with the policy's."""
+    online = reward_fn if isinstance(reward_fn, LearnsOnline) else None
+    companions = online.companions() if online else None
     with memory_phase("start-up"):
         tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
-        trainer = stage_trainer(stage, out, engine, logger, out_name)
+        trainer = stage_trainer(stage, out, engine, logger, out_name, companions=companions)
         sampler = Sampler(engine, trainer, stage.vllm, policy_path)
         rank, size = world()
         watch = StageWatch(stage, out / "trace", trainer, reference, policy_path, reference_path,
                            first_group=rank * stage.policy.questions_per_step // size)
-    return tokenizer, plan, reference, trainer, sampler, watch
+    return tokenizer, plan, reference, trainer, sampler, watch, online
 
 
 def learn_step(trainer: StageLoop, reference, sampled: Sampled, p: PolicyConfig, spec: GRPOSpec,

@@ -320,12 +320,14 @@ class ProcessCredit:
     informative: Callable[..., torch.Tensor]
     """(step_rewards, step_mask [N, S], correct [N] | None, G, revealed=...) -> [Q] bool:
     groups whose advantages can be non-zero."""
+    reads_check: bool = False
+    """The advantages read the exact final-answer check (`Scores.correct`)."""
 
 
 PROCESS_CREDIT: dict[str, ProcessCredit] = {
     "sum": ProcessCredit(sum_credit, sum_informative),
     "min": ProcessCredit(min_credit, min_informative),
-    "anchored": ProcessCredit(anchored_credit, anchored_informative),
+    "anchored": ProcessCredit(anchored_credit, anchored_informative, reads_check=True),
 }
 """`grpo.process_credit` -> how process rewards become token advantages (docs/grpo.md)."""
 

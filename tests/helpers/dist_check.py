@@ -40,6 +40,16 @@ RM = [*SMALL, "rm.kind=prm", "rm.batch_size=8", "rm.epochs=1", "rm.eval_every=0"
       "rm.val_fraction=0", "deepspeed.micro_batch_size=2", "run.wandb_mode=disabled",
       "run.threads=1"]
 
+ONLINE = ["policy.supervision=outcome", "policy.reward=rm", "rm.online=true", "rm.online_lr=1e-2",
+          "rm.lm_weight=0", "rm.likelihood_feature=false", "rm.extra_layers_from=[]",
+          "policy.mu=1", "policy.temperature=1.0", "policy.rollout_questions=1",
+          "policy.lr=1e-2", "deepspeed.adam_eps=1e-3", "rm.score_batch_size=4"]
+"""GRPO rewarded by an online ORM started from the base model (its step tag added), at rates
+that move both models, sampled at temperature 1 (the groups' rewards spread). The ORM scores a
+group at a time, the same batches on any number of ranks: the random base's scores spread by
+1e-3 within a group, so the group-normalised advantages would turn another padding's last bits
+into differences Adam carries to the weights."""
+
 
 class ChunkStepReward:
     """Steps of 3 tokens; a step's reward is the parity of its token-id sum plus its index (a
@@ -318,6 +328,18 @@ def main() -> None:
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
         resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
+    elif kind == "grpo-online":  # GRPO rewarded by an ORM that learns from its samples
+        from iteration.resolve import make_reward, resolve
+        from runtime.data import load_splits
+        from runtime.models import load_tokenizer
+
+        # Adam's eps bounds what a gradient's last bits can move a weight (see gspo above).
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *ONLINE, *sys.argv[5:]])
+        w = resolve(cfg)
+        splits = load_splits(cfg.data, 0)
+        w.train_policy(out, base, make_reward(w, load_tokenizer(base, w.stage.model), "rm",
+                                              online_init=base),
+                       splits.rl, splits.eval, logger, "")
     elif kind == "grpo":
         from iteration.resolve import resolve
         from policy.algorithms import grpo as grpo_module

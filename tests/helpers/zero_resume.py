@@ -3,7 +3,8 @@ fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it wri
 
     torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION[,...]
 
-For each stage kind (sft, rm, grpo, ppo: PPO with its critic) and ZeRO stage 0-3, the stage runs
+For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online: GRPO with its online
+ORM) and ZeRO stage 0-3, the stage runs
 twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
 right after the state of step 1 is saved, then called again, which builds every engine afresh,
 loads that state and takes step 2. Each run's final export lands in
@@ -25,7 +26,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-from dist_check import GRPO, RM, ChunkStepReward  # noqa: E402
+from dist_check import GRPO, ONLINE, RM, ChunkStepReward  # noqa: E402
 
 STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1", "data.val_questions=4",
@@ -34,6 +35,7 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "grpo": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "policy.temperature=1.0",
              "policy.rollout_questions=1"],
     "ppo": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "ppo.critic_lr=1e-3"],
+    "grpo_online": ["policy.steps=2", "policy.save_every=1", *ONLINE],
 }
 PRECISION = {"fp32": [], "bf16": ["deepspeed.bf16=true", "model.dtype=bfloat16"]}
 
@@ -65,8 +67,15 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
                                                              f"The answer is {i + 1 + i % 2}"),
                                 (float(i % 2 == 0),) * 2, f"row{i}") for i in range(8)]
         return train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
-    from iteration.resolve import resolve
+    from iteration.resolve import make_reward, resolve
 
+    if kind == "grpo_online":  # GRPO on an ORM learning from its samples: two engines resume
+        from runtime.models import load_tokenizer
+
+        w = resolve(load_config("configs/tiny.yaml", [*GRPO, *overrides]))
+        splits = load_splits(w.data, 0)
+        reward = make_reward(w, load_tokenizer(base, w.stage.model), "rm", online_init=base)
+        return w.train_policy(out, base, reward, splits.rl, splits.eval, logger, "")
     cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides],
                       recipe="ppo" if kind == "ppo" else None)
     splits = load_splits(cfg.data, 0)
