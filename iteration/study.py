@@ -34,8 +34,8 @@ from pathlib import Path
 
 from iteration import study_results as sr
 from iteration.manifest import fork
-from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_UNITS, RUN_KINDS, Resources, StrongSpec,
-                                  Study, StudyError, load_study, stream_of)
+from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_GRPO_KEYS, RM_UNITS, RUN_KINDS,
+                                  Resources, StrongSpec, Study, StudyError, load_study, stream_of)
 
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -106,14 +106,16 @@ def warm_start(config: str, overrides: list[str]) -> str:
 def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
               reward_models: dict[str, str] | None = None) -> None:
     """A new arm folder (overrides `arm_args`) holding the prefix's finished units (its manifest
-    resumes at GRPO). An arm reading its reward models otherwise (any `rm.` override) redoes
-    them; `reward_models` ({kind: path}) puts given ones in their place."""
+    resumes at GRPO). An arm reading its reward models otherwise (an `rm.` override other than
+    the GRPO-time ones, `RM_GRPO_KEYS`) redoes them; `reward_models` ({kind: path}) puts given
+    ones in their place."""
     if reward_models:
         made = {f"rm-{kind}/0": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}
                 for kind, path in _paths(reward_models).items()}  # (relative: the root may move)
         fork(prefix_run, arm_run, keep=lambda unit: unit != "eval/0", replace=made,
              drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
-    elif any(a.lstrip("+").startswith("rm.") for a in arm_args):
+    elif any(a.lstrip("+").startswith("rm.")
+             and a.lstrip("+").split("=")[0] not in RM_GRPO_KEYS for a in arm_args):
         fork(prefix_run, arm_run, keep=lambda unit: unit not in RM_UNITS,
              drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
     else:
@@ -545,11 +547,13 @@ def finished(run: Path) -> bool:
 def proxy_and_gold(run: Path, folder: str = "grpo") -> dict[str, list]:
     """Per policy step of every iteration in order (the stages in the run's `folder`), the
     proxy reward (`reward/mean`: what the run is trained on) and the gold one
-    (`reward/accuracy`: the share of the step's samples whose final answer is right); `ends`:
-    the steps at which each iteration ends."""
+    (`reward/accuracy`: the share of the step's samples whose final answer is right), the
+    watch's in-group AUROC of the reward against the check (`watch/group_auroc`, None where no
+    group was mixed) and the share of checks the reward read (`reward/gold_read`); `ends`: the
+    steps at which each iteration ends."""
     from runtime.tracking import read_metrics
 
-    proxy, gold, ends = [], [], []
+    proxy, gold, auroc, read, ends = [], [], [], [], []
     stages = [run / folder / "metrics.jsonl"] if (run / folder / "metrics.jsonl").exists() \
         else []  # (`igrpo grpo`'s one stage; `iterate`'s below)
     k = 1
@@ -560,8 +564,11 @@ def proxy_and_gold(run: Path, folder: str = "grpo") -> dict[str, list]:
         rows = [r for r in read_metrics(metrics) if "reward/mean" in r]
         proxy += [r["reward/mean"] for r in rows]
         gold += [r.get("reward/accuracy", float("nan")) for r in rows]
+        auroc += [r.get("watch/group_auroc") if isinstance(r.get("watch/group_auroc"), float)
+                  else None for r in rows]
+        read += [r.get("reward/gold_read") for r in rows]
         ends.append(len(proxy))
-    return {"proxy": proxy, "gold": gold, "ends": ends}
+    return {"proxy": proxy, "gold": gold, "auroc": auroc, "gold_read": read, "ends": ends}
 
 
 def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
@@ -586,7 +593,8 @@ def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
         last = json.loads((run / "summary.json").read_text())["iterations"][-1]
         steps = {}
     rewards = proxy_and_gold(run, folder)
-    proxy, gold = ([round(x, 5) for x in rewards[key]] for key in ("proxy", "gold"))
+    proxy, gold, auroc, read = ([None if x is None else round(x, 5) for x in rewards[key]]
+                                for key in ("proxy", "gold", "auroc", "gold_read"))
     return {"task": job.task, "arm": job.arm, "seed": job.seed,
             "config": job.config, "overrides": job.args,
             **({"recipe": job.recipe} if job.recipe else {}),
@@ -598,7 +606,7 @@ def run_record(run: Path, job: Job, seconds: float, overrides: list[str] = (),
             "wall_minutes": round(seconds / 60, 2), "commit": _commit(),
             "warm": sr.compact_outcomes(json.loads(warm.read_text())),
             "final": sr.compact_outcomes(json.loads(final.read_text())),
-            "grpo": {"proxy": proxy, "gold": gold},
+            "grpo": {"proxy": proxy, "gold": gold, "auroc": auroc, "gold_read": read},
             "reward_models": {k: v for k, v in last.get("rm", {}).items()
                               if isinstance(v, (int, float))}}
 

@@ -63,7 +63,8 @@ def report(study: Study, runs: dict, command: str, invocations: list[dict] = (),
         if STREAMS.get(stream):
             lines += [STREAMS[stream], ""]
         lines += (_arms_section(study, kept, tasks) + _runs_section(study, kept, tasks)
-                  + _comparison_section(study, kept) + _proxy_gold_section(study, kept))
+                  + _comparison_section(study, kept) + _holding_section(study, kept)
+                  + _proxy_gold_section(study, kept))
     return "\n".join(lines) + "\n"
 
 
@@ -223,6 +224,101 @@ def _comparison_section(study: Study, runs: dict) -> list[str]:
         seeds = diff["mean_at_k"]["seeds"]
         lines.append(f"| {c.question} | {c.task} | {c.arm} - {c.against} | {seeds} | "
                      + " | ".join(cells) + " |")
+    return lines
+
+
+HOLDS = {"end": 0.05, "spread": 0.03, "gold": 0.07, "auroc": 0.6, "steps": 5, "last": 10}
+"""A learned reward model holds (paired by seed with the exact check, arm A): every seed ends
+within `end` mean@4 of A (or above); the standard deviation over seeds of (arm - A) is at most
+`spread`; every seed's gold reward over its last `last` GRPO steps is at least A's minus `gold`;
+the watch's in-group AUROC, averaged over `steps` steps, never stays under `auroc` for `steps`
+steps in a row."""
+
+
+def watch_fails(auroc: list) -> bool | None:
+    """Whether the watch's `HOLDS["steps"]`-step mean of the in-group AUROC stays under
+    `HOLDS["auroc"]` for that many steps in a row (steps without a mixed group skipped); None
+    where the run kept no AUROC."""
+    values = [a for a in auroc if a is not None]
+    if not values:
+        return None
+    n, run = HOLDS["steps"], 0
+    for end in range(n, len(values) + 1):
+        run = run + 1 if sum(values[end - n:end]) / n < HOLDS["auroc"] else 0
+        if run >= n:
+            return True
+    return False
+
+
+def holding(runs: dict, task: str, arm: str) -> dict | None:
+    """Does `arm`'s reward hold on `task` against A (`HOLDS`)? Per seed both ran: (arm - A)
+    mean@4, its last-steps gold minus A's, whether the watch failed, the checks it read; then
+    the verdict. None where no seed has both."""
+    import statistics
+
+    seeds = sorted(s for (t, a, s) in runs if t == task and a == arm and (task, "A", s) in runs)
+    if not seeds:
+        return None
+    rows = {}
+    for s in seeds:
+        mine, exact = runs[(task, arm, s)], runs[(task, "A", s)]
+        last = HOLDS["last"]
+        gold = [sum(r["grpo"]["gold"][-last:]) / len(r["grpo"]["gold"][-last:])
+                for r in (mine, exact)]
+        read = [x for x in mine["grpo"].get("gold_read", []) if x is not None]
+        rows[s] = {"end": sr.metric(sr.per_question(mine["final"]), "mean_at_k")
+                   - sr.metric(sr.per_question(exact["final"]), "mean_at_k"),
+                   "gold": gold[0] - gold[1], "watch": watch_fails(mine["grpo"].get("auroc", [])),
+                   "read": sum(read) / len(read) if read else None}
+    ends = [r["end"] for r in rows.values()]
+    spread = statistics.stdev(ends) if len(ends) > 1 else None
+    failed = ([f"seed {s} ends {r['end']:+.3f}" for s, r in rows.items()
+               if r["end"] < -HOLDS["end"]]
+              + ([f"spread {spread:.3f}"] if spread is not None and spread > HOLDS["spread"]
+                 else [])
+              + [f"seed {s} gold {r['gold']:+.2f}" for s, r in rows.items()
+                 if r["gold"] < -HOLDS["gold"]]
+              + [f"seed {s} watch" for s, r in rows.items() if r["watch"]])
+    unknown = [s for s, r in rows.items() if r["watch"] is None]
+    verdict = ("fails: " + ", ".join(failed) if failed else
+               "holds" + (f" (watch not kept: seeds {', '.join(map(str, unknown))})"
+                          if unknown else "") if len(seeds) > 1 else "1 seed: not judged")
+    return {"seeds": rows, "spread": spread, "verdict": verdict}
+
+
+def _holding_section(study: Study, runs: dict) -> list[str]:
+    h = HOLDS
+    rows = [(task, arm, holding(runs, task, arm)) for task in study.tasks for arm in study.arms
+            if arm != "A"]
+    rows = [r for r in rows if r[2] is not None]
+    if not rows:
+        return []
+    seeds = sorted({s for _, _, found in rows for s in found["seeds"]})
+    lines = ["", "## Does the reward hold?", "",
+             f"Each arm against the exact check (A), seed by seed: its mean@4 minus A's, then in "
+             f"brackets its gold reward over the last {h['last']} GRPO steps minus A's (the same "
+             f"questions at each step), `w` where the watch's {h['steps']}-step in-group AUROC "
+             f"stayed under {h['auroc']} for {h['steps']} steps. The reward holds when every seed "
+             f"ends at most {h['end']} below A, the standard deviation over seeds of (arm - A) "
+             f"is at most {h['spread']}, every seed's late gold is at most {h['gold']} below "
+             f"A's, and the watch never fails. `gold read`: the share of the samples' exact "
+             f"checks that reached the advantages or the reward's training (`reward/gold_read`, "
+             f"mean over steps and seeds; a frozen reward model read its gold as labels before "
+             f"GRPO).", "",
+             "| task | arm | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | spread | gold read | verdict |",
+             "|---|---|" + "---|" * (len(seeds) + 3)]
+    for task, arm, found in rows:
+        cells = []
+        for s in seeds:
+            r = found["seeds"].get(s)
+            cells.append("-" if r is None else f"{r['end']:+.3f} ({r['gold']:+.2f})"
+                         + (" w" if r["watch"] else ""))
+        reads = [r["read"] for r in found["seeds"].values() if r["read"] is not None]
+        lines.append(f"| {task} | {arm} | " + " | ".join(cells) + " | "
+                     + ("-" if found["spread"] is None else f"{found['spread']:.3f}") + " | "
+                     + (f"{sum(reads) / len(reads):.2f}" if reads else "-") + " | "
+                     + found["verdict"] + " |")
     return lines
 
 

@@ -554,3 +554,62 @@ def test_a_grpo_study_evaluates_each_seeds_warm_start_once_and_each_run_after_it
     rerun = subprocess.run(args, check=True, env=env, cwd=ROOT, capture_output=True, text=True)
     assert "[study] 0 runs to do" in rerun.stdout
 
+
+
+def test_an_arm_setting_only_grpo_time_rm_keys_keeps_its_prefixs_reward_models(tmp_path):
+    """`start_arm`: an arm whose `rm.` overrides change how the first reward models are trained
+    or read (`rm.likelihood_feature=false`) redoes them; one that sets only keys GRPO reads
+    (`rm.online`, `rm.online_lr`: the ORM then learns during GRPO) keeps the prefix's."""
+    import json
+
+    from iteration.study import start_arm
+
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    units = {name: {"state": "done", "started": 0.0, "finished": 1.0, "outputs": {}}
+             for name in ("sft", "label/0", "rm-orm/0", "rm-prm/0", "eval/0")}
+    (prefix / "manifest.json").write_text(json.dumps({"seed": 0, "units": units}))
+    start_arm(prefix, tmp_path / "online", ["policy.supervision=outcome", "rm.online=true",
+                                           "rm.online_lr=1e-4"])
+    start_arm(prefix, tmp_path / "reread", ["rm.likelihood_feature=false"])
+    kept = {name: set(json.loads((tmp_path / name / "manifest.json").read_text())["units"])
+            for name in ("online", "reread")}
+    assert kept["online"] == set(units)
+    assert kept["reread"] == {"sft", "label/0"}
+
+
+def test_whether_a_reward_holds_is_judged_seed_by_seed_against_the_exact_check():
+    """`study_report.holding` by hand: arm O ends level with A on every seed with A's late gold
+    and a watch that never fails: it holds, having read every check. Arm D ends 1/3 below A on
+    seed 1 (mean@2 0.5 against 5/6) with its gold 0.3 below over the last 10 steps, its seeds
+    spread by a standard deviation of 0.192, and on seed 0 its in-group AUROC sat at 0.5: it
+    fails on each count, named. The watch fails only after 5 steps of 5-step means under 0.6."""
+    from iteration.study_report import holding, report, watch_fails
+    from iteration.study_spec import load_study
+
+    good, bad = _eval("11,11,10", "11,11,10"), _eval("11,10,00", "11,10,00")
+    runs = {}
+    for seed in (0, 1, 2):
+        runs[("steps", "A", seed)] = _record("steps", "A", seed, good, gold=(0.5,) * 12)
+        runs[("steps", "O", seed)] = _record("steps", "O", seed, good, gold=(0.5,) * 12)
+        runs[("steps", "O", seed)]["grpo"].update(auroc=[0.9] * 12, gold_read=[1.0] * 12)
+        runs[("steps", "D", seed)] = _record("steps", "D", seed, bad if seed == 1 else good,
+                                             gold=(0.5,) * 2 + ((0.2,) if seed == 1 else (0.5,))
+                                             * 10)
+        runs[("steps", "D", seed)]["grpo"].update(
+            auroc=[0.5 if seed == 0 else 0.8] * 12, gold_read=[0.0] * 12)
+    online = holding(runs, "steps", "O")
+    assert online["verdict"] == "holds" and online["spread"] == 0.0
+    assert all(r == {"end": 0.0, "gold": 0.0, "watch": False, "read": 1.0}
+               for r in online["seeds"].values())
+    frozen = holding(runs, "steps", "D")
+    assert frozen["seeds"][1]["end"] == pytest.approx(0.5 - 5 / 6)
+    assert frozen["seeds"][1]["gold"] == pytest.approx(-0.3)
+    assert frozen["spread"] == pytest.approx(0.19245, abs=1e-5)
+    assert frozen["verdict"] == ("fails: seed 1 ends -0.333, spread 0.192, seed 1 gold -0.30, "
+                                 "seed 0 watch")
+    assert watch_fails([0.5] * 8 + [1.0] * 4) is False  # 4 windows under 0.6, then recovered
+    assert watch_fails([0.5] * 9) is True and watch_fails([None, None]) is None
+    text = report(load_study(SHIPPED), runs, "igrpo study report")
+    assert ("| steps | O | +0.000 (+0.00) | +0.000 (+0.00) | +0.000 (+0.00) | 0.000 | 1.00 | "
+            "holds |") in text
