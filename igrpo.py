@@ -236,7 +236,7 @@ def check_step_tag(session: Session) -> None:
     from runtime.models import load_tokenizer
 
     cfg = session.cfg
-    if cfg.rm.family not in ("", "tag_lm"):
+    if cfg.rm.family not in ("", "tag_lm", "implicit"):  # (implicit: the loop's RMs are tag LMs)
         return
     backbone = cfg.rm.init_path or base_policy(session)
     try:
@@ -286,7 +286,8 @@ def run_grpo(session: Session) -> Path:
         raise ConfigError(problem)
     splits = w.splits()
     start = warm_start(session)
-    reward = make_reward(w, load_tokenizer(start, w.stage.model), w.reward)
+    reward = make_reward(w, load_tokenizer(start, w.stage.model), w.reward,
+                         online_reference=start)
     folder = policy_folder(session.cfg.run, session.cfg.policy.algorithm)
     logger = session.logger(folder)
     try:

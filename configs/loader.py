@@ -34,7 +34,7 @@ CHOICES = {
     "grpo.process_credit": ("sum", "min", "anchored"),
     "policy.reward": ("rule", "step_oracle", "rm"),
     "rm.kind": ("prm", "orm"),
-    "rm.family": ("", "tag_lm", "token_classification", "sequence_classification"),
+    "rm.family": ("", "tag_lm", "token_classification", "sequence_classification", "implicit"),
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
@@ -405,7 +405,7 @@ def _check_reward_family(rm, where: str) -> None:
     if rm.score_shard_rows < 1:
         raise ConfigError(f"{where}: rm.score_shard_rows={rm.score_shard_rows}; expected at "
                           "least 1 row a shard")
-    if rm.family in ("", "tag_lm"):
+    if rm.family in ("", "tag_lm", "implicit"):  # (implicit: the loop's own RMs are tag LMs)
         return
     tag_only = {"rm.likelihood_feature": rm.likelihood_feature, "rm.lm_weight": rm.lm_weight,
                 "rm.extra_layers_from": list(rm.extra_layers_from),
@@ -419,17 +419,30 @@ def _check_reward_family(rm, where: str) -> None:
 
 
 def _check_online(rm, p, where: str) -> None:
-    """The online ORM (`rm.online`) is GRPO's outcome reward, a tag-LM reward model."""
+    """The online ORM (`rm.online`) is GRPO's outcome reward, a tag-LM reward model; the
+    implicit PRM (`rm.family=implicit`) is GRPO's reward for either supervision, online only."""
+    if rm.family == "implicit" and not rm.online:
+        raise ConfigError(f"{where}: rm.family=implicit without rm.online: the implicit PRM is "
+                          "built to learn online during GRPO (set rm.online=true); training one "
+                          "offline is not built yet")
     if not rm.online:
         return
-    if p.algorithm != "grpo" or p.supervision != "outcome":
+    if rm.family == "implicit":
+        if p.algorithm != "grpo" or p.supervision == "rft":
+            raise ConfigError(f"{where}: rm.family=implicit with policy.algorithm={p.algorithm} "
+                              f"and policy.supervision={p.supervision}: it rewards GRPO's "
+                              "samples (outcome or process supervision)")
+        if not 0.0 < rm.implicit_beta < float("inf"):
+            raise ConfigError(f"{where}: rm.implicit_beta = {rm.implicit_beta}; expected a "
+                              "finite beta > 0")
+    elif p.algorithm != "grpo" or p.supervision != "outcome":
         raise ConfigError(f"{where}: rm.online with policy.algorithm={p.algorithm} and policy."
                           f"supervision={p.supervision}: the online ORM rewards GRPO's samples "
                           "one score each; set policy.algorithm=grpo and policy.supervision="
                           "outcome")
-    if rm.family not in ("", "tag_lm"):
+    if rm.family not in ("", "tag_lm", "implicit"):
         raise ConfigError(f"{where}: rm.online with rm.family={rm.family}: the online ORM trains "
-                          "the tag_lm family")
+                          "the tag_lm family (or set rm.family=implicit)")
     if not 0.0 <= rm.online_lr < float("inf"):
         raise ConfigError(f"{where}: rm.online_lr = {rm.online_lr}; expected a rate >= 0 (0: "
                           "rm.lr)")

@@ -24,10 +24,12 @@ policy's states, the reference and the reward model it is rewarded by throughout
     start-up        held + a whole bf16 copy (ZeRO-3: each model is loaded whole, then partitioned)
     push            held + the gathered policy (ZeRO-3) + vLLM's weights (its KV cache asleep)
     rollout         held + vLLM's pool (weights + KV cache), or the decoding loop's KV cache
-    scoring         held + the reward model's forward (vLLM asleep); an online ORM
+    scoring         held + the reward model's forward (vLLM asleep); an online reward model
                     (`rm.online`) is held as training states and gathered whole to score
+                    (the implicit PRM's frozen reference held too)
     update          held + activations + logits (vLLM asleep)
-    update: ORM     the online ORM's step after the policy's: held + its activations
+    RM update       an online reward model's step after the policy's: held + its activations
+                    (the implicit PRM's: the policy update's activations and logits)
     reward models   a reward model's training states + its activations (vLLM asleep)
     labelling       vLLM's pool (the decoding loop: the policy + its KV cache)
     evaluation      sampling beside both reward models (best-of-N), then their scoring
@@ -193,7 +195,8 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     rollout_seqs = min(rank_questions, g.rollout_questions or rank_questions) * g.group_size
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
     whole = value_bytes * params
-    rows = [*_weight_rows(ds, g, arch, gpus, nodes, cfg.rm.online),
+    rows = [*_weight_rows(ds, g, arch, gpus, nodes, cfg.rm.online,
+                          cfg.rm.online and cfg.rm.family == "implicit"),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
                     "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
     if cfg.rollout.backend != "vllm":
@@ -222,10 +225,11 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
 
 
 def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
-                 online: bool = False) -> list[PlanRow]:
+                 online: bool = False, implicit: bool = False) -> list[PlanRow]:
     """What a GRPO stage holds throughout: the policy's model states (the critic's too), the
     frozen reference and the reward model GRPO is rewarded by (`ds`: the deepspeed section, `g`
-    the policy section; `online`: the ORM trains beside the policy, `rm.online`)."""
+    the policy section; `online`: the reward model trains beside the policy, `rm.online`;
+    `implicit`: it is PRIME's implicit PRM, with a frozen reference of its own)."""
     value_bytes = 2 if ds.bf16 else 4
     params, largest = arch.params, arch.largest_layer_params
     states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
@@ -238,22 +242,24 @@ def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
         rows.append(PlanRow("critic model states", critic_gpu,
                             f"{critic_params / 1e9:.2f}B params (PPO family); CPU "
                             f"{critic_cpu / GB:.1f} GiB"))
-    if g.beta > 0:  # without the KL term no reference model is loaded
+    references = (["reference model"] if g.beta > 0 else []) + \
+        (["implicit PRM reference"] if implicit else [])  # (without the KL term, no reference)
+    for name in references:
         if ds.zero_stage == 3:
-            rows.append(PlanRow("reference model", value_bytes * params / (gpus * nodes)
+            rows.append(PlanRow(name, value_bytes * params / (gpus * nodes)
                                 + value_bytes * largest,
                                 "ZeRO-3 partitioned weights + one gathered layer"))
         else:
-            rows.append(PlanRow("reference model", value_bytes * params,
-                                "replicated weights (inference only)"))
+            rows.append(PlanRow(name, value_bytes * params, "replicated weights (inference only)"))
     if online:  # a second training engine: its model states count like the policy's
         rm_gpu, rm_cpu, _ = model_states(params, largest, ds, gpus, nodes)
-        rows.append(PlanRow("online ORM model states", rm_gpu, f"rm.online: trained every step; "
+        rows.append(PlanRow("online RM model states", rm_gpu, f"rm.online: trained every step; "
                             f"CPU {rm_cpu / GB:.1f} GiB"))
     # The scorer is loaded whole on every GPU (reward_model/score.py), not partitioned.
     reward = "PRM" if g.supervision == "process" else "ORM"
     rows.append(PlanRow(f"{reward} (scoring)", value_bytes * params,
-                        "the online ORM gathered whole to score" if online else
+                        "the online reward model gathered whole to score" if online
+                        else
                         "replicated weights (scoring)"))
     return rows
 
@@ -309,10 +315,10 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
     t, v = numbers["terms"], numbers["vllm"]
     held = tuple((k, b) for k, b in t.items()
                  if k in ("policy model states", "critic model states", "reference model",
-                          "online ORM model states")
-                 or (k.endswith("(scoring)") and "online ORM model states" not in t))
+                          "online RM model states", "implicit PRM reference")
+                 or (k.endswith("(scoring)") and "online RM model states" not in t))
     scorer = next(b for k, b in t.items() if k.endswith("(scoring)"))
-    online = "online ORM model states" in t
+    online = "online RM model states" in t
     whole = t["whole policy"]
     gathered = (("gathered policy", whole),) if numbers["zero3"] else ()
     both_rms = (("both reward models", 2 * scorer),)
@@ -331,13 +337,16 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
                                        if numbers["zero3"] else ())))]
     out += [push] if push is not None else []
     out += [Phase("rollout", (*held, *rollout)),
-            # the online ORM scores gathered whole (`gathered_for_generation`) beside its states
-            Phase("scoring", (*held, *((("gathered online ORM", scorer),) if online else ()),
+            # an online reward model scores gathered whole beside its states
+            Phase("scoring", (*held, *((("gathered online RM", scorer),) if online else ()),
                               ("scoring: forward", t["scoring: forward"]), *awake)),
             Phase("update", (*held, ("activations", t["update: activations"]),
                              ("logits", t["update: logits"]), *awake)),
-            *([Phase("update: ORM", (*held, ("activations", t["reward model: activations"]),
-                                     *awake))] if online else []),
+            *([Phase("RM update", (*held, *(
+                (("activations", t["update: activations"]), ("logits", t["update: logits"]))
+                if "implicit PRM reference" in t else
+                (("activations", t["reward model: activations"]),)), *awake))]
+              if online else []),
             Phase("reward models", (("states", t["reward model states"]),
                                     ("activations", t["reward model: activations"]), *awake)),
             Phase("labelling", label),

@@ -489,15 +489,22 @@ class RewardModelConfig:
     """How the reward model is read (`reward_model/families.py`): tag_lm (a causal LM at the
     Math-Shepherd tag), token_classification (a label at each step's separator: TRL's
     PRMTrainer, Qwen2.5-Math-PRM), sequence_classification (a scalar at the last token: an
-    ORM). Empty = told from the checkpoint's architecture when loading, tag_lm when training."""
+    ORM). Empty = told from the checkpoint's architecture when loading, tag_lm when training.
+    implicit: PRIME's implicit PRM, a causal LM against a frozen reference (with `rm.online`
+    only)."""
     online: bool = False
     """GRPO's ORM learns while the policy trains (reward_model/online.py): each step's samples
     are scored, then the ORM takes one optimizer step on them labelled by their exact final-answer
     checks (so no reward reads its own sample's label). Outcome supervision and the tag_lm
     family; `igrpo grpo policy.reward=rm` starts it from `rm.path`, `igrpo iterate` (with
-    `iterate.refresh=false`) from its first ORM and each iteration from the last one's."""
+    `iterate.refresh=false`) from its first ORM and each iteration from the last one's. With
+    `rm.family=implicit`: PRIME's implicit PRM (reward_model/implicit.py), process or outcome
+    supervision, started from the policy's warm start (or `rm.path`) against the warm start."""
     online_lr: float = 0.0
-    """The online ORM's learning rate (0 = `rm.lr`)."""
+    """The online reward model's learning rate (0 = `rm.lr`)."""
+    implicit_beta: float = 0.05
+    """`rm.family=implicit`: beta of the implicit PRM's token reward r_t = beta * log pi_phi /
+    pi_ref (PRIME's 0.05)."""
     path: str = ""
     """A reward model of any family to use instead of the run's own: `igrpo eval-rm` reports
     it, `igrpo grpo policy.reward=rm` is rewarded by it (a PRM under process supervision), `igrpo

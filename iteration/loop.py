@@ -311,10 +311,12 @@ class IterationRun:
         (RM_{rm_iteration}; with `rm.online` learning from `online_init`, default
         RM_{rm_iteration}),
         or the rule."""
-        if self.w.rm.settings.online and online_init is None:
-            online_init = self._abs(self.manifest.outputs(f"rm-orm/{rm_iteration}")["path"])
+        warm = self._policy_after(0)
+        if self.w.rm.settings.online and online_init is None:  # the implicit PRM: the warm start
+            online_init = warm if self.w.rm.settings.family == "implicit" else \
+                self._abs(self.manifest.outputs(f"rm-orm/{rm_iteration}")["path"])
         return make_reward(self.w, policy_tokenizer, self.w.iterate.reward,
-                           lambda kinds: self._scorers(rm_iteration, kinds), online_init)
+                           lambda kinds: self._scorers(rm_iteration, kinds), online_init, warm)
 
     def _grpo_rows(self, k: int) -> list[dict]:
         """Iteration k's GRPO step rows, over its units in order."""

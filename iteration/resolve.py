@@ -105,10 +105,12 @@ def evaluation(evals, data, seed: int) -> Evaluation:
 
 def rm_spec(rm, model, deepspeed, seed: int, run_name: str) -> RMSpec:
     """What reward-model training reads. It trains the tag LM and the token-classification
-    families; a sequence classifier (an ORM read as it is) is only scored with."""
+    families; a sequence classifier (an ORM read as it is) is only scored with. Under
+    `rm.family=implicit` (GRPO's online reward) the outer loop's own reward models, which its
+    reports read, are tag LMs."""
     return RMSpec(rm, model, deepspeed, seed, run_name,
                   token_classifier=rm.family == "token_classification",
-                  trainable=rm.family in ("", "tag_lm", "token_classification"))
+                  trainable=rm.family in ("", "tag_lm", "token_classification", "implicit"))
 
 
 @dataclass(frozen=True)
@@ -183,12 +185,15 @@ def resolve(cfg) -> Resolved:
 
 def make_reward(w: Resolved, policy_tokenizer, choice: str,
                 load_scorers: Callable[[list[str]], dict] | None = None,
-                online_init: str | Path | None = None):
+                online_init: str | Path | None = None,
+                online_reference: str | Path | None = None):
     """The GRPO reward callable `choice` names: `rule` (the final answer against the gold
     one), `step_oracle` (synthetic task: each step's true correctness), or `rm`: the PRM's step
     scores under process supervision, else the ORM's. `load_scorers(kinds)` gives the reward
-    models ({kind: scorer of any family}); without it, `rm.path`'s. With `rm.online` the ORM
-    learns during the stage (`OnlineORM`), started from `online_init` (default `rm.path`)."""
+    models ({kind: scorer of any family}); without it, `rm.path`'s. With `rm.online` the reward
+    model learns during the stage, started from `online_init` (default `rm.path`): the ORM
+    (`OnlineORM`), or with `rm.family=implicit` PRIME's implicit PRM (`OnlineImplicitPRM`)
+    against the frozen `online_reference` (the policy's warm start)."""
     from policy.rewards import RuleReward
     from process_supervision.oracle import StepOracleReward
     from reward_model.families import load_reward_model
@@ -201,15 +206,21 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
         return StepOracleReward(policy_tokenizer, timeout)
     kind = "prm" if w.per_step else "orm"
     if w.rm.settings.online:
+        from reward_model.implicit import OnlineImplicitPRM
         from reward_model.online import OnlineORM
         from runtime.batching import plan_grpo_batch
         from runtime.dist import world
 
-        p = w.stage.policy
+        p, rm = w.stage.policy, w.rm.settings
         plan = plan_grpo_batch(p.questions_per_step, p.group_size,
                                w.stage.deepspeed.micro_batch_size, world()[1])
-        return OnlineORM(w.rm, online_init or w.rm.settings.path, plan,
-                         w.rm.settings.online_lr or w.rm.settings.lr, timeout)
+        if rm.family == "implicit":
+            return OnlineImplicitPRM(w.stage.model, w.stage.deepspeed,
+                                     online_init or rm.path or online_reference,
+                                     online_reference, plan, rm.online_lr or rm.lr,
+                                     rm.implicit_beta, policy_tokenizer, w.data.step_separator,
+                                     timeout)
+        return OnlineORM(w.rm, online_init or rm.path, plan, rm.online_lr or rm.lr, timeout)
     scorer = load_scorers([kind])[kind] if load_scorers is not None else \
         load_reward_model(w.rm.settings.path, w.rm.settings, w.stage.model)
     if w.per_step:
@@ -221,7 +232,7 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
 def grpo_reward_problem(w: Resolved) -> str | None:
     """Why `igrpo grpo`'s reward (`policy.reward`) cannot train this config, or None (the outer
     loop rewards with the reward models it trains, `iterate.reward`)."""
-    if w.reward == "rm" and not w.rm.settings.path:
+    if w.reward == "rm" and not w.rm.settings.path and not w.rm.settings.family == "implicit":
         return ("policy.reward=rm: name the reward model with rm.path (any family); "
                 "`igrpo iterate` rewards with the reward models it trains")
     if w.rm.settings.online and w.reward != "rm":

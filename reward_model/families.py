@@ -29,6 +29,9 @@ from process_supervision.formats import StepExample
 from reward_model.encoding import TagBatch
 
 FAMILIES = ("tag_lm", "token_classification", "sequence_classification")
+ONLINE_ONLY = ("implicit",)
+"""Families only GRPO's online reward reads (`rm.online`; reward_model/implicit.py), never
+loaded from a folder here."""
 
 
 class FamilyError(ValueError):
@@ -277,7 +280,8 @@ def load_reward_model(path: str | Path, rm, model_cfg=None, batch_size: int | No
     from reward_model.score import TagScorer
     from runtime.models import load_model, load_tokenizer
 
-    family = family or rm.family or infer_family(path)
+    # (an online-only family names GRPO's reward; the reward models read here are another)
+    family = family or (rm.family if rm.family not in ONLINE_ONLY else "") or infer_family(path)
     if family not in FAMILIES:
         raise FamilyError(f"rm.family={family!r}: expected one of {', '.join(FAMILIES)}")
     if family == "tag_lm":

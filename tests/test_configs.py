@@ -209,13 +209,13 @@ def test_the_allowed_values_are_the_tables_keys():
     from policy.algorithms import TRAINERS
     from policy.math.advantages import ADVANTAGE_ESTIMATORS, PROCESS_CREDIT
     from policy.math.losses import POLICY_LOSSES
-    from reward_model.families import FAMILIES
+    from reward_model.families import FAMILIES, ONLINE_ONLY
 
     assert set(CHOICES["policy.loss"]) == set(POLICY_LOSSES)
     assert set(CHOICES["policy.algorithm"]) == set(TRAINERS)
     assert set(CHOICES["policy.supervision"]) == set(ADVANTAGE_ESTIMATORS) | {"process"}
     assert set(CHOICES["grpo.process_credit"]) == set(PROCESS_CREDIT)
-    assert set(CHOICES["rm.family"]) == {"", *FAMILIES}
+    assert set(CHOICES["rm.family"]) == {"", *FAMILIES, *ONLINE_ONLY}
     assert set(UNSCALED_LOSSES) == {name for name, loss in POLICY_LOSSES.items()
                                     if not loss.std_normalised_advantages}
 

@@ -222,15 +222,18 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit)
 
 
 @pytest.mark.slow
-def test_online_orm_step_on_two_processes_equals_one(tmp_path, ranks, base):
-    """GRPO rewarded by an ORM that learns from the step's samples (`rm.online`): one step on 2
-    processes under ZeRO-2 and under ZeRO-3 equals one process's, the policy's update and the
-    ORM's (its loss, gradient norm and exported weights), the 2-process gradients perturbed by an
-    ulp as in the recipes' test below. Both models moved far past the tolerance."""
+@pytest.mark.parametrize("kind", ["grpo-online", "grpo-implicit"])
+def test_online_reward_model_steps_on_two_processes_equal_one(tmp_path, ranks, base, kind):
+    """GRPO rewarded by a reward model that learns from the step's samples (`rm.online`: the
+    ORM; PRIME's implicit PRM, two steps, the second rewarded by what it learned in the first):
+    on 2 processes under ZeRO-2 and under ZeRO-3 the last step equals one process's, the
+    policy's update and the reward model's (its loss, gradient norm and exported weights), the
+    2-process gradients perturbed by an ulp as in the recipes' test below. Both models moved far
+    past the tolerance."""
     runs = {}
     for name, nproc, stage in (("p1", 1, 0), ("z2", 2, 2), ("z3", 2, 3)):
         out = tmp_path / name
-        _launch(ranks, nproc, "grpo-online", out, base, stage,
+        _launch(ranks, nproc, kind, out, base, stage,
                 env={"DIST_CHECK_GRAD_ULPS": "1"} if nproc == 2 else None)
         runs[name] = ([r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r][-1],
                       out)

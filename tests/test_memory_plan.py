@@ -165,12 +165,20 @@ def test_an_online_orm_is_held_as_training_states_and_gathered_to_score():
         "configs/deepseekmath_7b.yaml", args[1:]), 8, 1, 256)[0])
     rows, numbers = plan(load_config("configs/deepseekmath_7b.yaml", args), 8, 1, 256)
     t = {r.item: r.gpu_bytes for r in rows}
-    assert t["online ORM model states"] == t["policy model states"]
-    assert "online ORM model states" not in frozen
+    assert t["online RM model states"] == t["policy model states"]
+    assert "online RM model states" not in frozen
     by_phase = {p.name: dict(p.terms) for p in phases(numbers, 80)}
-    held = t["policy model states"] + t["reference model"] + t["online ORM model states"]
+    held = t["policy model states"] + t["reference model"] + t["online RM model states"]
     assert sum(by_phase["scoring"].values()) == held + t["ORM (scoring)"] + t["scoring: forward"]
-    assert by_phase["scoring"]["gathered online ORM"] == 2 * numbers["params"]  # bf16, whole
-    assert sum(by_phase["update: ORM"].values()) == held + t["reward model: activations"]
-    assert [p.name for p in phases(numbers, 80)].index("update: ORM") == \
+    assert by_phase["scoring"]["gathered online RM"] == 2 * numbers["params"]  # bf16, whole
+    assert sum(by_phase["RM update"].values()) == held + t["reward model: activations"]
+    assert [p.name for p in phases(numbers, 80)].index("RM update") == \
         [p.name for p in phases(numbers, 80)].index("update") + 1
+    # PRIME's implicit PRM: its frozen reference held like the policy's, its update an LM's
+    rows, numbers = plan(load_config("configs/deepseekmath_7b.yaml",
+                                     [*args, "rm.family=implicit"]), 8, 1, 256)
+    t = {r.item: r.gpu_bytes for r in rows}
+    assert t["implicit PRM reference"] == t["reference model"]
+    by_phase = {p.name: dict(p.terms) for p in phases(numbers, 80)}
+    assert "implicit PRM reference" in by_phase["rollout"]
+    assert by_phase["RM update"]["logits"] == t["update: logits"]

@@ -6,6 +6,7 @@ checks. Two processes equal one under ZeRO-2/3: tests/test_distributed.py; a kil
 bitwise under every ZeRO stage: tests/test_zero_stages.py; never beside vLLM's pool:
 tests/test_vllm_memory_order.py."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -114,6 +115,16 @@ def test_the_online_orm_is_refused_where_it_cannot_be_the_reward(base, tmp_path)
                                           "rm.extra_layers_from=[]"])
     w = resolve(load_config("configs/tiny.yaml", [*ONLINE, "policy.reward=rule"]))
     assert grpo_reward_problem(w).startswith("rm.online with policy.reward=rule")
+    # the implicit PRM: online only, GRPO's outcome or process reward, beta > 0; it starts from
+    # the warm start when rm.path is empty
+    with pytest.raises(ConfigError, match="rm.family=implicit without rm.online"):
+        load_config("configs/tiny.yaml", [*IMPLICIT, "rm.online=false"])
+    with pytest.raises(ConfigError, match="rm.family=implicit with policy.algorithm=grpo and "
+                                          "policy.supervision=rft"):
+        load_config("configs/tiny.yaml", [*IMPLICIT, "policy.supervision=rft"])
+    with pytest.raises(ConfigError, match="rm.implicit_beta = 0.0"):
+        load_config("configs/tiny.yaml", [*IMPLICIT, "rm.implicit_beta=0"])
+    assert grpo_reward_problem(resolve(load_config("configs/tiny.yaml", IMPLICIT))) is None
     from iteration.loop import IterationRun
 
     w = resolve(load_config("configs/tiny.yaml", ONLINE))
@@ -139,3 +150,105 @@ def test_each_reward_states_the_share_of_gold_checks_it_read():
     assert gold_read(frozen, PROCESS_CREDIT["anchored"], {}) == 1.0
     assert gold_read(frozen, PROCESS_CREDIT["min"], {"reward/gold_revealed": 0.25}) == 0.0
     assert gold_read(frozen, PROCESS_CREDIT["sum"], {}) == 0.0
+
+
+# -- PRIME's implicit PRM (reward_model/implicit.py) ------------------------------------------
+
+IMPLICIT = [*ONLINE, "rm.family=implicit", "policy.supervision=process", "rm.implicit_beta=0.5"]
+
+
+def test_implicit_token_and_step_rewards_and_loss_by_hand():
+    """r_t = beta (log pi_phi - log pi_ref) on completion tokens; a step's reward sums its
+    tokens' (after the previous step's end, through its own); the loss is the cross-entropy of
+    sigmoid(sum_t r_t) against the outcome label."""
+    from reward_model.implicit import implicit_loss_sum, step_sums, token_rewards
+
+    logp = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.2, -0.4, -0.6, -0.8]])
+    ref = torch.tensor([[-1.5, -1.0, -0.5, -3.0], [-0.2, -0.2, -0.2, -0.2]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    r = token_rewards(logp, ref, mask, 0.1)
+    torch.testing.assert_close(r, torch.tensor([[0.05, -0.1, 0.0, 0.0],
+                                                [0.0, -0.02, -0.04, -0.06]]))
+    ends = torch.tensor([[0, 2, 0], [1, 2, 3]])
+    steps = torch.tensor([[True, True, False], [True, True, True]])
+    torch.testing.assert_close(step_sums(r, ends, steps),
+                               torch.tensor([[0.05, -0.1, 0.0], [-0.02, -0.04, -0.06]]))
+    labels = torch.tensor([1.0, 0.0])
+    # logits -0.05 and -0.12: -log sigmoid(-0.05) - log(1 - sigmoid(-0.12))
+    expected = math.log(1 + math.exp(0.05)) + math.log(1 + math.exp(-0.12))
+    assert float(implicit_loss_sum(logp, ref, mask, labels, 0.1)) == pytest.approx(expected)
+
+
+def _rollout(tokenizer, texts, group_size=2):
+    """A rollout of `texts` (completions of QUESTIONS' prompts, `group_size` each), prompts
+    left-padded and completions right-padded as the sampler leaves them, each ending in EOS."""
+    from policy.generation.rollout import Rollout
+
+    prompts = [tokenizer(q)["input_ids"] for q, _ in QUESTIONS for _ in range(group_size)]
+    done = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for t in texts]
+    width_p, width_c, pad = max(map(len, prompts)), max(map(len, done)), tokenizer.pad_token_id
+    return Rollout(torch.tensor([[pad] * (width_p - len(p)) + p for p in prompts]),
+                   torch.tensor([[0] * (width_p - len(p)) + [1] * len(p) for p in prompts]),
+                   torch.tensor([c + [pad] * (width_c - len(c)) for c in done]),
+                   torch.tensor([[1] * len(c) + [0] * (width_c - len(c)) for c in done]),
+                   list(texts), torch.zeros(len(texts), dtype=torch.bool), group_size)
+
+
+def _completion_logprobs_by_hand(path, rollout) -> torch.Tensor:
+    """[N, T] log p(token) of each completion token under the model in `path`, one row at a
+    time without padding."""
+    from runtime.models import load_causal_lm
+
+    model = load_causal_lm(path).eval()
+    out = torch.zeros(rollout.completion_ids.shape)
+    for i in range(len(rollout.texts)):
+        prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()]
+        done = rollout.completion_ids[i][rollout.completion_mask[i].bool()]
+        ids = torch.cat([prompt, done])[None]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].log_softmax(-1)
+        for t, token in enumerate(done.tolist()):
+            out[i, t] = logits[len(prompt) + t - 1, token]
+    return out
+
+
+def test_the_implicit_prm_scores_by_hand_before_it_learns_from_each_check(base, tmp_path):
+    """pi_phi (the base) against another model as pi_ref: each step's reward is beta times the
+    sum of its tokens' log-ratio, computed by hand row by row, and the score sigmoid of their
+    total; a second PRM told that question 0's gold answer is 6 gives the same rewards (scored
+    before any label is read). Each then steps: the loss is the mean cross-entropy of the
+    scores against the checks (by hand), the step lowers it, and the two now differ."""
+    from runtime.models import load_tokenizer
+    from runtime.steps import step_end_token_indices
+
+    cfg = load_config("configs/tiny.yaml", IMPLICIT)
+    ref_path = build_tiny(tmp_path / "ref", cfg.model.tiny, 1, extra_tokens=(cfg.rm.step_tag,))
+    w = resolve(cfg)
+    tokenizer = load_tokenizer(base, w.stage.model)
+    rollout = _rollout(tokenizer, TEXTS)
+    told, flipped = _rows(["5", "8"]), _rows(["6", "8"])
+    a = make_reward(w, tokenizer, "rm", online_init=base, online_reference=ref_path)
+    b = make_reward(w, tokenizer, "rm", online_init=base, online_reference=ref_path)
+    sa, sb = a(told, rollout), b(flipped, rollout)
+    for key in ("rewards", "step_rewards", "step_mask", "step_end_index"):
+        assert torch.equal(getattr(sa, key), getattr(sb, key)), key
+    r = 0.5 * (_completion_logprobs_by_hand(base, rollout)
+               - _completion_logprobs_by_hand(ref_path, rollout)) * rollout.completion_mask
+    for i, text in enumerate(TEXTS):
+        ends = step_end_token_indices(tokenizer, rollout.completion_ids[i][
+            rollout.completion_mask[i].bool()].tolist(), text)
+        assert len(ends) == 2 and sa.step_end_index[i].tolist() == ends
+        by_hand = [float(r[i, :ends[0] + 1].sum()), float(r[i, ends[0] + 1:ends[1] + 1].sum())]
+        assert sa.step_rewards[i].tolist() == pytest.approx(by_hand, abs=1e-5)
+        assert float(sa.rewards[i]) == pytest.approx(1 / (1 + math.exp(-sum(by_hand))), abs=1e-6)
+    assert float(sa.step_rewards.abs().sum()) > 0.1  # the two models differ
+    for prm, rows, before in ((a, told, sa), (b, flipped, sb)):
+        metrics = prm.learn(rows, rollout, _backward, "test")
+        bce = float(torch.nn.functional.binary_cross_entropy(before.rewards,
+                                                             before.correct.float()))
+        assert metrics["online_rm/loss"] == pytest.approx(bce, rel=1e-5)
+        after = prm(rows, rollout)
+        assert float(torch.nn.functional.binary_cross_entropy(
+            after.rewards, before.correct.float())) < bce
+    assert not torch.equal(a(told, rollout).rewards, b(flipped, rollout).rewards)

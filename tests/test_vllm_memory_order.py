@@ -25,6 +25,7 @@ def recorder(monkeypatch):
     import policy.engines
     import policy.sampling
     import reward_model.report
+    from reward_model.implicit import OnlineImplicitPRM
     from reward_model.online import OnlineORM
     from runtime.training import StageLoop
 
@@ -42,7 +43,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(reward_model.report, "solution_scores",
                         recording("rm-score", reward_model.report.solution_scores))
     monkeypatch.setattr(StageLoop, "finish", recording("export", StageLoop.finish))
-    monkeypatch.setattr(OnlineORM, "learn", recording("rm-online", OnlineORM.learn))
+    for learner in (OnlineORM, OnlineImplicitPRM):
+        monkeypatch.setattr(learner, "learn", recording("rm-online", learner.learn))
     return EVENTS
 
 
@@ -108,27 +110,32 @@ def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(record
     assert any(name == "reload" and j not in inside for j, name in enumerate(names))
 
 
-def test_iterate_with_an_online_orm_learns_after_the_update_with_the_pool_asleep(
-        recorder, tmp_path, monkeypatch):
-    """`rm.online` through Algorithm 1 (two iterations, no refresh): each GRPO step is rollout,
-    sleep, scoring, the policy's update, then the ORM's update, never beside vLLM's pool; the
-    first stage's ORM starts from the ORM the loop trained, the second from the first's export
-    (`online-rm`), which both stages write."""
+@pytest.mark.parametrize("family", ["tag_lm", "implicit"])
+def test_iterate_with_an_online_reward_model_learns_after_the_update_with_the_pool_asleep(
+        recorder, tmp_path, monkeypatch, family):
+    """`rm.online` through Algorithm 1 (two iterations, no refresh), the ORM and PRIME's
+    implicit PRM: each GRPO step is rollout, sleep, scoring, the policy's update, then the
+    reward model's update, never beside vLLM's pool; the first stage's reward model starts from
+    the ORM the loop trained (the implicit PRM: from the warm start), the second from the
+    first's export (`online-rm`), which both stages write."""
     import igrpo
+    from reward_model.implicit import OnlineImplicitPRM
     from reward_model.online import OnlineORM
     from small_config import ITERATE, SMALL
 
+    learner = OnlineImplicitPRM if family == "implicit" else OnlineORM
     starts = []
-    init = OnlineORM.__init__
+    init = learner.__init__
 
-    def starting(self, spec, path, *args, **kwargs):
-        starts.append(str(path))
-        init(self, spec, path, *args, **kwargs)
+    def starting(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        starts.append(str(self.init))
 
-    monkeypatch.setattr(OnlineORM, "__init__", starting)
+    monkeypatch.setattr(learner, "__init__", starting)
+    supervision = "process" if family == "implicit" else "outcome"
     assert igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
-                       *SMALL, *ITERATE, *VLLM, "policy.supervision=outcome", "rm.online=true",
-                       "iterate.refresh=false"]) == 0
+                       *SMALL, *ITERATE, *VLLM, f"policy.supervision={supervision}",
+                       "rm.online=true", f"rm.family={family}", "iterate.refresh=false"]) == 0
     assert _beside_the_pool(recorder) == []
     names = [n for n in _names(recorder) if n in ("generate", "sleep", "score", "update",
                                                   "rm-online")]
@@ -136,8 +143,8 @@ def test_iterate_with_an_online_orm_learns_after_the_update_with_the_pool_asleep
     for at in (i for i, n in enumerate(names) if n == "update"):
         assert names[at - 2:at + 2] == ["sleep", "score", "update", "rm-online"]
     run = tmp_path / "tiny"
-    assert starts == [str(run / "rm-orm/iteration-0/final"),
-                      str(run / "grpo/iteration-1/online-rm")]
+    first = run / ("sft/best" if family == "implicit" else "rm-orm/iteration-0/final")
+    assert starts == [str(first), str(run / "grpo/iteration-1/online-rm")]
     assert all((run / f"grpo/iteration-{k}/online-rm/model.safetensors").exists() for k in (1, 2))
 
 

@@ -49,6 +49,10 @@ that move both models, sampled at temperature 1 (the groups' rewards spread). Th
 group at a time, the same batches on any number of ranks: the random base's scores spread by
 1e-3 within a group, so the group-normalised advantages would turn another padding's last bits
 into differences Adam carries to the weights."""
+IMPLICIT = ["rm.family=implicit", "policy.supervision=process", "policy.steps=2",
+            "rm.implicit_beta=0.5"]
+"""PRIME's implicit PRM instead (pi_phi and pi_ref both the base: its rewards are 0 until its
+first step, so the second GRPO step is the one rewarded by it)."""
 
 
 class ChunkStepReward:
@@ -328,17 +332,18 @@ def main() -> None:
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
         resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
-    elif kind == "grpo-online":  # GRPO rewarded by an ORM that learns from its samples
+    elif kind in ("grpo-online", "grpo-implicit"):  # a reward model learning from its samples
         from iteration.resolve import make_reward, resolve
         from runtime.data import load_splits
         from runtime.models import load_tokenizer
 
         # Adam's eps bounds what a gradient's last bits can move a weight (see gspo above).
-        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *ONLINE, *sys.argv[5:]])
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *ONLINE, *(
+            IMPLICIT if kind == "grpo-implicit" else []), *sys.argv[5:]])
         w = resolve(cfg)
         splits = load_splits(cfg.data, 0)
         w.train_policy(out, base, make_reward(w, load_tokenizer(base, w.stage.model), "rm",
-                                              online_init=base),
+                                              online_init=base, online_reference=base),
                        splits.rl, splits.eval, logger, "")
     elif kind == "grpo":
         from iteration.resolve import resolve

@@ -3,8 +3,8 @@ fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it wri
 
     torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION[,...]
 
-For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online: GRPO with its online
-ORM) and ZeRO stage 0-3, the stage runs
+For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online and grpo_implicit: GRPO
+with its online ORM or implicit PRM) and ZeRO stage 0-3, the stage runs
 twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
 right after the state of step 1 is saved, then called again, which builds every engine afresh,
 loads that state and takes step 2. Each run's final export lands in
@@ -26,7 +26,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-from dist_check import GRPO, ONLINE, RM, ChunkStepReward  # noqa: E402
+from dist_check import GRPO, IMPLICIT, ONLINE, RM, ChunkStepReward  # noqa: E402
 
 STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1", "data.val_questions=4",
@@ -36,6 +36,7 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
              "policy.rollout_questions=1"],
     "ppo": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "ppo.critic_lr=1e-3"],
     "grpo_online": ["policy.steps=2", "policy.save_every=1", *ONLINE],
+    "grpo_implicit": ["policy.steps=2", "policy.save_every=1", *ONLINE, *IMPLICIT],
 }
 PRECISION = {"fp32": [], "bf16": ["deepspeed.bf16=true", "model.dtype=bfloat16"]}
 
@@ -69,12 +70,13 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
         return train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
     from iteration.resolve import make_reward, resolve
 
-    if kind == "grpo_online":  # GRPO on an ORM learning from its samples: two engines resume
+    if kind in ("grpo_online", "grpo_implicit"):  # a reward model learning: two engines resume
         from runtime.models import load_tokenizer
 
         w = resolve(load_config("configs/tiny.yaml", [*GRPO, *overrides]))
         splits = load_splits(w.data, 0)
-        reward = make_reward(w, load_tokenizer(base, w.stage.model), "rm", online_init=base)
+        reward = make_reward(w, load_tokenizer(base, w.stage.model), "rm", online_init=base,
+                             online_reference=base)
         return w.train_policy(out, base, reward, splits.rl, splits.eval, logger, "")
     cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides],
                       recipe="ppo" if kind == "ppo" else None)
