@@ -114,7 +114,7 @@ def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
                 for kind, path in _paths(reward_models).items()}  # (relative: the root may move)
         fork(prefix_run, arm_run, keep=lambda unit: unit != "eval/0", replace=made,
              drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
-    elif any(a.lstrip("+").startswith("rm.")
+    elif any(a.lstrip("+").startswith("rm.") and a.lstrip("+") not in RM_GRPO_KEYS
              and a.lstrip("+").split("=")[0] not in RM_GRPO_KEYS for a in arm_args):
         fork(prefix_run, arm_run, keep=lambda unit: unit not in RM_UNITS,
              drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])

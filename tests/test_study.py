@@ -559,7 +559,8 @@ def test_a_grpo_study_evaluates_each_seeds_warm_start_once_and_each_run_after_it
 def test_an_arm_setting_only_grpo_time_rm_keys_keeps_its_prefixs_reward_models(tmp_path):
     """`start_arm`: an arm whose `rm.` overrides change how the first reward models are trained
     or read (`rm.likelihood_feature=false`) redoes them; one that sets only keys GRPO reads
-    (`rm.online`, `rm.online_lr`: the ORM then learns during GRPO) keeps the prefix's."""
+    (`rm.online`, `rm.online_lr`, `rm.family=implicit`: the reward model then learns during
+    GRPO) keeps the prefix's; another family does not."""
     import json
 
     from iteration.study import start_arm
@@ -570,12 +571,13 @@ def test_an_arm_setting_only_grpo_time_rm_keys_keeps_its_prefixs_reward_models(t
              for name in ("sft", "label/0", "rm-orm/0", "rm-prm/0", "eval/0")}
     (prefix / "manifest.json").write_text(json.dumps({"seed": 0, "units": units}))
     start_arm(prefix, tmp_path / "online", ["policy.supervision=outcome", "rm.online=true",
-                                           "rm.online_lr=1e-4"])
+                                           "rm.online_lr=1e-4", "rm.family=implicit"])
+    start_arm(prefix, tmp_path / "other", ["rm.family=token_classification"])
     start_arm(prefix, tmp_path / "reread", ["rm.likelihood_feature=false"])
     kept = {name: set(json.loads((tmp_path / name / "manifest.json").read_text())["units"])
-            for name in ("online", "reread")}
+            for name in ("online", "reread", "other")}
     assert kept["online"] == set(units)
-    assert kept["reread"] == {"sft", "label/0"}
+    assert kept["reread"] == kept["other"] == {"sft", "label/0"}
 
 
 def test_whether_a_reward_holds_is_judged_seed_by_seed_against_the_exact_check():
