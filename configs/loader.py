@@ -280,7 +280,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_watch(cfg.watch, where)
     _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
-    _check_online(cfg.rm, cfg.policy, where)
+    _check_online(cfg.rm, cfg.policy, cfg.grpo.gold_share, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -418,7 +418,7 @@ def _check_reward_family(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
 
 
-def _check_online(rm, p, where: str) -> None:
+def _check_online(rm, p, gold_share: float, where: str) -> None:
     """The online ORM (`rm.online`) is GRPO's outcome reward, a tag-LM reward model; the
     implicit PRM (`rm.family=implicit`) is GRPO's reward for either supervision, online only."""
     if rm.family == "implicit" and not rm.online:
@@ -443,6 +443,10 @@ def _check_online(rm, p, where: str) -> None:
     if rm.family not in ("", "tag_lm", "implicit"):
         raise ConfigError(f"{where}: rm.online with rm.family={rm.family}: the online ORM trains "
                           "the tag_lm family (or set rm.family=implicit)")
+    if gold_share < 1.0:
+        raise ConfigError(f"{where}: rm.online with grpo.gold_share={gold_share}: the online "
+                          "reward model learns from every sample's check, so the gold budget "
+                          "would not hold; use one or the other")
     if not 0.0 <= rm.online_lr < float("inf"):
         raise ConfigError(f"{where}: rm.online_lr = {rm.online_lr}; expected a rate >= 0 (0: "
                           "rm.lr)")

@@ -312,8 +312,9 @@ class IterationRun:
         RM_{rm_iteration}),
         or the rule."""
         warm = self._policy_after(0)
-        if self.w.rm.settings.online and online_init is None:  # the implicit PRM: the warm start
-            online_init = warm if self.w.rm.settings.family == "implicit" else \
+        if self.w.rm.settings.online and online_init is None:  # implicit: rm.path or warm start
+            online_init = (self.w.rm.settings.path or warm) \
+                if self.w.rm.settings.family == "implicit" else \
                 self._abs(self.manifest.outputs(f"rm-orm/{rm_iteration}")["path"])
         return make_reward(self.w, policy_tokenizer, self.w.iterate.reward,
                            lambda kinds: self._scorers(rm_iteration, kinds), online_init, warm)

@@ -236,9 +236,9 @@ def grpo_reward_problem(w: Resolved) -> str | None:
         return ("policy.reward=rm: name the reward model with rm.path (any family); "
                 "`igrpo iterate` rewards with the reward models it trains")
     if w.rm.settings.online and w.reward != "rm":
-        return (f"rm.online with policy.reward={w.reward}: the online ORM is the reward it "
-                "trains; set policy.reward=rm and "
-                "rm.path to the ORM it starts from")
+        return (f"rm.online with policy.reward={w.reward}: the online reward model is the "
+                "reward it trains; set policy.reward=rm (and rm.path to the ORM it starts "
+                "from; the implicit PRM starts from the warm start without one)")
     if w.per_step and w.reward == "rule":
         return ("policy.supervision=process needs step rewards: set policy.reward=step_oracle, "
                 "or run `igrpo iterate` (which rewards with the PRM)")

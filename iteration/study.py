@@ -710,7 +710,8 @@ def main(argv: list[str]) -> int:
         command = invocations[-1]["command"]
     from iteration.study_report import report, write_doc
 
-    text = report(study, sr.read_runs(results), command, invocations, read_strong(results))
+    text = report(study, sr.read_runs(results), command, invocations, read_strong(results),
+                  results)
     print(f"wrote {write_doc(doc, text)}")
     return 0
 

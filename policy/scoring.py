@@ -118,5 +118,5 @@ def learn_reward(online: LearnsOnline | None, sampled: Sampled, trainer, where: 
     if online is None:
         return {}
     rows = [rec for rec in sampled.records for _ in range(sampled.rollout.group_size)]
-    with memory_phase("reward models"):
+    with memory_phase("RM update"):  # (configs/memory.py's phase)
         return online.learn(rows, sampled.rollout, trainer.backward, where)

@@ -83,7 +83,8 @@ class OnlineImplicitPRM:
         self.tokenizer, self.separator = policy_tokenizer, separator
         self.engine = self.reference = None  # built by the stage that uses them (`companions`)
         self.verdicts: dict[tuple[str, str], bool] = {}
-        """(question, completion) -> its check, for the samples scored since the last update."""
+        """(question's source id, completion) -> its check, for the samples scored since the last
+        update."""
 
     def companions(self) -> dict:
         """The engine the stage saves and restores with the policy's (pi_phi; pi_ref is frozen),
@@ -123,7 +124,7 @@ class OnlineImplicitPRM:
         step_mask, step_end = step_mask.to(rewards.device), step_end.to(rewards.device)
         correct = grade_samples(records, rollout.texts, self.timeout_s)
         for rec, text, ok in zip(records, rollout.texts, correct.tolist()):
-            self.verdicts[(rec.question, text)] = ok
+            self.verdicts[(rec.source_id, text)] = ok
         return Scores(rewards=torch.sigmoid(rewards.sum(-1)), correct=correct,
                       step_rewards=step_sums(rewards, step_end, step_mask), step_mask=step_mask,
                       step_end_index=step_end)
@@ -133,7 +134,7 @@ class OnlineImplicitPRM:
         the check its scoring recorded (`backward`: the stage's `StageLoop.backward`); every
         rank calls it with `plan.rank_sequences` samples. Returns its metrics (`online_rm/*`)."""
         started = time.perf_counter()
-        labels = [self.verdicts[(rec.question, text)] for rec, text in zip(records, rollout.texts)]
+        labels = [self.verdicts[(rec.source_id, text)] for rec, text in zip(records, rollout.texts)]
         self.verdicts = {}
         if len(labels) != self.plan.rank_sequences:
             raise ValueError(f"{where}: the implicit PRM steps on {self.plan.rank_sequences} "

@@ -8,7 +8,7 @@ is the distribution-shift fix the replication study asked for (docs/replication.
 reward model is trained on the warm start's samples and judges a policy that has moved off them;
 this one keeps learning on the policy's current samples, whose gold verdicts the check gives for
 free on math. The gold it consumes: every sample's verdict, after its reward was computed
-(`reward/gold_consumed`).
+(`reward/gold_read`).
 
 The ORM is a second DeepSpeed engine of the GRPO stage, a companion of its `StageLoop`: it saves
 and resumes with the policy (`<stage>/state-online-rm/`), is partitioned like the policy under
@@ -29,6 +29,7 @@ import torch
 from policy.generation.rollout import Rollout
 from policy.rewards import Scores, grade_samples
 from reward_model.encoding import orm_example
+from reward_model.families import FamilyError, infer_family
 from reward_model.score import TagScorer
 from reward_model.train import RMSpec, batch_loss, reward_model_engine
 from runtime.batching import BatchPlan
@@ -51,13 +52,16 @@ class OnlineORM:
                  timeout_s: int = 2):
         """The ORM in `init` (the tag-LM family) under a DeepSpeed engine at learning rate `lr`,
         stepping on `plan`'s rows: a GRPO step's samples (`plan_grpo_batch`'s)."""
-        if spec.token_classifier or not spec.trainable:
-            raise ValueError(f"rm.online: the online ORM is a tag_lm reward model; rm.family="
-                             f"{spec.settings.family} is not")
+        if spec.token_classifier or not spec.trainable or (
+                not spec.settings.family and Path(init).is_dir()
+                and infer_family(init) != "tag_lm"):
+            raise FamilyError(f"rm.online: the online ORM is a tag_lm reward model; {init} is "
+                              f"{spec.settings.family or infer_family(init)}")
         self.spec, self.init, self.plan, self.lr, self.timeout_s = spec, init, plan, lr, timeout_s
         self.engine = None  # built by the stage that uses it (`companions`), not before
         self.verdicts: dict[tuple[str, str], bool] = {}
-        """(question, completion) -> its check, for the samples scored since the last update."""
+        """(question's source id, completion) -> its check, for the samples scored since the last
+        update."""
 
     def companions(self) -> dict:
         """The engines the stage saves and restores with the policy's (built at the first
@@ -66,12 +70,6 @@ class OnlineORM:
             self.tokenizer, self.engine, self.read = reward_model_engine(
                 self.spec, Path(self.name), self.init, self.plan, lr=self.lr)
         return {self.name: self.engine}
-
-    def value_init(self):
-        """`policy.rewards.ValueSource` (PPO's critic may start from it)."""
-        self.companions()
-        return TagScorer(self.engine.module, self.tokenizer, self.spec.settings.step_tag,
-                         self.spec.settings.max_length).value_init()
 
     @torch.no_grad()
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
@@ -85,7 +83,7 @@ class OnlineORM:
                                rm.score_batch_size).score(examples)
         correct = grade_samples(records, rollout.texts, self.timeout_s)
         for rec, text, ok in zip(records, rollout.texts, correct.tolist()):
-            self.verdicts[(rec.question, text)] = ok
+            self.verdicts[(rec.source_id, text)] = ok
         return Scores(rewards=torch.tensor([s[0] if s else 0.0 for s in scores]),
                       correct=correct)
 
@@ -95,7 +93,7 @@ class OnlineORM:
         `StageLoop.backward` (checked passes, the engine's step). Every rank calls it with
         `plan.rank_sequences` samples. Returns the update's metrics (`online_rm/*`)."""
         started = time.perf_counter()
-        labels = [self.verdicts[(rec.question, text)] for rec, text in zip(records, rollout.texts)]
+        labels = [self.verdicts[(rec.source_id, text)] for rec, text in zip(records, rollout.texts)]
         self.verdicts = {}
         if len(labels) != self.plan.rank_sequences:
             raise ValueError(f"{where}: the online ORM steps on {self.plan.rank_sequences} samples "

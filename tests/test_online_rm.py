@@ -122,6 +122,9 @@ def test_the_online_orm_is_refused_where_it_cannot_be_the_reward(base, tmp_path)
     with pytest.raises(ConfigError, match="rm.family=implicit with policy.algorithm=grpo and "
                                           "policy.supervision=rft"):
         load_config("configs/tiny.yaml", [*IMPLICIT, "policy.supervision=rft"])
+    with pytest.raises(ConfigError, match="rm.online with grpo.gold_share=0.5"):
+        load_config("configs/tiny.yaml", [*IMPLICIT, "grpo.process_credit=anchored",
+                                          "grpo.gold_share=0.5"])
     with pytest.raises(ConfigError, match="rm.implicit_beta = 0.0"):
         load_config("configs/tiny.yaml", [*IMPLICIT, "rm.implicit_beta=0"])
     assert grpo_reward_problem(resolve(load_config("configs/tiny.yaml", IMPLICIT))) is None
@@ -252,3 +255,17 @@ def test_the_implicit_prm_scores_by_hand_before_it_learns_from_each_check(base, 
         assert float(torch.nn.functional.binary_cross_entropy(
             after.rewards, before.correct.float())) < bce
     assert not torch.equal(a(told, rollout).rewards, b(flipped, rollout).rewards)
+
+
+def test_the_online_orm_refuses_a_classifier_checkpoint(tmp_path):
+    """`rm.path` holding a sequence classifier (an ORM this project only reads) is refused
+    naming the folder, not loaded as a causal LM under a fresh head."""
+    import json
+
+    from reward_model.families import FamilyError
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForSequenceClassification"]}))
+    w = resolve(load_config("configs/tiny.yaml", ONLINE))
+    with pytest.raises(FamilyError, match=f"{tmp_path} is sequence_classification"):
+        make_reward(w, None, "rm", online_init=tmp_path)

@@ -90,8 +90,8 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
     online, else None) of a GRPO stage in `out`; a reward that learns online
     (`policy.rewards.LearnsOnline`) has its engines saved and restored with the policy's."""
     online = reward_fn if isinstance(reward_fn, LearnsOnline) else None
-    companions = online.companions() if online else None
     with memory_phase("start-up"):
+        companions = online.companions() if online else None
         tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
         trainer = stage_trainer(stage, out, engine, logger, out_name, companions=companions)
         sampler = Sampler(engine, trainer, stage.vllm, policy_path)
