@@ -207,6 +207,7 @@ class Schedule:
 
         running, free_slots = {}, list(range(jobs))
         ledger = Ledger(getattr(self.executor, "folder", None))
+        ledger.claim()
         ledger.cancel_leftovers()
         self.progress = tqdm(total=len(self.work), desc="study", unit="run", dynamic_ncols=True)
         try:
@@ -328,6 +329,27 @@ class Ledger:
                        for h in running]
             self.path.write_text(json.dumps(entries))
 
+    def claim(self) -> None:
+        """Hold the study's jobs folder for this invocation (`owner.pid`), refusing while
+        another live `igrpo study run` on this machine holds it: its running jobs would look
+        like a stopped study's leftovers and be cancelled."""
+        if self.path is None:
+            return
+        import psutil
+
+        owner = self.path.with_name("owner.pid")
+        try:
+            pid = int(owner.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pid = 0
+        if pid and pid != os.getpid() and psutil.pid_exists(pid) and \
+                "study" in " ".join(_cmdline(pid)):
+            raise StudyError(f"{owner.parent}: another `igrpo study run` (pid {pid}) is running "
+                             "on this study's root; wait for it or stop it, then run again "
+                             "(the runs resume from their folders)")
+        owner.parent.mkdir(parents=True, exist_ok=True)
+        owner.write_text(str(os.getpid()), encoding="utf-8")
+
     def cancel_leftovers(self) -> list[str]:
         """Cancel what a stopped study left running; the job ids it had recorded."""
         if self.path is None or not self.path.exists():
@@ -355,6 +377,16 @@ def cancel_job(handle) -> None:
         _stop_local(int(handle.job_id))
     else:
         handle.cancel(check=False)
+
+
+def _cmdline(pid: int) -> list[str]:
+    """The command line of process `pid` ([] where it is gone or not ours to read)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def _stop_local(pid: int, timeout: float = 30.0) -> None:

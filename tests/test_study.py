@@ -320,6 +320,23 @@ def test_jobs_a_killed_study_left_running_are_cancelled_first(tmp_path):
         other.kill()
 
 
+def test_a_second_study_run_on_a_root_in_use_is_refused_before_it_cancels_anything(tmp_path):
+    """Two `igrpo study run` invocations on one root: the second would take the first's
+    running jobs for a stopped study's leftovers and cancel them. It is refused, naming the live
+    invocation's pid, while that one runs; once it is gone the root is claimed afresh."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                              "igrpo", "study", "run"])
+    try:
+        (tmp_path / "owner.pid").write_text(str(owner.pid))
+        with pytest.raises(study.StudyError, match=f"another `igrpo study run` \\(pid {owner.pid}"):
+            study.Ledger(tmp_path).claim()
+    finally:
+        owner.kill()
+        owner.wait()
+    study.Ledger(tmp_path).claim()
+    assert (tmp_path / "owner.pid").read_text() == str(os.getpid())
+
+
 def test_a_stopped_study_ends_its_local_jobs_even_with_sigint_ignored(tmp_path):
     """A study started in the background (SIGINT ignored, and so in every job it starts) that
     stops ends its local jobs: each job's controller, its task and the command's process, killed
