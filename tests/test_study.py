@@ -161,12 +161,18 @@ def test_runs_of_the_older_question_stream_are_kept_apart(tmp_path):
                          ["policy.steps=20"])
 
 
-def test_the_shipped_study_regenerates_its_document_from_the_kept_results(tmp_path):
-    """docs/replication.md is the report of docs/replication/ and the hand-written reading."""
-    doc = tmp_path / "replication.md"
-    doc.write_text((ROOT / "docs" / "replication.md").read_text())
-    assert study.main(["report", "--study", str(SHIPPED), "--doc", str(doc)]) == 0
-    assert doc.read_text() == (ROOT / "docs" / "replication.md").read_text()
+@pytest.mark.parametrize("name, results", [("replication", None),
+                                           ("reward_holding", "docs/reward_holding")])
+def test_the_shipped_study_regenerates_its_document_from_the_kept_results(tmp_path, name,
+                                                                          results):
+    """docs/replication.md is the report of docs/replication/ and the hand-written reading;
+    docs/reward_holding.md that of the runs on the current question stream kept in
+    docs/reward_holding/."""
+    doc = tmp_path / f"{name}.md"
+    doc.write_text((ROOT / "docs" / f"{name}.md").read_text())
+    assert study.main(["report", "--study", str(SHIPPED), "--doc", str(doc),
+                       *(["--results", str(ROOT / results)] if results else [])]) == 0
+    assert doc.read_text() == (ROOT / "docs" / f"{name}.md").read_text()
 
 
 def test_study_plans_each_arm_at_its_seeds_and_skips_kept_results(tmp_path):
