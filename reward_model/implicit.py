@@ -35,6 +35,7 @@ from runtime.dist import global_sum, world
 from runtime.engine import (build_engine, build_inference_engine, current_lr,
                             gathered_for_generation, rank_loss)
 from runtime.steps import pad_steps, step_end_token_indices
+from reward_model.online import Verdicts
 
 
 def token_rewards(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -82,9 +83,7 @@ class OnlineImplicitPRM:
         self.plan, self.lr, self.beta, self.timeout_s = plan, lr, beta, timeout_s
         self.tokenizer, self.separator = policy_tokenizer, separator
         self.engine = self.reference = None  # built by the stage that uses them (`companions`)
-        self.verdicts: dict[tuple[str, str], bool] = {}
-        """(question's source id, completion) -> its check, for the samples scored since the last
-        update."""
+        self.verdicts = Verdicts()
 
     def companions(self) -> dict:
         """The engine the stage saves and restores with the policy's (pi_phi; pi_ref is frozen),
@@ -123,8 +122,7 @@ class OnlineImplicitPRM:
         _, step_mask, step_end = pad_steps([[0.0] * len(e) for e in ends], ends)
         step_mask, step_end = step_mask.to(rewards.device), step_end.to(rewards.device)
         correct = grade_samples(records, rollout.texts, self.timeout_s)
-        for rec, text, ok in zip(records, rollout.texts, correct.tolist()):
-            self.verdicts[(rec.source_id, text)] = ok
+        self.verdicts.record(records, rollout.texts, correct)
         return Scores(rewards=torch.sigmoid(rewards.sum(-1)), correct=correct,
                       step_rewards=step_sums(rewards, step_end, step_mask), step_mask=step_mask,
                       step_end_index=step_end)
@@ -134,11 +132,7 @@ class OnlineImplicitPRM:
         the check its scoring recorded (`backward`: the stage's `StageLoop.backward`); every
         rank calls it with `plan.rank_sequences` samples. Returns its metrics (`online_rm/*`)."""
         started = time.perf_counter()
-        labels = [self.verdicts[(rec.source_id, text)] for rec, text in zip(records, rollout.texts)]
-        self.verdicts = {}
-        if len(labels) != self.plan.rank_sequences:
-            raise ValueError(f"{where}: the implicit PRM steps on {self.plan.rank_sequences} "
-                             f"samples a rank, this step gave it {len(labels)}")
+        labels = self.verdicts.take(records, rollout.texts, self.plan.rank_sequences, where)
         target = torch.tensor(labels, dtype=torch.float32, device=rollout.input_ids.device)
         with torch.no_grad():
             ref = self._logprobs(self.reference, rollout)

@@ -39,6 +39,29 @@ from runtime.dist import global_sum, world
 from runtime.engine import current_lr, gathered_for_generation
 
 
+class Verdicts:
+    """The checks of the samples an online reward model scored since its last update, keyed by
+    (question's source id, completion): recorded at scoring, taken (and cleared) by the update."""
+
+    def __init__(self):
+        self.checks: dict[tuple[str, str], bool] = {}
+
+    def record(self, records: list[MathRecord], texts: list[str], correct: torch.Tensor) -> None:
+        for rec, text, ok in zip(records, texts, correct.tolist()):
+            self.checks[(rec.source_id, text)] = ok
+
+    def take(self, records: list[MathRecord], texts: list[str], rows: int, where: str
+             ) -> list[bool]:
+        """The recorded checks of the step's `rows` samples on this rank (all ranks take the
+        same number, the update's collectives depend on it)."""
+        labels = [self.checks[(rec.source_id, text)] for rec, text in zip(records, texts)]
+        self.checks = {}
+        if len(labels) != rows:
+            raise ValueError(f"{where}: the online reward model steps on {rows} samples a rank, "
+                             f"this step gave it {len(labels)}")
+        return labels
+
+
 class OnlineORM:
     """`policy.rewards.LearnsOnline`: an ORM rewarding the policy's samples (a `RewardFn`) and
     learning from their verdicts after it scored them (`learn`)."""
@@ -59,9 +82,7 @@ class OnlineORM:
                               f"{spec.settings.family or infer_family(init)}")
         self.spec, self.init, self.plan, self.lr, self.timeout_s = spec, init, plan, lr, timeout_s
         self.engine = None  # built by the stage that uses it (`companions`), not before
-        self.verdicts: dict[tuple[str, str], bool] = {}
-        """(question's source id, completion) -> its check, for the samples scored since the last
-        update."""
+        self.verdicts = Verdicts()
 
     def companions(self) -> dict:
         """The engines the stage saves and restores with the policy's (built at the first
@@ -82,8 +103,7 @@ class OnlineORM:
             scores = TagScorer(module, self.tokenizer, rm.step_tag, rm.max_length,
                                rm.score_batch_size).score(examples)
         correct = grade_samples(records, rollout.texts, self.timeout_s)
-        for rec, text, ok in zip(records, rollout.texts, correct.tolist()):
-            self.verdicts[(rec.source_id, text)] = ok
+        self.verdicts.record(records, rollout.texts, correct)
         return Scores(rewards=torch.tensor([s[0] if s else 0.0 for s in scores]),
                       correct=correct)
 
@@ -93,11 +113,7 @@ class OnlineORM:
         `StageLoop.backward` (checked passes, the engine's step). Every rank calls it with
         `plan.rank_sequences` samples. Returns the update's metrics (`online_rm/*`)."""
         started = time.perf_counter()
-        labels = [self.verdicts[(rec.source_id, text)] for rec, text in zip(records, rollout.texts)]
-        self.verdicts = {}
-        if len(labels) != self.plan.rank_sequences:
-            raise ValueError(f"{where}: the online ORM steps on {self.plan.rank_sequences} samples "
-                             f"a rank, this step gave it {len(labels)}")
+        labels = self.verdicts.take(records, rollout.texts, self.plan.rank_sequences, where)
         examples = [orm_example(rec.question, text, ok)
                     for rec, text, ok in zip(records, rollout.texts, labels)]
         batch = self.read.encode(examples)
