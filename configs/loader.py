@@ -31,10 +31,11 @@ CHOICES = {
     "policy.algorithm": ("grpo", "offline_rft", "ppo", "t_ppo", "dpo", "online_dpo"),
     "ppo.critic_init": ("policy", "reward_model"),
     "policy.supervision": ("outcome", "process", "rft"),
-    "grpo.process_credit": ("sum", "min", "anchored"),
+    "grpo.process_credit": ("sum", "min", "anchored", "prime"),
     "policy.reward": ("rule", "step_oracle", "rm"),
     "rm.kind": ("prm", "orm"),
     "rm.family": ("", "tag_lm", "token_classification", "sequence_classification", "implicit"),
+    "rm.online_update": ("after", "before"),
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
@@ -280,7 +281,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_watch(cfg.watch, where)
     _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
-    _check_online(cfg.rm, cfg.policy, cfg.grpo.gold_share, where)
+    _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -358,11 +359,11 @@ def _check_algorithm_options(p, g, where: str) -> None:
     if not 0.0 <= g.gold_share <= 1.0:
         raise ConfigError(f"{where}: grpo.gold_share = {g.gold_share}; expected a share of the "
                           "questions in [0, 1]")
-    if g.gold_share < 1.0 and g.process_credit != "anchored":
+    if g.gold_share < 1.0 and g.process_credit not in ("anchored", "prime"):
         raise ConfigError(f"{where}: grpo.gold_share={g.gold_share} with grpo.process_credit="
                           f"{g.process_credit}: the gold budget says which questions the "
-                          "anchored form's exact check may read; set grpo.process_credit="
-                          "anchored (and policy.supervision=process)")
+                          "anchored (or prime) form's exact check may read; set grpo."
+                          "process_credit=anchored (and policy.supervision=process)")
     if not 0.0 <= g.process_weight < float("inf"):
         raise ConfigError(f"{where}: grpo.process_weight = {g.process_weight}; expected a finite "
                           "weight >= 0")
@@ -418,7 +419,7 @@ def _check_reward_family(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
 
 
-def _check_online(rm, p, gold_share: float, where: str) -> None:
+def _check_online(rm, p, g, where: str) -> None:
     """The online ORM (`rm.online`) is GRPO's outcome reward, a tag-LM reward model; the
     implicit PRM (`rm.family=implicit`) is GRPO's reward for either supervision, online only."""
     if rm.family == "implicit" and not rm.online:
@@ -443,10 +444,15 @@ def _check_online(rm, p, gold_share: float, where: str) -> None:
     if rm.family not in ("", "tag_lm", "implicit"):
         raise ConfigError(f"{where}: rm.online with rm.family={rm.family}: the online ORM trains "
                           "the tag_lm family (or set rm.family=implicit)")
-    if gold_share < 1.0:
-        raise ConfigError(f"{where}: rm.online with grpo.gold_share={gold_share}: the online "
+    if g.gold_share < 1.0:
+        raise ConfigError(f"{where}: rm.online with grpo.gold_share={g.gold_share}: the online "
                           "reward model learns from every sample's check, so the gold budget "
                           "would not hold; use one or the other")
+    if rm.online_update == "before" and g.dynamic_sampling:
+        raise ConfigError(f"{where}: rm.online_update=before with grpo.dynamic_sampling=true: a "
+                          "refill is scored again, so the reward model would step more than "
+                          "once a GRPO step; use rm.online_update=after or "
+                          "grpo.dynamic_sampling=false")
     if not 0.0 <= rm.online_lr < float("inf"):
         raise ConfigError(f"{where}: rm.online_lr = {rm.online_lr}; expected a rate >= 0 (0: "
                           "rm.lr)")

@@ -29,7 +29,9 @@ policy's states, the reference and the reward model it is rewarded by throughout
                     (the implicit PRM's frozen reference held too)
     update          held + activations + logits (vLLM asleep)
     RM update       an online reward model's step after the policy's: held + its activations
-                    (the implicit PRM's: the policy update's activations and logits)
+                    (the implicit PRM's: the policy update's activations and logits); with
+                    `rm.online_update=before` it runs inside the scoring, whose measured peak
+                    then holds it
     reward models   a reward model's training states + its activations (vLLM asleep)
     labelling       vLLM's pool (the decoding loop: the policy + its KV cache)
     evaluation      sampling beside both reward models (best-of-N), then their scoring

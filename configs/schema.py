@@ -271,15 +271,17 @@ class GRPOConfig:
     of its step and every later step), min (PURE, Cheng et al. 2025: a step's value is the
     minimum of its reward and every later step's, the values normalised within the group) or
     anchored (the final-answer check's group-normalised outcome advantage plus `process_weight`
-    times the min-form value clamped to [-1, 1]). Anything but sum needs
+    times the min-form value clamped to [-1, 1]) or prime (PRIME's: the check's outcome
+    advantage plus `process_weight` times the sum form's, unbounded). Anything but sum needs
     policy.supervision=process; a sample without a step gets the group's floor under min and
-    anchored (sum gives it 0)."""
+    anchored (sum and prime give it 0 from the steps)."""
     process_weight: float = 0.5
     """anchored: the weight of the bounded process term. 0.5 is the largest weight at which the
     PRM can never lift a wrong answer's token above a right answer's in the same group (their
     outcome advantages differ by >= 2 with the std, exactly 1 without it; the term spans at most
     2 x weight): the exact check orders right against wrong, the PRM orders within each and
-    speaks alone where a group is all right or all wrong."""
+    speaks alone where a group is all right or all wrong. prime: the sum form's weight; PRIME's
+    equal coefficients (5 and 5, verl's recipe/prime) are 1.0."""
     gold_share: float = 1.0
     """anchored: the gold budget, the share rho of the RL questions whose exact final-answer
     check the reward may read (drawn per question from the run seed and its source id, so a
@@ -502,6 +504,12 @@ class RewardModelConfig:
     supervision, started from the policy's warm start (or `rm.path`) against the warm start."""
     online_lr: float = 0.0
     """The online reward model's learning rate (0 = `rm.lr`)."""
+    online_update: str = "after"
+    """When the online reward model takes its step on a GRPO step's samples: after (scored
+    first, then updated after the policy's update: no reward reads its own sample's label) or
+    before (PRIME's default, verl's `reward_model.model.update: before`: updated on the samples'
+    checks first, then it scores them; every reward has seen its own sample's label). `before`
+    needs grpo.dynamic_sampling=false (a refill would update it again within the step)."""
     implicit_beta: float = 0.05
     """`rm.family=implicit`: beta of the implicit PRM's token reward r_t = beta * log pi_phi /
     pi_ref (PRIME's 0.05)."""

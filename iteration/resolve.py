@@ -207,6 +207,7 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
     kind = "prm" if w.per_step else "orm"
     if w.rm.settings.online:
         from reward_model.implicit import OnlineImplicitPRM
+        from policy.scoring import UpdatedFirst
         from reward_model.online import OnlineORM
         from runtime.batching import plan_grpo_batch
         from runtime.dist import world
@@ -215,12 +216,15 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
         plan = plan_grpo_batch(p.questions_per_step, p.group_size,
                                w.stage.deepspeed.micro_batch_size, world()[1])
         if rm.family == "implicit":
-            return OnlineImplicitPRM(w.stage.model, w.stage.deepspeed,
-                                     online_init or rm.path or online_reference,
-                                     online_reference, plan, rm.online_lr or rm.lr,
-                                     rm.implicit_beta, policy_tokenizer, w.data.step_separator,
-                                     timeout)
-        return OnlineORM(w.rm, online_init or rm.path, plan, rm.online_lr or rm.lr, timeout)
+            learner = OnlineImplicitPRM(w.stage.model, w.stage.deepspeed,
+                                        online_init or rm.path or online_reference,
+                                        online_reference, plan, rm.online_lr or rm.lr,
+                                        rm.implicit_beta, policy_tokenizer,
+                                        w.data.step_separator, timeout)
+        else:
+            learner = OnlineORM(w.rm, online_init or rm.path, plan, rm.online_lr or rm.lr,
+                                timeout)
+        return UpdatedFirst(learner) if rm.online_update == "before" else learner
     scorer = load_scorers([kind])[kind] if load_scorers is not None else \
         load_reward_model(w.rm.settings.path, w.rm.settings, w.stage.model)
     if w.per_step:

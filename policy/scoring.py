@@ -12,7 +12,8 @@ import torch
 from configs.schema import PolicyConfig
 from policy.generation.rollout import Rollout, concat_rollouts
 from policy.math.shaping import add_to_last_step, overlong_penalty
-from policy.rewards import LearnsOnline, RewardFn, Scores, concat_scores, gold_budget
+from policy.rewards import (LearnsOnline, RewardFn, Scores, concat_scores, gold_budget,
+                            grade_samples)
 from policy.stage import Shaping
 from runtime.data import MathRecord
 from runtime.memory import memory_phase
@@ -120,3 +121,45 @@ def learn_reward(online: LearnsOnline | None, sampled: Sampled, trainer, where: 
     rows = [rec for rec in sampled.records for _ in range(sampled.rollout.group_size)]
     with memory_phase("RM update"):  # (configs/memory.py's phase)
         return online.learn(rows, sampled.rollout, trainer.backward, where)
+
+
+class UpdatedFirst:
+    """PRIME's order for a reward that learns online (`rm.online_update=before`; verl's
+    recipe/prime `update: before`): when a step's samples are scored, the learner first takes
+    its step on their checks, then scores them with its updated weights (so every reward has
+    seen its own sample's label, as in PRIME). Its step runs inside the scoring (vLLM asleep,
+    through the stage's `StageLoop.backward`: `bind`); `learn`, called after the policy's update,
+    only hands on that step's metrics. A `policy.rewards.LearnsOnline` like the learner it
+    wraps (`reward_model/online.py`'s ORM or `implicit.py`'s PRM: `verdicts`, `score`)."""
+
+    reads_gold = True
+
+    def __init__(self, learner):
+        self.learner, self.name = learner, learner.name
+        self.trainer, self.metrics = None, {}
+
+    def companions(self) -> dict:
+        return self.learner.companions()
+
+    def bind(self, trainer) -> None:
+        """The stage's `StageLoop`, whose `backward` steps the learner's engine."""
+        self.trainer = trainer
+
+    def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
+        if self.trainer is None:
+            raise RuntimeError("rm.online_update=before: the reward scores inside a GRPO stage, "
+                               "which binds its trainer first (policy/algorithms/grpo.py "
+                               "start_stage)")
+        correct = grade_samples(records, rollout.texts, self.learner.timeout_s)
+        self.learner.verdicts.record(records, rollout.texts, correct)
+        self.learner.companions()
+        self.metrics = self.learner.learn(records, rollout, self.trainer.backward,
+                                          f"step {self.trainer.step + 1}, before scoring")
+        return self.learner.score(records, rollout, correct)
+
+    def learn(self, records: list[MathRecord], rollout: Rollout, backward, where: str) -> dict:
+        metrics, self.metrics = self.metrics, {}
+        return metrics
+
+    def export(self, folder, config_yaml: str) -> None:
+        self.learner.export(folder, config_yaml)

@@ -13,8 +13,10 @@ Like the online ORM (reward_model/online.py), each GRPO step's samples are score
 model takes its step on their checks after the policy's update, so no reward reads its own
 sample's label; pi_phi is the stage's companion engine (saved, resumed, partitioned with the
 policy), pi_ref a frozen model like the policy's reference, and pi_phi is exported to
-`<stage>/online-rm/`, where the next iteration starts it from. Not built yet: PRIME's default of
-updating before scoring (with its gold term), and training one offline (`igrpo train-rm`).
+`<stage>/online-rm/`, where the next iteration starts it from. PRIME's own default, updating
+before scoring (`rm.online_update=before`, policy/scoring.py `UpdatedFirst`) with its gold term
+(`grpo.process_credit=prime`), is a setting. Not built yet: training one offline (`igrpo
+train-rm`).
 """
 
 from __future__ import annotations
@@ -107,10 +109,18 @@ class OnlineImplicitPRM:
                                               rollout.prompt_ids.shape[1])
                           for k in range(0, rollout.input_ids.shape[0], micro)])
 
-    @torch.no_grad()
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         """Each sample's step rewards (and sigmoid of their sum as its score) as pi_phi is now,
         and each sample's check (kept for the update, never read by the rewards)."""
+        correct = grade_samples(records, rollout.texts, self.timeout_s)
+        self.verdicts.record(records, rollout.texts, correct)
+        return self.score(records, rollout, correct)
+
+    @torch.no_grad()
+    def score(self, records: list[MathRecord], rollout: Rollout, correct: torch.Tensor
+              ) -> Scores:
+        """Each sample's step rewards (and sigmoid of their sum as its score) as pi_phi is now,
+        beside the samples' checks `correct`."""
         self.companions()
         with gathered_for_generation(self.engine) as module:  # every rank scores its own rows
             logprobs = self._logprobs(module, rollout)
@@ -121,8 +131,6 @@ class OnlineImplicitPRM:
             for i, text in enumerate(rollout.texts)]
         _, step_mask, step_end = pad_steps([[0.0] * len(e) for e in ends], ends)
         step_mask, step_end = step_mask.to(rewards.device), step_end.to(rewards.device)
-        correct = grade_samples(records, rollout.texts, self.timeout_s)
-        self.verdicts.record(records, rollout.texts, correct)
         return Scores(rewards=torch.sigmoid(rewards.sum(-1)), correct=correct,
                       step_rewards=step_sums(rewards, step_end, step_mask), step_mask=step_mask,
                       step_end_index=step_end)

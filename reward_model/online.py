@@ -92,18 +92,23 @@ class OnlineORM:
                 self.spec, Path(self.name), self.init, self.plan, lr=self.lr)
         return {self.name: self.engine}
 
-    @torch.no_grad()
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         """The ORM's P(+) of each sample as it is now, and each sample's check (kept for the
         update, never read by the score)."""
+        correct = grade_samples(records, rollout.texts, self.timeout_s)
+        self.verdicts.record(records, rollout.texts, correct)
+        return self.score(records, rollout, correct)
+
+    @torch.no_grad()
+    def score(self, records: list[MathRecord], rollout: Rollout, correct: torch.Tensor
+              ) -> Scores:
+        """The ORM's P(+) of each sample as it is now, beside the samples' checks `correct`."""
         rm = self.spec.settings
         self.companions()
         examples = [orm_example(r.question, t) for r, t in zip(records, rollout.texts)]
         with gathered_for_generation(self.engine) as module:  # every rank scores its own rows
             scores = TagScorer(module, self.tokenizer, rm.step_tag, rm.max_length,
                                rm.score_batch_size).score(examples)
-        correct = grade_samples(records, rollout.texts, self.timeout_s)
-        self.verdicts.record(records, rollout.texts, correct)
         return Scores(rewards=torch.tensor([s[0] if s else 0.0 for s in scores]),
                       correct=correct)
 

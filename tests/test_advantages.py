@@ -183,6 +183,32 @@ def test_anchored_credit_by_hand_part_by_part():
     assert parts.sum().item() == pytest.approx(0, abs=1e-5)
 
 
+def test_prime_credit_by_hand_part_by_part():
+    """PRIME's advantage: the check's outcome part (as anchored's) plus process_weight times the
+    sum form's token values, unbounded (sample 2's -2.0 stays -2.0), and under a gold budget a
+    group outside it gets the sum form alone."""
+    outcome = [[1 / ROOT2] * 6, [1 / ROOT2] * 6, [-ROOT2] * 6]
+    total = [[1.5] * 3 + [0.0] * 3, [0.5] * 2 + [-0.5] * 4, [-2.0] * 3 + [-0.5] * 2 + [0.0]]
+    adv, parts = _credit("prime", weight=1.0)
+    _close(adv, [[o + t for o, t in zip(orow, trow)] for orow, trow in zip(outcome, total)])
+    _close(_credit("prime", weight=0.0)[0], outcome)
+    # What was normalised: the sum form's step rewards, then the outcome.
+    _close(parts, [[1.5, 0, 0, 1 / ROOT2], [1.0, -0.5, 0, 1 / ROOT2], [0, -1.5, -0.5, -ROOT2]])
+    hidden, hidden_parts = PROCESS_CREDIT["prime"].estimate(
+        STEPS, STEP_MASK, STEP_END, CORRECT, 6, NORM, 1.0, revealed=torch.zeros(3, dtype=bool))
+    _close(hidden, total)
+    assert hidden_parts[:, -1].abs().sum() == 0
+    # DAPO's filter: a group whose checks agree still carries the sum form's signal; one whose
+    # steps and checks are all equal carries none.
+    flat = torch.full_like(STEPS, 0.5)
+    informative = PROCESS_CREDIT["prime"].informative
+    assert informative(STEPS, STEP_MASK, torch.ones(3, dtype=torch.bool), 3).tolist() == [True]
+    assert informative(flat, STEP_MASK, torch.ones(3, dtype=torch.bool), 3).tolist() == [False]
+    assert informative(flat, STEP_MASK, CORRECT, 3).tolist() == [True]
+    with pytest.raises(ValueError, match="prime need the reward's final-answer check"):
+        _credit("prime", correct=None)
+
+
 def test_credit_forms_through_the_step_mask_completion_padding():
     """compute_advantages picks the form from grpo.process_credit and zeroes the completion's
     padding: completions of 4, 6 and 5 tokens (sample 0's tokens 4-5 and sample 2's token 5 are
@@ -190,14 +216,14 @@ def test_credit_forms_through_the_step_mask_completion_padding():
     rollout = batch_rollout(lengths=[4, 6, 5], width=6)
     scores = Scores(rewards=torch.zeros(3), correct=CORRECT, step_rewards=STEPS,
                     step_mask=STEP_MASK, step_end_index=STEP_END)
-    for name in ("sum", "min", "anchored"):
+    for name in ("sum", "min", "prime", "anchored"):
         cfg = load_config("configs/tiny.yaml", ["policy.group_size=3", "grpo.std_eps=0",
                                                 f"grpo.process_credit={name}"])
         adv, _ = compute_advantages(scores, scores.rewards, rollout, resolve(cfg).method)
         expected = _credit(name)[0] * rollout.completion_mask
         assert torch.equal(adv, expected), name
         assert (adv[0, 4:] == 0).all() and adv[2, 5] == 0
-    a, o = 1 / ROOT2 + 0.5, 1 / ROOT2
+    a, o = 1 / ROOT2 + 0.5, 1 / ROOT2  # (anchored's)
     assert adv[0].tolist() == pytest.approx([a, a, a, o, 0, 0], abs=1e-6)
 
 

@@ -222,10 +222,11 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["grpo-online", "grpo-implicit"])
+@pytest.mark.parametrize("kind", ["grpo-online", "grpo-implicit", "grpo-prime"])
 def test_online_reward_model_steps_on_two_processes_equal_one(tmp_path, ranks, base, kind):
     """GRPO rewarded by a reward model that learns from the step's samples (`rm.online`: the
-    ORM; PRIME's implicit PRM, two steps, the second rewarded by what it learned in the first):
+    ORM; PRIME's implicit PRM, two steps, the second rewarded by what it learned in the first;
+    PRIME's own order, the PRM stepping inside the scoring, and its gold term):
     on 2 processes under ZeRO-2 and under ZeRO-3 the last step equals one process's, the
     policy's update and the reward model's (its loss, gradient norm and exported weights), the
     2-process gradients perturbed by an ulp as in the recipes' test below. Both models moved far

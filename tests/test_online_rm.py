@@ -257,6 +257,52 @@ def test_the_implicit_prm_scores_by_hand_before_it_learns_from_each_check(base, 
     assert not torch.equal(a(told, rollout).rewards, b(flipped, rollout).rewards)
 
 
+def test_prime_order_steps_on_each_check_before_it_scores(base, tmp_path):
+    """`rm.online_update=before` (PRIME's default): scoring a step's samples first takes the
+    learner's step on their checks (its loss the cross-entropy of the untouched model's scores,
+    by hand), then scores with the updated weights: the rewards equal those of the same PRM
+    scored after `learn`. Its rewards read their own checks: told that question 0's answer is 6,
+    the rewards differ. `learn` after the policy's update only hands on that step's metrics."""
+    from policy.scoring import UpdatedFirst
+    from runtime.models import load_tokenizer
+
+    cfg = load_config("configs/tiny.yaml", IMPLICIT)
+    ref_path = build_tiny(tmp_path / "ref", cfg.model.tiny, 1, extra_tokens=(cfg.rm.step_tag,))
+    tokenizer = load_tokenizer(base, resolve(cfg).stage.model)
+    rollout = _rollout(tokenizer, TEXTS)
+    told, flipped = _rows(["5", "8"]), _rows(["6", "8"])
+    after = make_reward(resolve(cfg), tokenizer, "rm", online_init=base, online_reference=ref_path)
+    untouched = after(told, rollout)
+    stepped = after.learn(told, rollout, _backward, "test")
+    expected = after(told, rollout)
+
+    w = resolve(load_config("configs/tiny.yaml", [*IMPLICIT, "rm.online_update=before"]))
+    first, flips = (make_reward(w, tokenizer, "rm", online_init=base, online_reference=ref_path)
+                    for _ in range(2))
+    assert isinstance(first, UpdatedFirst)
+    with pytest.raises(RuntimeError, match="binds its trainer first"):
+        first(told, rollout)
+    for prm in (first, flips):
+        prm.bind(SimpleNamespace(backward=_backward, step=0))
+    got = first(told, rollout)
+    for key in ("rewards", "step_rewards", "correct"):
+        torch.testing.assert_close(getattr(got, key), getattr(expected, key), rtol=0, atol=1e-6)
+    assert not torch.allclose(got.rewards, untouched.rewards)
+    bce = float(torch.nn.functional.binary_cross_entropy(untouched.rewards,
+                                                         untouched.correct.float()))
+    metrics = first.learn(told, rollout, _backward, "test")
+    assert metrics["online_rm/loss"] == pytest.approx(bce, rel=1e-5)
+    assert metrics["online_rm/loss"] == pytest.approx(stepped["online_rm/loss"], rel=1e-6)
+    assert first.learn(told, rollout, _backward, "test") == {}  # one step a GRPO step
+    assert not torch.allclose(flips(flipped, rollout).rewards, got.rewards)
+
+
+def test_prime_order_is_refused_under_dynamic_sampling():
+    with pytest.raises(ConfigError, match="rm.online_update=before with grpo.dynamic_sampling"):
+        load_config("configs/tiny.yaml", [*IMPLICIT, "rm.online_update=before",
+                                          "grpo.dynamic_sampling=true"])
+
+
 def test_the_online_orm_refuses_a_classifier_checkpoint(tmp_path):
     """`rm.path` holding a sequence classifier (an ORM this project only reads) is refused
     naming the folder, not loaded as a causal LM under a fresh head."""

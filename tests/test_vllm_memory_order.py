@@ -110,12 +110,14 @@ def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(record
     assert any(name == "reload" and j not in inside for j, name in enumerate(names))
 
 
-@pytest.mark.parametrize("family", ["tag_lm", "implicit"])
+@pytest.mark.parametrize("family, order", [("tag_lm", "after"), ("implicit", "after"),
+                                           ("implicit", "before")])
 def test_iterate_with_an_online_reward_model_learns_after_the_update_with_the_pool_asleep(
-        recorder, tmp_path, monkeypatch, family):
+        recorder, tmp_path, monkeypatch, family, order):
     """`rm.online` through Algorithm 1 (two iterations, no refresh), the ORM and PRIME's
     implicit PRM: each GRPO step is rollout, sleep, scoring, the policy's update, then the
-    reward model's update, never beside vLLM's pool; the first stage's reward model starts from
+    reward model's update (in PRIME's order, `rm.online_update=before`: its update inside the
+    scoring, before the policy's), never beside vLLM's pool; the first stage's reward model starts from
     the ORM the loop trained (the implicit PRM: from the warm start), the second from the
     first's export (`online-rm`), which both stages write."""
     import igrpo
@@ -135,13 +137,17 @@ def test_iterate_with_an_online_reward_model_learns_after_the_update_with_the_po
     supervision = "process" if family == "implicit" else "outcome"
     assert igrpo.main(["iterate", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
                        *SMALL, *ITERATE, *VLLM, f"policy.supervision={supervision}",
-                       "rm.online=true", f"rm.family={family}", "iterate.refresh=false"]) == 0
+                       "rm.online=true", f"rm.family={family}", f"rm.online_update={order}",
+                       "iterate.refresh=false"]) == 0
     assert _beside_the_pool(recorder) == []
     names = [n for n in _names(recorder) if n in ("generate", "sleep", "score", "update",
                                                   "rm-online")]
     assert names.count("rm-online") == names.count("update") == 4
+    step = (["sleep", "score", "update", "rm-online"] if order == "after" else
+            ["sleep", "score", "rm-online", "update"])
     for at in (i for i, n in enumerate(names) if n == "update"):
-        assert names[at - 2:at + 2] == ["sleep", "score", "update", "rm-online"]
+        first = at - step.index("update")
+        assert names[first:first + 4] == step
     run = tmp_path / "tiny"
     first = run / ("sft/best" if family == "implicit" else "rm-orm/iteration-0/final")
     assert starts == [str(first), str(run / "grpo/iteration-1/online-rm")]

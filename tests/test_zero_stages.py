@@ -100,14 +100,15 @@ def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base, rank
 @pytest.mark.slow
 def test_grpo_with_an_online_reward_model_resumes_under_every_zero_stage(tmp_path, base, ranks):
     """GRPO rewarded by a reward model that learns at every step (`rm.online`: the ORM, and
-    PRIME's implicit PRM): killed after step 1's state is saved under ZeRO-0, 1, 2 and 3 on 2
+    PRIME's implicit PRM, stepping after the policy's update or, in PRIME's order, inside the
+    scoring): killed after step 1's state is saved under ZeRO-0, 1, 2 and 3 on 2
     processes, step 2 then equals the uninterrupted run's bit for bit: the policy's and the
     reward model's weights, every logged number (its loss among them) but wall-clock ones.
     Its state is the stage's companion (step 2's rewards read what step 1 taught it)."""
-    ranks.launch(2, "zero_resume", tmp_path, base, "grpo_online,grpo_implicit", "fp32",
+    kinds = ("grpo_online", "grpo_implicit", "grpo_prime")
+    ranks.launch(2, "zero_resume", tmp_path, base, ",".join(kinds), "fp32",
                  log=tmp_path / "zero_resume.log", timeout=600)
-    for name in (f"{kind}-z{stage}" for kind in ("grpo_online", "grpo_implicit")
-                 for stage in (0, 1, 2, 3)):
+    for name in (f"{kind}-z{stage}" for kind in kinds for stage in (0, 1, 2, 3)):
         rows = json.loads((tmp_path / "fp32" / f"{name}.json").read_text())
         assert rows["resumed_from"] == 1, name
 

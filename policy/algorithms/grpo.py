@@ -94,6 +94,8 @@ def start_stage(stage: PolicyStage, out: Path, out_name: str, logger, policy_pat
         companions = online.companions() if online else None
         tokenizer, plan, engine, reference = policy_engines(stage, policy_path, reference_path)
         trainer = stage_trainer(stage, out, engine, logger, out_name, companions=companions)
+        if hasattr(online, "bind"):  # it steps while scoring (`rm.online_update=before`)
+            online.bind(trainer)
         sampler = Sampler(engine, trainer, stage.vllm, policy_path)
         rank, size = world()
         watch = StageWatch(stage, out / "trace", trainer, reference, policy_path, reference_path,

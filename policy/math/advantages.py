@@ -155,8 +155,8 @@ advantages [N, T], what was normalised [N, 1]). Process supervision takes its cr
 # become token advantages. Each form: (step_rewards, step_mask, step_end_index [N, S], correct
 # [N] bool or None, T, GroupNorm, weight) -> ([N, T] token advantages, what was normalised).
 
-NO_CHECK = ("grpo.process_credit=anchored needs the reward's final-answer check (Scores.correct), "
-            "but this reward did not return it")
+NO_CHECK = ("grpo.process_credit=anchored and prime need the reward's final-answer check "
+            "(Scores.correct), but this reward did not return it")
 
 
 def sum_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
@@ -280,6 +280,35 @@ def anchored_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     return advantages, torch.cat([normalised, outcome[:, None]], -1)
 
 
+def prime_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                 step_end_index: torch.Tensor, correct: torch.Tensor | None, num_tokens: int,
+                 norm: GroupNorm, weight: float = 1.0, revealed: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PRIME's advantage (Cui et al. 2025; verl's recipe/prime `compute_rloo_advantage_return`)
+    in GRPO's group normalisation: the exact check's outcome advantage plus `weight` times the
+    sum form's, A_t = o + weight * sum_{j: end_j >= t} r~_j, where o = (c - mean) / std is
+    `correct` normalised within each group and r~ the group-normalised step rewards
+    (`sum_credit`). PRIME baselines each reward source separately (its "gt" and its implicit
+    rewards, leave-one-out within the group), sums them at equal coefficients (5 and 5: weight
+    1.0), takes each token's return over the later tokens and whitens the batch; here the group
+    normalises each source and the step's return is the sum form's. Unlike `anchored_credit` the
+    process term is neither bounded nor min-form: PRIME's own. Under a gold budget (`revealed`)
+    a group outside it gets the sum form alone.
+    Returns ([N, T], [N, S + 1]: the normalised step rewards, then o in the last column, 0
+    outside the budget)."""
+    if correct is None:
+        raise ValueError(NO_CHECK)
+    outcome = outcome_advantages(correct.float(), norm.group_size, scale_by_std=norm.scale_by_std,
+                                 unbiased=norm.unbiased, eps=norm.eps, min_std=norm.min_std)
+    process, normalised = sum_credit(step_rewards, step_mask, step_end_index, None, num_tokens,
+                                     norm)
+    advantages = outcome[:, None] + weight * process
+    if revealed is not None:
+        advantages = torch.where(revealed[:, None], advantages, process)
+        outcome = torch.where(revealed, outcome, torch.zeros_like(outcome))
+    return advantages, torch.cat([normalised, outcome[:, None]], -1)
+
+
 def sum_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                     correct: torch.Tensor | None, group_size: int,
                     revealed: torch.Tensor | None = None) -> torch.Tensor:
@@ -301,13 +330,29 @@ def anchored_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
                          revealed: torch.Tensor | None = None) -> torch.Tensor:
     """[Q] bool: the group's final-answer checks (inside the gold budget) or its min-form
     values spread (either part of `anchored_credit` can carry signal)."""
+    return (checks_spread(correct, group_size, revealed)
+            | min_informative(step_rewards, step_mask, correct, group_size))
+
+
+def checks_spread(correct: torch.Tensor | None, group_size: int,
+                  revealed: torch.Tensor | None = None) -> torch.Tensor:
+    """[Q] bool: the group's final-answer checks are not all equal, and (under a gold budget)
+    may be read."""
     if correct is None:
         raise ValueError(NO_CHECK)
     verdicts = correct.float().view(-1, group_size)
     spread = ~zero_spread(verdicts, torch.ones_like(verdicts, dtype=torch.bool))
     if revealed is not None:
         spread &= revealed.view(-1, group_size)[:, 0]
-    return spread | min_informative(step_rewards, step_mask, correct, group_size)
+    return spread
+
+
+def prime_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
+                      correct: torch.Tensor | None, group_size: int,
+                      revealed: torch.Tensor | None = None) -> torch.Tensor:
+    """[Q] bool: the group's checks (inside the gold budget) or its step rewards spread."""
+    return (checks_spread(correct, group_size, revealed)
+            | sum_informative(step_rewards, step_mask, correct, group_size))
 
 
 @dataclass(frozen=True)
@@ -328,6 +373,7 @@ PROCESS_CREDIT: dict[str, ProcessCredit] = {
     "sum": ProcessCredit(sum_credit, sum_informative),
     "min": ProcessCredit(min_credit, min_informative),
     "anchored": ProcessCredit(anchored_credit, anchored_informative, reads_check=True),
+    "prime": ProcessCredit(prime_credit, prime_informative, reads_check=True),
 }
 """`grpo.process_credit` -> how process rewards become token advantages (docs/grpo.md)."""
 

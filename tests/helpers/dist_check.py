@@ -53,6 +53,10 @@ IMPLICIT = ["rm.family=implicit", "policy.supervision=process", "policy.steps=2"
             "rm.implicit_beta=0.5"]
 """PRIME's implicit PRM instead (pi_phi and pi_ref both the base: its rewards are 0 until its
 first step, so the second GRPO step is the one rewarded by it)."""
+PRIME = [*IMPLICIT, "rm.online_update=before", "grpo.process_credit=prime",
+         "grpo.process_weight=1.0"]
+"""PRIME's own settings: the implicit PRM steps on the checks before it scores, and the check's
+outcome advantage joins the sum form's."""
 
 
 class ChunkStepReward:
@@ -332,14 +336,14 @@ def main() -> None:
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
         resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
-    elif kind in ("grpo-online", "grpo-implicit"):  # a reward model learning from its samples
+    elif kind in ("grpo-online", "grpo-implicit", "grpo-prime"):  # learning from its samples
         from iteration.resolve import make_reward, resolve
         from runtime.data import load_splits
         from runtime.models import load_tokenizer
 
         # Adam's eps bounds what a gradient's last bits can move a weight (see gspo above).
-        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *ONLINE, *(
-            IMPLICIT if kind == "grpo-implicit" else []), *sys.argv[5:]])
+        cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *ONLINE, *{
+            "grpo-implicit": IMPLICIT, "grpo-prime": PRIME}.get(kind, []), *sys.argv[5:]])
         w = resolve(cfg)
         splits = load_splits(cfg.data, 0)
         w.train_policy(out, base, make_reward(w, load_tokenizer(base, w.stage.model), "rm",

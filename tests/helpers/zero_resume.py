@@ -3,9 +3,9 @@ fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it wri
 
     torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION[,...]
 
-For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online and grpo_implicit: GRPO
-with its online ORM or implicit PRM) and ZeRO stage 0-3, the stage runs
-twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
+For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online, grpo_implicit and
+grpo_prime: GRPO with its online ORM, implicit PRM, or the implicit PRM in PRIME's order) and
+ZeRO stage 0-3, the stage runs twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
 right after the state of step 1 is saved, then called again, which builds every engine afresh,
 loads that state and takes step 2. Each run's final export lands in
 OUT/<precision>/<kind>-z<stage>-<mode>/, and OUT/<precision>/<kind>-z<stage>.json records both
@@ -26,7 +26,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-from dist_check import GRPO, IMPLICIT, ONLINE, RM, ChunkStepReward  # noqa: E402
+from dist_check import GRPO, IMPLICIT, ONLINE, PRIME, RM, ChunkStepReward  # noqa: E402
 
 STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1", "data.val_questions=4",
@@ -37,6 +37,7 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "ppo": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "ppo.critic_lr=1e-3"],
     "grpo_online": ["policy.steps=2", "policy.save_every=1", *ONLINE],
     "grpo_implicit": ["policy.steps=2", "policy.save_every=1", *ONLINE, *IMPLICIT],
+    "grpo_prime": ["policy.steps=2", "policy.save_every=1", *ONLINE, *PRIME],
 }
 PRECISION = {"fp32": [], "bf16": ["deepspeed.bf16=true", "model.dtype=bfloat16"]}
 
@@ -70,7 +71,7 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
         return train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
     from iteration.resolve import make_reward, resolve
 
-    if kind in ("grpo_online", "grpo_implicit"):  # a reward model learning: two engines resume
+    if kind in ("grpo_online", "grpo_implicit", "grpo_prime"):  # two engines resume
         from runtime.models import load_tokenizer
 
         w = resolve(load_config("configs/tiny.yaml", [*GRPO, *overrides]))
