@@ -36,6 +36,7 @@ CHOICES = {
     "rm.kind": ("prm", "orm"),
     "rm.family": ("", "tag_lm", "token_classification", "sequence_classification", "implicit"),
     "rm.online_update": ("after", "before"),
+    "rm.ensemble_aggregate": ("mean", "worst", "uncertainty"),
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
@@ -282,6 +283,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
     _check_reward_family(cfg.rm, where)
     _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
+    _check_ensemble(cfg.rm, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -417,6 +419,20 @@ def _check_reward_family(rm, where: str) -> None:
                           "or train a causal LM at its step tag (rm.family=tag_lm)")
     if rm.label_index < 0:
         raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
+
+
+def _check_ensemble(rm, where: str) -> None:
+    """An ensemble (`rm.ensemble`) is of frozen reward models the outer loop trains."""
+    if rm.ensemble < 1:
+        raise ConfigError(f"{where}: rm.ensemble = {rm.ensemble}; expected a number of members "
+                          ">= 1")
+    if not 0.0 <= rm.ensemble_lambda < float("inf"):
+        raise ConfigError(f"{where}: rm.ensemble_lambda = {rm.ensemble_lambda}; expected a "
+                          "finite weight >= 0")
+    if rm.ensemble > 1 and rm.online:
+        raise ConfigError(f"{where}: rm.ensemble={rm.ensemble} with rm.online: an online "
+                          "reward model is one model learning from the checks; use one or the "
+                          "other")
 
 
 def _check_online(rm, p, g, where: str) -> None:

@@ -198,7 +198,7 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
     whole = value_bytes * params
     rows = [*_weight_rows(ds, g, arch, gpus, nodes, cfg.rm.online,
-                          cfg.rm.online and cfg.rm.family == "implicit"),
+                          cfg.rm.online and cfg.rm.family == "implicit", cfg.rm.ensemble),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
                     "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
     if cfg.rollout.backend != "vllm":
@@ -227,11 +227,13 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
 
 
 def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
-                 online: bool = False, implicit: bool = False) -> list[PlanRow]:
+                 online: bool = False, implicit: bool = False, members: int = 1
+                 ) -> list[PlanRow]:
     """What a GRPO stage holds throughout: the policy's model states (the critic's too), the
     frozen reference and the reward model GRPO is rewarded by (`ds`: the deepspeed section, `g`
     the policy section; `online`: the reward model trains beside the policy, `rm.online`;
-    `implicit`: it is PRIME's implicit PRM, with a frozen reference of its own)."""
+    `implicit`: it is PRIME's implicit PRM, with a frozen reference of its own; `members`: the
+    reward models of an ensemble, `rm.ensemble`, each held like the first)."""
     value_bytes = 2 if ds.bf16 else 4
     params, largest = arch.params, arch.largest_layer_params
     states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
@@ -263,6 +265,10 @@ def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
                         "the online reward model gathered whole to score" if online
                         else
                         "replicated weights (scoring)"))
+    if members > 1:
+        rows.append(PlanRow(f"{members - 1} more ensemble members (scoring)",
+                            (members - 1) * value_bytes * params,
+                            f"rm.ensemble={members}: each member's replicated weights"))
     return rows
 
 

@@ -504,6 +504,17 @@ class RewardModelConfig:
     supervision, started from the policy's warm start (or `rm.path`) against the warm start."""
     online_lr: float = 0.0
     """The online reward model's learning rate (0 = `rm.lr`)."""
+    ensemble: int = 1
+    """GRPO's reward model as an ensemble of this many members (reward_model/ensemble.py; Coste
+    et al. 2024): `igrpo iterate` trains members 2..K of the kind GRPO reads beside the first,
+    on the same rows, each with its own seed (data order, validation split, new weights), and a
+    refresh continues each from its own; GRPO is rewarded by `rm.ensemble_aggregate` of their
+    scores, step by step for a PRM. 1: one reward model."""
+    ensemble_aggregate: str = "mean"
+    """mean, worst (the members' minimum) or uncertainty (mean - `rm.ensemble_lambda` x the
+    members' variance)."""
+    ensemble_lambda: float = 1.0
+    """uncertainty: the weight of the members' variance (Coste et al. tune it per setting)."""
     online_update: str = "after"
     """When the online reward model takes its step on a GRPO step's samples: after (scored
     first, then updated after the policy's update: no reward reads its own sample's label) or

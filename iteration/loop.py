@@ -20,6 +20,7 @@ start of iteration k+1, so the last iteration does not train reward models nothi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -39,6 +40,7 @@ from runtime.data import Splits
 from runtime.dist import broadcast_from_main, is_main
 from runtime.memory import memory_phase
 from runtime.models import load_tokenizer
+from runtime.seeds import derive_seed
 from runtime.tracking import MetricsLogger, read_metrics
 
 
@@ -100,16 +102,34 @@ class IterationRun:
         else:
             rows = refresh_set(self.run / "replay" / kind, k, it.replay_fraction,
                                self.w.seed, worked)
-        out = self.run / f"rm-{kind}" / f"iteration-{k}"
         epochs = it.refresh_epochs if k > 0 and it.refresh_epochs else None
-        logger = self.make_logger(f"rm-{kind}/iteration-{k}")
+        examples = [ex for _, ex in rows]
+        path = self._train_rm(f"rm-{kind}/iteration-{k}", self.w.rm, init, examples, epochs)
+        out = {"path": self._rel(path), "composition": composition(rows, k)}
+        size = self.w.rm.settings.ensemble
+        if size > 1 and kind == ("prm" if self.w.per_step else "orm"):
+            # GRPO's reward model as an ensemble (reward_model/ensemble.py): members 1..K-1 on
+            # the same rows, each its own seed (data order, validation split, new weights),
+            # a refresh continuing each member from its own last iteration
+            members = [out["path"]]
+            for m in range(1, size):
+                start = init if k == 0 or it.refresh_from == "base" else self._abs(
+                    self.manifest.outputs(f"rm-{kind}/{k - 1}")["members"][m])
+                spec = replace(self.w.rm, seed=derive_seed(self.w.seed, "ensemble", m))
+                members.append(self._rel(self._train_rm(f"rm-{kind}/iteration-{k}-member-{m}",
+                                                        spec, start, examples, epochs)))
+            out["members"] = members
+        return out
+
+    def _train_rm(self, name: str, spec, init, examples: list, epochs: float | None) -> Path:
+        """One reward model trained into `<run>/<name>` (its final folder returned)."""
+        logger = self.make_logger(name)
         try:
             with memory_phase("reward models"):
-                path = train_reward_model(self.w.rm, out, init, [ex for _, ex in rows], logger,
+                return train_reward_model(spec, self.run / name, init, examples, logger,
                                           self.config_yaml, epochs=epochs)
         finally:
             logger.close()
-        return {"path": self._rel(path), "composition": composition(rows, k)}
 
     def _worked(self, kind: str, n: int) -> list:
         """The first `n` SFT worked solutions as `kind` examples: step by step against the
@@ -301,10 +321,16 @@ class IterationRun:
     def _rm_questions(self, k: int):
         return stages.label_questions(self.splits.rl, self.w.label.questions, k)
 
-    def _scorers(self, rm_iteration: int, kinds=KINDS) -> dict:
-        return {kind: stages.load_scorer(
-            self.w, self._abs(self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]))
-            for kind in kinds}
+    def _scorers(self, rm_iteration: int, kinds=KINDS, members: bool = False) -> dict:
+        """{kind: RM_{rm_iteration}'s scorer}; with `members`, an ensemble's scorers as a list
+        (`rm.ensemble`; its first member is the reward model the reports read)."""
+        out = {}
+        for kind in kinds:
+            unit = self.manifest.outputs(f"rm-{kind}/{rm_iteration}")
+            paths = unit.get("members") if members else None
+            out[kind] = ([stages.load_scorer(self.w, self._abs(p)) for p in paths] if paths
+                         else stages.load_scorer(self.w, self._abs(unit["path"])))
+        return out
 
     def _reward(self, policy_tokenizer, rm_iteration: int, online_init: str | None = None):
         """GRPO's reward in the loop (`iterate.reward`): the reward model of its supervision
@@ -317,7 +343,8 @@ class IterationRun:
                 if self.w.rm.settings.family == "implicit" else \
                 self._abs(self.manifest.outputs(f"rm-orm/{rm_iteration}")["path"])
         return make_reward(self.w, policy_tokenizer, self.w.iterate.reward,
-                           lambda kinds: self._scorers(rm_iteration, kinds), online_init, warm)
+                           lambda kinds: self._scorers(rm_iteration, kinds, members=True),
+                           online_init, warm)
 
     def _grpo_rows(self, k: int) -> list[dict]:
         """Iteration k's GRPO step rows, over its units in order."""

@@ -190,7 +190,8 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
     """The GRPO reward callable `choice` names: `rule` (the final answer against the gold
     one), `step_oracle` (synthetic task: each step's true correctness), or `rm`: the PRM's step
     scores under process supervision, else the ORM's. `load_scorers(kinds)` gives the reward
-    models ({kind: scorer of any family}); without it, `rm.path`'s. With `rm.online` the reward
+    models ({kind: scorer of any family, or a list of them: an ensemble's members, rewarding by
+    their aggregate, reward_model/ensemble.py}); without it, `rm.path`'s. With `rm.online` the reward
     model learns during the stage, started from `online_init` (default `rm.path`): the ORM
     (`OnlineORM`), or with `rm.family=implicit` PRIME's implicit PRM (`OnlineImplicitPRM`)
     against the frozen `online_reference` (the policy's warm start)."""
@@ -225,12 +226,23 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
             learner = OnlineORM(w.rm, online_init or rm.path, plan, rm.online_lr or rm.lr,
                                 timeout)
         return UpdatedFirst(learner) if rm.online_update == "before" else learner
-    scorer = load_scorers([kind])[kind] if load_scorers is not None else \
-        load_reward_model(w.rm.settings.path, w.rm.settings, w.stage.model)
-    if w.per_step:
-        return PRMReward(scorer, policy_tokenizer, w.rm.settings.aggregate, timeout,
-                         w.data.step_separator)
-    return ORMReward(scorer, timeout)
+    rm = w.rm.settings
+    loaded = load_scorers([kind])[kind] if load_scorers is not None else \
+        load_reward_model(rm.path, rm, w.stage.model)
+
+    def reward_of(scorer):
+        if w.per_step:
+            return PRMReward(scorer, policy_tokenizer, rm.aggregate, timeout,
+                             w.data.step_separator)
+        return ORMReward(scorer, timeout)
+
+    if not isinstance(loaded, list):
+        return reward_of(loaded)
+    from reward_model.ensemble import EnsembleReward
+    from reward_model.losses import STEP_AGGREGATORS
+
+    return EnsembleReward([reward_of(s) for s in loaded], rm.ensemble_aggregate,
+                          rm.ensemble_lambda, STEP_AGGREGATORS[rm.aggregate])
 
 
 def grpo_reward_problem(w: Resolved) -> str | None:
@@ -246,6 +258,10 @@ def grpo_reward_problem(w: Resolved) -> str | None:
     if w.per_step and w.reward == "rule":
         return ("policy.supervision=process needs step rewards: set policy.reward=step_oracle, "
                 "or run `igrpo iterate` (which rewards with the PRM)")
+    if w.rm.settings.ensemble > 1 and w.reward == "rm":
+        return (f"rm.ensemble={w.rm.settings.ensemble} with `igrpo grpo`: the ensemble's members "
+                "are trained by `igrpo iterate`, which rewards GRPO with them; rm.path names one "
+                "reward model")
     return None
 
 
@@ -260,6 +276,10 @@ def loop_reward_problem(w: Resolved) -> str | None:
                 "GRPO's reward (iterate.reward=rm) and learns at every step, carried from one "
                 "iteration to the next; a refresh would replace it. Set iterate.refresh=false "
                 "(and a watch.guard other than refresh)")
+    if w.rm.settings.ensemble > 1 and w.iterate.reward != "rm":
+        return (f"rm.ensemble={w.rm.settings.ensemble} with iterate.reward={w.iterate.reward}: "
+                "the ensemble rewards GRPO (iterate.reward=rm); its members would be trained "
+                "for nothing")
     return None
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from iteration import study_results as sr
 from iteration.manifest import fork
-from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_GRPO_KEYS, RM_UNITS, RUN_KINDS,
+from iteration.study_spec import (QUESTION_STREAM, ROOT, RM_GRPO_KEYS, RM_MEMBER_KEYS, RM_UNITS,
+                                  RUN_KINDS,
                                   Resources, StrongSpec, Study, StudyError, load_study, stream_of)
 
 
@@ -107,17 +108,23 @@ def start_arm(prefix_run: Path, arm_run: Path, arm_args: list[str],
               reward_models: dict[str, str] | None = None) -> None:
     """A new arm folder (overrides `arm_args`) holding the prefix's finished units (its manifest
     resumes at GRPO). An arm reading its reward models otherwise (an `rm.` override other than
-    the GRPO-time ones, `RM_GRPO_KEYS`) redoes them; `reward_models` ({kind: path}) puts given
-    ones in their place."""
+    the GRPO-time ones, `RM_GRPO_KEYS`) redoes them; one adding an ensemble's members
+    (`RM_MEMBER_KEYS`) keeps them and trains the members; `reward_models` ({kind: path}) puts
+    given ones in their place."""
+    def keys(known):
+        return [a for a in rm_args if a in known or a.split("=")[0] in known]
+
+    rm_args = [a.lstrip("+") for a in arm_args if a.lstrip("+").startswith("rm.")]
     if reward_models:
         made = {f"rm-{kind}/0": {"path": os.path.relpath(Path(path).resolve(), arm_run.resolve())}
                 for kind, path in _paths(reward_models).items()}  # (relative: the root may move)
         fork(prefix_run, arm_run, keep=lambda unit: unit != "eval/0", replace=made,
              drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
-    elif any(a.lstrip("+").startswith("rm.") and a.lstrip("+") not in RM_GRPO_KEYS
-             and a.lstrip("+").split("=")[0] not in RM_GRPO_KEYS for a in arm_args):
+    elif len(keys(RM_GRPO_KEYS)) + len(keys(RM_MEMBER_KEYS)) < len(rm_args):
         fork(prefix_run, arm_run, keep=lambda unit: unit not in RM_UNITS,
              drop=[f"rm-{kind}/iteration-0" for kind in ("orm", "prm")])
+    elif keys(RM_MEMBER_KEYS):  # the units redone find the prefix's models trained: members only
+        fork(prefix_run, arm_run, keep=lambda unit: unit not in RM_UNITS)
     else:
         fork(prefix_run, arm_run)
 

@@ -10,10 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RM_UNITS = ("rm-orm/0", "rm-prm/0", "eval/0")
 """The prefix's units that differ with an arm's reward models: redone in its fork."""
-RM_GRPO_KEYS = ("rm.online", "rm.online_lr", "rm.implicit_beta", "rm.family=implicit")
+RM_GRPO_KEYS = ("rm.online", "rm.online_lr", "rm.online_update", "rm.implicit_beta",
+                "rm.family=implicit", "rm.ensemble_aggregate", "rm.ensemble_lambda")
 """`rm.` overrides (a key, or key=value) that only GRPO reads, the first reward models trained
 alike (the implicit PRM is GRPO's reward; the loop's own reward models stay tag LMs): an arm
 setting only them keeps its prefix's reward models."""
+RM_MEMBER_KEYS = ("rm.ensemble",)
+"""`rm.` overrides that add reward models beside the first ones (an ensemble's members): an arm
+setting them (and GRPO-time ones) keeps its prefix's reward models and trains only the members."""
 PREFIX_SECTIONS = ("data", "model", "sft", "label", "eval")
 """Config sections the prefix's units read: an arm may not change them (the budget may)."""
 QUESTION_STREAM = "walk"

@@ -34,6 +34,9 @@ class Scores:
     revealed: torch.Tensor | None = None
     """[N] bool: the samples whose `correct` the advantages may read (the gold budget,
     `gold_budget`); None: every sample's. `correct` itself stays whole, for the metrics."""
+    members: torch.Tensor | None = None
+    """[N, K] each ensemble member's own solution score (`rm.ensemble`, reward_model/ensemble.py;
+    for the watch's per-member AUROC and shared error); None for a single reward."""
 
     def to(self, device) -> "Scores":
         """The same scores on `device` (reward callables may build them on the CPU)."""
@@ -41,7 +44,8 @@ class Scores:
             return None if t is None else t.to(device)
 
         return Scores(moved(self.rewards), moved(self.correct), moved(self.step_rewards),
-                      moved(self.step_mask), moved(self.step_end_index), moved(self.revealed))
+                      moved(self.step_mask), moved(self.step_end_index), moved(self.revealed),
+                      moved(self.members))
 
     def rows(self, index: torch.Tensor) -> "Scores":
         """The scores of the samples at `index` ([M] row indices), in that order."""
@@ -50,7 +54,7 @@ class Scores:
 
         return Scores(picked(self.rewards), picked(self.correct), picked(self.step_rewards),
                       picked(self.step_mask), picked(self.step_end_index),
-                      picked(self.revealed))
+                      picked(self.revealed), picked(self.members))
 
 
 def concat_scores(parts: list[Scores]) -> Scores:
@@ -70,7 +74,7 @@ def concat_scores(parts: list[Scores]) -> Scores:
 
     return Scores(joined("rewards", 0), joined("correct", False), joined("step_rewards", 0.0),
                   joined("step_mask", False), joined("step_end_index", 0),
-                  joined("revealed", False))
+                  joined("revealed", False), joined("members", 0.0))
 
 
 class RewardFn(Protocol):

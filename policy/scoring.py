@@ -29,6 +29,8 @@ def shuffled_rewards(scores: Scores, rewards: torch.Tensor) -> tuple[Scores, tor
     rewards = rewards[order]
     if scores.correct is not None:
         scores = replace(scores, correct=scores.correct[order])
+    if scores.members is not None:
+        scores = replace(scores, members=scores.members[order])
     if scores.step_rewards is not None:
         steps = scores.step_rewards.clone()
         values = steps[scores.step_mask]

@@ -26,7 +26,7 @@ from policy.stage import Evaluation, GRPOSpec, PolicyStage
 from policy.trace import drop_steps_after, trace_rows, write_trace
 from policy.evaluate import trace_flags
 from policy.watch import (Guard, group_auroc, k3_kl, mean_token_advantage, positive_mass,
-                          watch_metrics)
+                          shared_error, watch_metrics)
 from runtime.dist import gather_objects, gather_rows, gather_to_main, is_main
 from runtime.engine import build_inference_engine
 from runtime.models import load_causal_lm
@@ -131,11 +131,18 @@ def watch_step(sampled: Sampled, batch: StepBatch, spec: GRPOSpec, kl_init: floa
                                  dtype=torch.float32, device=sampled.rewards.device))
     if spec.per_step and scores.step_mask is not None:
         rows += [scores.step_mask.sum(-1).float(), sampled.rollout.completion_mask.sum(-1).float()]
+    members = 0 if scores.members is None else scores.members.shape[1]
+    rows += [scores.members[:, k].float() for k in range(members)]
     r = gather_rows(*rows)
     process = r[5:7] if traced else r[4:6]
     metrics = watch_metrics(r[0], r[1].bool(), r[2], r[3], size, *process)
     if traced:
         metrics["watch/trace_auroc"] = group_auroc(r[0], r[4].bool(), size)[0]
+    if members:  # an ensemble: each member's ranking, and where they all err together
+        each = torch.stack(list(r[len(r) - members:]), -1)
+        for k in range(members):
+            metrics[f"watch/member_auroc/{k}"] = group_auroc(each[:, k], r[1].bool(), size)[0]
+        metrics["watch/shared_error"] = shared_error(each, r[1].bool(), size)[0]
     if kl_init is not None:
         metrics["watch/kl_init"] = kl_init
     metrics["watch/question_ids"] = [i for ids in gather_objects(

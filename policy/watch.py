@@ -9,6 +9,7 @@ step's rows; `watch_metrics` turns every rank's gathered rows into the `watch/*`
     values = per_sample_values(advantages, loss_mask)        # [N] mean token advantage
     group_auroc(rewards, correct, group_size)                 # (AUROC, groups with both)
     wrong_push(advantages, loss_mask, correct)                # share of A+ on wrong answers
+    shared_error(members, correct, group_size)                # an ensemble's common errors
 """
 
 from __future__ import annotations
@@ -35,6 +36,25 @@ def group_auroc(values: torch.Tensor, correct: torch.Tensor, group_size: int
     if count == 0:
         return math.nan, 0
     return float((wins * pairs).sum() / count), mixed
+
+
+def shared_error(members: torch.Tensor, correct: torch.Tensor, group_size: int
+                 ) -> tuple[float, int]:
+    """(share, wrong samples counted): over the groups holding right and wrong samples, the share
+    of wrong samples that every member scores above that member's median right sample of the
+    group (`members` [N, K] each member's solution score, `correct` [N]; the median of an even
+    count is the lower middle one, torch.median's). NaN and 0 without such a group."""
+    scores = members.float().view(-1, group_size, members.shape[1])  # [Q, G, K]
+    right = correct.bool().view(-1, group_size)
+    shared, counted = 0, 0
+    for q in range(scores.shape[0]):
+        if right[q].all() or not right[q].any():
+            continue
+        median = scores[q][right[q]].median(0).values  # [K]
+        wrong = scores[q][~right[q]]  # [W, K]
+        shared += int((wrong > median).all(-1).sum())
+        counted += wrong.shape[0]
+    return (shared / counted if counted else math.nan), counted
 
 
 def mean_token_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -163,7 +163,10 @@ class PRMReward:
         """`policy.rewards.ValueSource`: this reward model's backbone and its `+` - `-` rows."""
         return self.scorer.value_init()
 
-    def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
+    def __call__(self, records: list[MathRecord], rollout: Rollout,
+                 correct: torch.Tensor | None = None) -> Scores:
+        """`correct`: the samples' checks where the caller graded them already (an ensemble's
+        members share one grading)."""
         step_lists = [split_steps(t, self.separator) for t in rollout.texts]
         examples = [StepExample(r.question, tuple(steps), (0.0,) * len(steps))
                     for r, steps in zip(records, step_lists) if steps]
@@ -177,8 +180,9 @@ class PRMReward:
             values.append(step_scores)
             ends.append(step_ends[:len(step_scores)])
         step_rewards, step_mask, step_end = pad_steps(values, ends)
-        return Scores(rewards=self.aggregate(step_rewards, step_mask),
-                      correct=grade_samples(records, rollout.texts, self.timeout_s),
+        if correct is None:
+            correct = grade_samples(records, rollout.texts, self.timeout_s)
+        return Scores(rewards=self.aggregate(step_rewards, step_mask), correct=correct,
                       step_rewards=step_rewards, step_mask=step_mask, step_end_index=step_end)
 
 
@@ -192,8 +196,10 @@ class ORMReward:
         """`policy.rewards.ValueSource`: this reward model's backbone and its `+` - `-` rows."""
         return self.scorer.value_init()
 
-    def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
+    def __call__(self, records: list[MathRecord], rollout: Rollout,
+                 correct: torch.Tensor | None = None) -> Scores:
         examples = [orm_example(r.question, t) for r, t in zip(records, rollout.texts)]
         scores = [s[0] if s else 0.0 for s in self.scorer.score(examples)]
-        return Scores(rewards=torch.tensor(scores),
-                      correct=grade_samples(records, rollout.texts, self.timeout_s))
+        if correct is None:
+            correct = grade_samples(records, rollout.texts, self.timeout_s)
+        return Scores(rewards=torch.tensor(scores), correct=correct)

@@ -195,22 +195,29 @@ def test_grpo_step_under_gradient_checkpointing_on_two_processes_equals_one(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("credit", ["min", "anchored", "anchored-gold-budget"])
+@pytest.mark.parametrize("credit", ["min", "anchored", "anchored-gold-budget", "prime-ensemble"])
 def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit):
-    """`grpo.process_credit` min and anchored (the sum form is the test above), and anchored
-    under a gold budget of half the questions: one GRPO step on 2 processes under ZeRO-2 and
-    under ZeRO-3 equals one process's. Sampled at temperature 1 (a group's samples differ, so
-    the min-form values and the final-answer checks spread), one question per generate call so
-    that sampling does not depend on the ranks."""
+    """`grpo.process_credit` min, anchored and prime (the sum form is the test above), anchored
+    under a gold budget of half the questions, and prime rewarded by an ensemble of two
+    step rewards (`rm.ensemble`, worst case): one GRPO step on 2 processes under ZeRO-2 and
+    under ZeRO-3 equals one process's, the ensemble's per-member AUROCs and shared error too.
+    Sampled at temperature 1 (a group's samples differ, so the min-form values and the
+    final-answer checks spread), one question per generate call so that sampling does not
+    depend on the ranks."""
     extra = (f"grpo.process_credit={credit.split('-')[0]}", "policy.temperature=1.0",
              "policy.rollout_questions=1",
-             *(["grpo.gold_share=0.5"] if credit.endswith("budget") else []))
+             *(["grpo.gold_share=0.5"] if credit.endswith("budget") else []),
+             *(["rm.ensemble=2", "rm.ensemble_aggregate=worst"] if credit.endswith("ensemble")
+               else []))
     one = _grpo_step(ranks, 1, tmp_path / "p1", base, 2, *extra)
     for stage in (2, 3):
         two = _grpo_step(ranks, 2, tmp_path / f"z{stage}", base, stage, *extra)
         _same_step(one, two)
         if credit.endswith("budget"):  # every rank reads the same questions' checks
             assert two[0]["reward/gold_revealed"] == one[0]["reward/gold_revealed"]
+        if credit.endswith("ensemble"):  # every rank's members' scores, gathered
+            for key in ("watch/member_auroc/0", "watch/member_auroc/1", "watch/shared_error"):
+                assert two[0][key] == pytest.approx(one[0][key], rel=1e-6), key
     # Groups hold right and wrong samples, so the watch's AUROCs are measured; the anchored form
     # puts the exact check into the advantage: it ranks right above wrong in every group.
     assert one[0]["watch/mixed_groups"] > 0
@@ -219,6 +226,8 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit)
         assert "reward/gold_revealed" not in one[0]
     if credit.endswith("budget"):
         assert 0.0 <= one[0]["reward/gold_revealed"] <= 1.0
+    if credit.endswith("ensemble"):  # the members disagree: the worst case is neither
+        assert one[0]["watch/member_auroc/0"] != one[0]["watch/member_auroc/1"]
 
 
 @pytest.mark.slow

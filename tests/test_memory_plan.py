@@ -1,6 +1,7 @@
 """`igrpo plan`: the paper-scale memory table, every phase of an iteration, checked against
 DeepSpeed's estimator and by hand; both GPU recipes fit their hardware at every phase."""
 
+import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
 import igrpo
@@ -182,3 +183,21 @@ def test_an_online_orm_is_held_as_training_states_and_gathered_to_score():
     by_phase = {p.name: dict(p.terms) for p in phases(numbers, 80)}
     assert "implicit PRM reference" in by_phase["rollout"]
     assert by_phase["RM update"]["logits"] == t["update: logits"]
+
+
+def test_an_ensembles_members_are_each_held_like_the_reward_model():
+    """`rm.ensemble=3`: two more reward models' bf16 weights held in every phase of the GRPO
+    stage (the rollout's peak rises by exactly that), none outside it (the loop's reports read
+    the first)."""
+    one = plan(load_config("configs/deepseekmath_7b.yaml"), 8, 1, 256)
+    rows, numbers = plan(load_config("configs/deepseekmath_7b.yaml", ["rm.ensemble=3"]), 8, 1,
+                         256)
+    t = {r.item: r.gpu_bytes for r in rows}
+    assert t["2 more ensemble members (scoring)"] == 2 * t["PRM (scoring)"] == \
+        2 * 2 * numbers["params"]
+    before = {p.name: p.peak for p in phases(one[1], 80)}
+    after = {p.name: p.peak for p in phases(numbers, 80)}
+    extra = t["2 more ensemble members (scoring)"]
+    for name in ("rollout", "scoring", "update"):
+        assert after[name] == pytest.approx(before[name] + extra), name
+    assert after["reward models"] == pytest.approx(before["reward models"])

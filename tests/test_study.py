@@ -583,7 +583,8 @@ def test_an_arm_setting_only_grpo_time_rm_keys_keeps_its_prefixs_reward_models(t
     """`start_arm`: an arm whose `rm.` overrides change how the first reward models are trained
     or read (`rm.likelihood_feature=false`) redoes them; one that sets only keys GRPO reads
     (`rm.online`, `rm.online_lr`, `rm.family=implicit`: the reward model then learns during
-    GRPO) keeps the prefix's; another family does not."""
+    GRPO) keeps the prefix's; another family does not; an ensemble's redoes them over the
+    prefix's trained models, adding its members."""
     import json
 
     from iteration.study import start_arm
@@ -593,14 +594,21 @@ def test_an_arm_setting_only_grpo_time_rm_keys_keeps_its_prefixs_reward_models(t
     units = {name: {"state": "done", "started": 0.0, "finished": 1.0, "outputs": {}}
              for name in ("sft", "label/0", "rm-orm/0", "rm-prm/0", "eval/0")}
     (prefix / "manifest.json").write_text(json.dumps({"seed": 0, "units": units}))
+    (prefix / "rm-prm" / "iteration-0").mkdir(parents=True)
     start_arm(prefix, tmp_path / "online", ["policy.supervision=outcome", "rm.online=true",
-                                           "rm.online_lr=1e-4", "rm.family=implicit"])
+                                           "rm.online_lr=1e-4", "rm.family=implicit",
+                                           "rm.online_update=before"])
     start_arm(prefix, tmp_path / "other", ["rm.family=token_classification"])
     start_arm(prefix, tmp_path / "reread", ["rm.likelihood_feature=false"])
+    start_arm(prefix, tmp_path / "members", ["rm.ensemble=3", "rm.ensemble_aggregate=worst"])
     kept = {name: set(json.loads((tmp_path / name / "manifest.json").read_text())["units"])
-            for name in ("online", "reread", "other")}
+            for name in ("online", "reread", "other", "members")}
     assert kept["online"] == set(units)
-    assert kept["reread"] == kept["other"] == {"sft", "label/0"}
+    assert kept["reread"] == kept["other"] == kept["members"] == {"sft", "label/0"}
+    # the ensemble's arm redoes the reward-model units over the prefix's models (trained: only
+    # the members are new); the others start them afresh
+    assert (tmp_path / "members" / "rm-prm" / "iteration-0").is_dir()
+    assert not (tmp_path / "reread" / "rm-prm" / "iteration-0").exists()
 
 
 def test_whether_a_reward_holds_is_judged_seed_by_seed_against_the_exact_check():

@@ -117,8 +117,8 @@ def test_iterate_with_an_online_reward_model_learns_after_the_update_with_the_po
     """`rm.online` through Algorithm 1 (two iterations, no refresh), the ORM and PRIME's
     implicit PRM: each GRPO step is rollout, sleep, scoring, the policy's update, then the
     reward model's update (in PRIME's order, `rm.online_update=before`: its update inside the
-    scoring, before the policy's), never beside vLLM's pool; the first stage's reward model starts from
-    the ORM the loop trained (the implicit PRM: from the warm start), the second from the
+    scoring, before the policy's), never beside vLLM's pool; the first stage's reward model
+    starts from the ORM the loop trained (the implicit PRM: from the warm start), the second from the
     first's export (`online-rm`), which both stages write."""
     import igrpo
     from reward_model.implicit import OnlineImplicitPRM

@@ -61,10 +61,14 @@ outcome advantage joins the sum form's."""
 
 class ChunkStepReward:
     """Steps of 3 tokens; a step's reward is the parity of its token-id sum plus its index (a
-    random model's greedy text repeats itself: the index keeps the rewards varied); the
-    "final-answer check" is the parity of the whole completion's token-id sum."""
+    random model's greedy text repeats itself: the index keeps the rewards varied), plus
+    `shift` (an ensemble's second member); the "final-answer check" is the parity of the whole
+    completion's token-id sum."""
 
-    def __call__(self, records, rollout):
+    def __init__(self, shift: int = 0):
+        self.shift = shift
+
+    def __call__(self, records, rollout, correct=None):
         from policy.rewards import Scores
         from runtime.steps import pad_steps
 
@@ -75,7 +79,7 @@ class ChunkStepReward:
             cut = list(range(2, len(ids), 3)) or [len(ids) - 1]
             if cut[-1] != len(ids) - 1:
                 cut.append(len(ids) - 1)
-            values.append([float((sum(ids[max(0, e - 2):e + 1]) + k) % 2)
+            values.append([float((sum(ids[max(0, e - 2):e + 1]) + k * (1 + self.shift)) % 2)
                            for k, e in enumerate(cut)])
             ends.append(cut)
         step_rewards, step_mask, step_end = pad_steps(values, ends)
@@ -365,7 +369,15 @@ def main() -> None:
 
         POLICY_LOSSES["grpo"] = dataclasses.replace(spec, fn=recording)
         splits = load_splits(cfg.data, 0)
-        grpo_module.train_grpo(resolve(cfg).stage, resolve(cfg).method, out, base, ChunkStepReward(),
+        reward = ChunkStepReward()
+        if cfg.rm.ensemble > 1:  # two members that disagree on some steps, by their aggregate
+            from reward_model.ensemble import EnsembleReward
+            from reward_model.losses import STEP_AGGREGATORS
+
+            reward = EnsembleReward([ChunkStepReward(shift) for shift in range(cfg.rm.ensemble)],
+                                    cfg.rm.ensemble_aggregate, cfg.rm.ensemble_lambda,
+                                    STEP_AGGREGATORS["min"])
+        grpo_module.train_grpo(resolve(cfg).stage, resolve(cfg).method, out, base, reward,
                                splits.rl, splits.eval, logger, "")
         first_update = seen[:len(seen) // cfg.policy.mu]  # the same tensors again for update 2
         torch.save(torch.cat(first_update), out / f"advantages-rank{rank}.pt")
