@@ -54,7 +54,7 @@ test: setup
 	[ $$main -eq 0 ] && $(MAKE) --no-print-directory test-vllm
 
 test-main: setup
-	$(PY) -m pytest -q $(XDIST) --durations=25
+	$(PY) -m pytest -q $(XDIST) --durations=0 --durations-min=1
 
 # The vLLM rollout backend on vLLM's CPU build, in a venv of its own: its tests and the GRPO
 # learning test sampled by vLLM (a missing vLLM fails here rather than skipping). `-rP` shows
