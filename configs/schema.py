@@ -507,8 +507,8 @@ class RewardModelConfig:
     ensemble: int = 1
     """GRPO's reward model as an ensemble of this many members (reward_model/ensemble.py; Coste
     et al. 2024): `igrpo iterate` trains members 2..K of the kind GRPO reads beside the first,
-    on the same rows, each with its own seed (data order, validation split, new weights), and a
-    refresh continues each from its own; GRPO is rewarded by `rm.ensemble_aggregate` of their
+    on the same rows, each with its own seed (data order, validation split; a token
+    classifier's new head), and a refresh continues each from its own; GRPO is rewarded by `rm.ensemble_aggregate` of their
     scores, step by step for a PRM. 1: one reward model."""
     ensemble_aggregate: str = "mean"
     """mean, worst (the members' minimum) or uncertainty (mean - `rm.ensemble_lambda` x the

@@ -107,19 +107,28 @@ class IterationRun:
         path = self._train_rm(f"rm-{kind}/iteration-{k}", self.w.rm, init, examples, epochs)
         out = {"path": self._rel(path), "composition": composition(rows, k)}
         size = self.w.rm.settings.ensemble
-        if size > 1 and kind == ("prm" if self.w.per_step else "orm"):
+        if size > 1 and kind == self._rewarded_kind():
             # GRPO's reward model as an ensemble (reward_model/ensemble.py): members 1..K-1 on
             # the same rows, each its own seed (data order, validation split, new weights),
             # a refresh continuing each member from its own last iteration
             members = [out["path"]]
             for m in range(1, size):
                 start = init if k == 0 or it.refresh_from == "base" else self._abs(
-                    self.manifest.outputs(f"rm-{kind}/{k - 1}")["members"][m])
+                    self._scorer_paths(kind, k - 1)[m])
                 spec = replace(self.w.rm, seed=derive_seed(self.w.seed, "ensemble", m))
                 members.append(self._rel(self._train_rm(f"rm-{kind}/iteration-{k}-member-{m}",
                                                         spec, start, examples, epochs)))
             out["members"] = members
         return out
+
+    def _scorer_paths(self, kind: str, k: int) -> list[str]:
+        """RM_k's members (an ensemble's, `rm.ensemble`), refused if it holds another count."""
+        paths = self.manifest.outputs(f"rm-{kind}/{k}").get("members") or []
+        if len(paths) != self.w.rm.settings.ensemble:
+            raise ConfigError(f"rm.ensemble={self.w.rm.settings.ensemble}, but rm-{kind}/{k} of "
+                              f"{self.run} holds {max(1, len(paths))} reward model(s): a run "
+                              "keeps the ensemble it started with")
+        return paths
 
     def _train_rm(self, name: str, spec, init, examples: list, epochs: float | None) -> Path:
         """One reward model trained into `<run>/<name>` (its final folder returned)."""
@@ -326,11 +335,17 @@ class IterationRun:
         (`rm.ensemble`; its first member is the reward model the reports read)."""
         out = {}
         for kind in kinds:
-            unit = self.manifest.outputs(f"rm-{kind}/{rm_iteration}")
-            paths = unit.get("members") if members else None
-            out[kind] = ([stages.load_scorer(self.w, self._abs(p)) for p in paths] if paths
-                         else stages.load_scorer(self.w, self._abs(unit["path"])))
+            if members and self.w.rm.settings.ensemble > 1 and kind == self._rewarded_kind():
+                out[kind] = [stages.load_scorer(self.w, self._abs(p))
+                             for p in self._scorer_paths(kind, rm_iteration)]
+            else:
+                out[kind] = stages.load_scorer(self.w, self._abs(
+                    self.manifest.outputs(f"rm-{kind}/{rm_iteration}")["path"]))
         return out
+
+    def _rewarded_kind(self) -> str:
+        """The reward model GRPO reads: the PRM under process supervision, else the ORM."""
+        return "prm" if self.w.per_step else "orm"
 
     def _reward(self, policy_tokenizer, rm_iteration: int, online_init: str | None = None):
         """GRPO's reward in the loop (`iterate.reward`): the reward model of its supervision

@@ -103,10 +103,11 @@ def fork(src: Path, dst: Path, keep: Callable[[str], bool] | None = None,
         units[name] = {**units.get(name, {}), "state": "done", "started": 0.0, "finished": 0.0,
                        "outputs": outputs}
     for rel in (*NOT_FORKED_TOP, *drop):
-        path = tmp / rel
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        # a reward model's ensemble members (`<folder>-member-M`, `rm.ensemble`) go with it
+        for path in (tmp / rel, *(tmp / rel).parent.glob(f"{Path(rel).name}-member-*")):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
     atomic_write_json(tmp / "manifest.json", {"units": units})
     tmp.rename(dst)

@@ -98,7 +98,8 @@ class LearnsOnline(Protocol):
     """A reward that learns from the samples it scored (`rm.online`, reward_model/online.py):
     its engines are the stage's companions (saved and resumed with the policy), and after a
     step's samples are scored and the policy updated, `learn` takes its own optimizer step on
-    them."""
+    them (in PRIME's order, `rm.online_update=before`, it stepped while scoring and `learn`
+    hands on that step's metrics: policy/scoring.py `UpdatedFirst`)."""
 
     name: str
 

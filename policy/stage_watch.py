@@ -129,17 +129,18 @@ def watch_step(sampled: Sampled, batch: StepBatch, spec: GRPOSpec, kl_init: floa
                                       scores.correct[q * size:(q + 1) * size].tolist(),
                                       evaluation.step_separator)],
                                  dtype=torch.float32, device=sampled.rewards.device))
+    steps_at = len(rows)
     if spec.per_step and scores.step_mask is not None:
         rows += [scores.step_mask.sum(-1).float(), sampled.rollout.completion_mask.sum(-1).float()]
-    members = 0 if scores.members is None else scores.members.shape[1]
+    members_at, members = len(rows), 0 if scores.members is None else scores.members.shape[1]
     rows += [scores.members[:, k].float() for k in range(members)]
     r = gather_rows(*rows)
-    process = r[5:7] if traced else r[4:6]
+    process = r[steps_at:members_at]  # (steps per solution, tokens) or nothing
     metrics = watch_metrics(r[0], r[1].bool(), r[2], r[3], size, *process)
     if traced:
         metrics["watch/trace_auroc"] = group_auroc(r[0], r[4].bool(), size)[0]
     if members:  # an ensemble: each member's ranking, and where they all err together
-        each = torch.stack(list(r[len(r) - members:]), -1)
+        each = torch.stack(list(r[members_at:]), -1)
         for k in range(members):
             metrics[f"watch/member_auroc/{k}"] = group_auroc(each[:, k], r[1].bool(), size)[0]
         metrics["watch/shared_error"] = shared_error(each, r[1].bool(), size)[0]

@@ -52,6 +52,10 @@ class EnsembleReward:
         self.step_aggregate = step_aggregate
         aggregate_members(torch.zeros(2, 1), how, lam)  # an unknown aggregate fails here
 
+    def value_init(self):
+        """`policy.rewards.ValueSource` (`ppo.critic_init=reward_model`): the first member's."""
+        return self.members[0].value_init()
+
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         first = self.members[0](records, rollout)  # it grades the samples; the others reuse it
         correct = first.correct

@@ -2,8 +2,10 @@
 ORM's P(+) at the solution's final tag, and after the step's samples are scored the ORM takes one
 optimizer step on them, each labelled by its own exact final-answer check.
 
-Scored first, updated after: no sample's reward ever reads its own label, only the labels of
-samples of earlier steps (tests/test_online_rm.py flips a label and sees the same rewards). It
+Scored first, updated after (the default, `rm.online_update=after`): no sample's reward ever
+reads its own label, only the labels of samples of earlier steps (tests/test_online_rm.py flips
+a label and sees the same rewards); PRIME's order, updated first (`before`), is
+policy/scoring.py's `UpdatedFirst` around this class. It
 is the distribution-shift fix the replication study asked for (docs/replication.md): a frozen
 reward model is trained on the warm start's samples and judges a policy that has moved off them;
 this one keeps learning on the policy's current samples, whose gold verdicts the check gives for

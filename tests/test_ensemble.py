@@ -172,3 +172,38 @@ def test_iterate_trains_the_members_and_is_rewarded_by_them(tmp_path, monkeypatc
     steps = [r for r in rows if "train/loss" in r]
     assert steps and all({"watch/member_auroc/0", "watch/member_auroc/1",
                           "watch/shared_error"} <= r.keys() for r in steps)
+
+
+def test_the_watch_reads_an_orm_ensembles_members_by_hand():
+    """`watch_step` on an ORM ensemble's step (outcome supervision: no step rows): each member's
+    in-group AUROC and the shared error from `Scores.members`, and no step measures."""
+    from policy.stage_watch import watch_step
+
+    # One group of 4: samples 0, 1 right. Member 0 ranks 0 > 2 > 1 > 3 (AUROC 3/4), member 1
+    # ranks 2 > 0 > 1 > 3 (1/2); wrong sample 2 beats both members' median right: shared 1/2.
+    members = torch.tensor([[0.9, 0.8], [0.5, 0.6], [0.7, 0.9], [0.2, 0.3]])
+    correct = torch.tensor([True, True, False, False])
+    scores = Scores(rewards=members.min(-1).values, correct=correct, members=members)
+    sampled = SimpleNamespace(scores=scores, rewards=scores.rewards,
+                              rollout=SimpleNamespace(group_size=4),
+                              records=[MathRecord("q", "1", (), "q0")])
+    batch = SimpleNamespace(loss_mask=torch.ones(4, 3), advantages=torch.ones(4, 3))
+    metrics = watch_step(sampled, batch, SimpleNamespace(per_step=False), None)
+    assert metrics["watch/member_auroc/0"] == 0.75 and metrics["watch/member_auroc/1"] == 0.5
+    assert metrics["watch/shared_error"] == 0.5
+    assert "watch/steps_per_solution" not in metrics
+
+
+def test_a_fork_drops_a_reward_models_ensemble_members_with_it(tmp_path):
+    """`Manifest.fork(drop=["rm-prm/iteration-0"])`: the members beside it go too (else a
+    finished member would be reused by the redone unit); another iteration's stay."""
+    from iteration.manifest import fork
+
+    src = tmp_path / "src"
+    for rel in ("rm-prm/iteration-0", "rm-prm/iteration-0-member-1",
+                "rm-prm/iteration-0-member-2", "rm-prm/iteration-1-member-1"):
+        (src / rel).mkdir(parents=True)
+    (src / "manifest.json").write_text(json.dumps({"units": {}}))
+    fork(src, tmp_path / "dst", drop=["rm-prm/iteration-0"])
+    assert sorted(p.name for p in (tmp_path / "dst" / "rm-prm").iterdir()) == \
+        ["iteration-1-member-1"]
