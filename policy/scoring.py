@@ -12,8 +12,7 @@ import torch
 from configs.schema import PolicyConfig
 from policy.generation.rollout import Rollout, concat_rollouts
 from policy.math.shaping import add_to_last_step, overlong_penalty
-from policy.rewards import (LearnsOnline, RewardFn, Scores, concat_scores, gold_budget,
-                            grade_samples)
+from policy.rewards import LearnsOnline, RewardFn, Scores, concat_scores, gold_budget
 from policy.stage import Shaping
 from runtime.data import MathRecord
 from runtime.memory import memory_phase
@@ -152,8 +151,7 @@ class UpdatedFirst:
             raise RuntimeError("rm.online_update=before: the reward scores inside a GRPO stage, "
                                "which binds its trainer first (policy/algorithms/grpo.py "
                                "start_stage)")
-        correct = grade_samples(records, rollout.texts, self.learner.timeout_s)
-        self.learner.verdicts.record(records, rollout.texts, correct)
+        correct = self.learner.verdicts.grade(records, rollout.texts, self.learner.timeout_s)
         self.learner.companions()
         self.metrics = self.learner.learn(records, rollout, self.trainer.backward,
                                           f"step {self.trainer.step + 1}, before scoring")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
-from policy.rewards import Scores, grade_samples
+from policy.rewards import Scores
 from runtime.batching import BatchPlan
 from runtime.checkpoint import export
 from runtime.data import MathRecord
@@ -112,9 +112,8 @@ class OnlineImplicitPRM:
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         """Each sample's step rewards (and sigmoid of their sum as its score) as pi_phi is now,
         and each sample's check (kept for the update, never read by the rewards)."""
-        correct = grade_samples(records, rollout.texts, self.timeout_s)
-        self.verdicts.record(records, rollout.texts, correct)
-        return self.score(records, rollout, correct)
+        return self.score(records, rollout,
+                          self.verdicts.grade(records, rollout.texts, self.timeout_s))
 
     @torch.no_grad()
     def score(self, records: list[MathRecord], rollout: Rollout, correct: torch.Tensor

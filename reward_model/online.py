@@ -52,6 +52,12 @@ class Verdicts:
         for rec, text, ok in zip(records, texts, correct.tolist()):
             self.checks[(rec.source_id, text)] = ok
 
+    def grade(self, records: list[MathRecord], texts: list[str], timeout_s: int) -> torch.Tensor:
+        """The samples' exact checks, recorded for the update."""
+        correct = grade_samples(records, texts, timeout_s)
+        self.record(records, texts, correct)
+        return correct
+
     def take(self, records: list[MathRecord], texts: list[str], rows: int, where: str
              ) -> list[bool]:
         """The recorded checks of the step's `rows` samples on this rank (all ranks take the
@@ -97,9 +103,8 @@ class OnlineORM:
     def __call__(self, records: list[MathRecord], rollout: Rollout) -> Scores:
         """The ORM's P(+) of each sample as it is now, and each sample's check (kept for the
         update, never read by the score)."""
-        correct = grade_samples(records, rollout.texts, self.timeout_s)
-        self.verdicts.record(records, rollout.texts, correct)
-        return self.score(records, rollout, correct)
+        return self.score(records, rollout,
+                          self.verdicts.grade(records, rollout.texts, self.timeout_s))
 
     @torch.no_grad()
     def score(self, records: list[MathRecord], rollout: Rollout, correct: torch.Tensor

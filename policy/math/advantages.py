@@ -267,13 +267,24 @@ def anchored_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     alone, unclamped and unweighted (`min_credit`: the PRM is all it has).
     Returns ([N, T], [N, S + 1]: the normalised min-form values, then o in the last column,
     0 outside the budget)."""
+    process, normalised = min_credit(step_rewards, step_mask, step_end_index, None, num_tokens,
+                                     norm)
+    return outcome_beside(process, weight * process.clamp(-1.0, 1.0), normalised, correct, norm,
+                          revealed)
+
+
+def outcome_beside(process: torch.Tensor, term: torch.Tensor, normalised: torch.Tensor,
+                   correct: torch.Tensor | None, norm: GroupNorm,
+                   revealed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The check's forms (`anchored`, `prime`): A_t = o + `term` ([N, T], the weighted process
+    part), o = `correct` normalised within each group; under a gold budget (`revealed` [N]) a
+    group outside it gets the unweighted `process` alone and o = 0. Returns (A, `normalised`
+    [N, S] with o appended as the last column)."""
     if correct is None:
         raise ValueError(NO_CHECK)
     outcome = outcome_advantages(correct.float(), norm.group_size, scale_by_std=norm.scale_by_std,
                                  unbiased=norm.unbiased, eps=norm.eps, min_std=norm.min_std)
-    process, normalised = min_credit(step_rewards, step_mask, step_end_index, None, num_tokens,
-                                     norm)
-    advantages = outcome[:, None] + weight * process.clamp(-1.0, 1.0)
+    advantages = outcome[:, None] + term
     if revealed is not None:
         advantages = torch.where(revealed[:, None], advantages, process)
         outcome = torch.where(revealed, outcome, torch.zeros_like(outcome))
@@ -296,17 +307,9 @@ def prime_credit(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     a group outside it gets the sum form alone.
     Returns ([N, T], [N, S + 1]: the normalised step rewards, then o in the last column, 0
     outside the budget)."""
-    if correct is None:
-        raise ValueError(NO_CHECK)
-    outcome = outcome_advantages(correct.float(), norm.group_size, scale_by_std=norm.scale_by_std,
-                                 unbiased=norm.unbiased, eps=norm.eps, min_std=norm.min_std)
     process, normalised = sum_credit(step_rewards, step_mask, step_end_index, None, num_tokens,
                                      norm)
-    advantages = outcome[:, None] + weight * process
-    if revealed is not None:
-        advantages = torch.where(revealed[:, None], advantages, process)
-        outcome = torch.where(revealed, outcome, torch.zeros_like(outcome))
-    return advantages, torch.cat([normalised, outcome[:, None]], -1)
+    return outcome_beside(process, weight * process, normalised, correct, norm, revealed)
 
 
 def sum_informative(step_rewards: torch.Tensor, step_mask: torch.Tensor,
