@@ -120,6 +120,24 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA through peft (runtime/lora.py, docs/lora.md): a low-rank adapter trains instead of
+    the whole model; rank 0 = off (full fine-tuning)."""
+
+    rank: int = 0
+    """Adapter rank r; 0 = no adapter. "LoRA Without Regret" finds small ranks (1-32) match full
+    fine-tuning in RL at about 10x the full fine-tuning learning rate."""
+    alpha: float = 32.0
+    """The adapter's output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input. Keep 0 for RL: with dropout the policy's log-probs of its
+    own rollout change from one forward pass to the next."""
+    target_modules: str = "all-linear"
+    """Where adapters go: all-linear (every linear layer but the output head), or module name
+    suffixes separated by commas (e.g. `q_proj,k_proj,v_proj,o_proj`)."""
+
+
+@dataclass
 class ModelConfig:
     policy_path: str = ""
     """Policy to start from: a local folder, a hub id, or `bundled:<name>` (a model shipped in
@@ -136,6 +154,10 @@ class ModelConfig:
     """Recompute activations in the backward pass of every trained model (less memory, ~30%
     more compute)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA for every policy stage (SFT, GRPO and each recipe, the outer loop): the reference
+    is the loaded policy with the adapter off, and each stage exports the merged model, from
+    which the next stage starts with a fresh adapter (docs/lora.md)."""
 
 
 @dataclass

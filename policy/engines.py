@@ -16,6 +16,7 @@ from policy.stage import PolicyStage, VLLMSettings
 from runtime.batching import plan_grpo_batch
 from runtime.dist import world
 from runtime.engine import build_engine, build_inference_engine, gathered_for_generation
+from runtime.lora import AdapterOff, LoraSettings, is_adapted, with_adapter
 from runtime.memory import memory_phase
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop
@@ -27,19 +28,30 @@ def starts_at(reference_path, policy_path) -> bool:
     return reference_path is None or Path(reference_path) == Path(policy_path)
 
 
+def trainable_policy(policy_path, model):
+    """The policy a stage trains, loaded from `policy_path`: the whole model, or, with
+    `model.lora` (a rank above 0), the model under a fresh LoRA adapter (runtime/lora.py)."""
+    lm = load_causal_lm(policy_path, model, train=True)
+    lora = LoraSettings.of(model.lora)
+    return lm if lora is None else with_adapter(lm, lora)
+
+
 def policy_engines(stage: PolicyStage, policy_path, reference_path=None):
     """(tokenizer, batch plan, the policy's training engine, the frozen reference or None) of a
     policy stage; the reference (default: the starting policy) is loaded only when beta > 0,
-    and ZeRO-3 partitions it like the policy."""
+    and ZeRO-3 partitions it like the policy. Under LoRA a reference that is the starting
+    policy is no second copy: it is the policy's module with the adapter off (`AdapterOff`)."""
     p, model = stage.policy, stage.model
     tokenizer = load_tokenizer(policy_path, model)
     plan = plan_grpo_batch(p.questions_per_step, p.group_size, stage.deepspeed.micro_batch_size,
                            world()[1], p.mini_batches)
-    engine = build_engine(load_causal_lm(policy_path, model, train=True), stage.deepspeed,
+    engine = build_engine(trainable_policy(policy_path, model), stage.deepspeed,
                           lr=p.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     reference = None
-    if p.beta > 0:
+    if p.beta > 0 and is_adapted(engine) and starts_at(reference_path, policy_path):
+        reference = AdapterOff(engine)
+    elif p.beta > 0:
         reference = build_inference_engine(
             load_causal_lm(reference_path or policy_path, model, device=engine.device),
             stage.deepspeed)

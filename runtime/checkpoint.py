@@ -15,6 +15,7 @@ import torch
 
 from runtime.dist import barrier, gather_objects, is_main, world
 from runtime.engine import gathered_for_generation
+from runtime.lora import is_adapted, save_merged
 from runtime.models import output_is_logged, progress_bars_off
 from runtime.rundir import atomic_write_text
 
@@ -37,7 +38,10 @@ def save_pretrained(model, tokenizer, out_dir: Path, config_yaml: str | None = N
     shutil.rmtree(tmp, ignore_errors=True)
     module = getattr(model, "module", model)
     with progress_bars_off(output_is_logged()):  # (its "Writing model shards" bar, in a log)
-        module.save_pretrained(tmp, safe_serialization=True)
+        if is_adapted(module):  # LoRA: the merged plain model (runtime/lora.py)
+            save_merged(module, tmp)
+        else:
+            module.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if config_yaml is not None:
         atomic_write_text(tmp / "igrpo_config.yaml", config_yaml)

@@ -195,6 +195,25 @@ def test_grpo_step_under_gradient_checkpointing_on_two_processes_equals_one(tmp_
 
 
 @pytest.mark.slow
+def test_lora_grpo_step_two_processes_equal_one(tmp_path, ranks, base):
+    """A GRPO step of a LoRA policy (`model.lora`, rank 4 on every linear layer) on 2 processes
+    under ZeRO-2 and under ZeRO-3 equals one process's: advantages, metrics (its KL against the
+    reference that is the policy's own module with the adapter off), the watch, the trace and
+    the merged export. Only the adapter moved: the export differs from the base in every
+    adapted layer and equals it in the embedding and the norms."""
+    extra = ("model.lora.rank=4", "model.lora.alpha=8", "policy.lr=1e-3",
+             "policy.temperature=1.0", "policy.rollout_questions=1")
+    one = _grpo_step(ranks, 1, tmp_path / "p1", base, 0, *extra)
+    for stage in (2, 3):
+        _same_step(one, _grpo_step(ranks, 2, tmp_path / f"z{stage}", base, stage, *extra))
+    start, end = load_file(base / "model.safetensors"), _weights(tmp_path / "p1" / "grpo" / "final")
+    assert end.keys() == start.keys()  # a plain checkpoint: no adapter tensors
+    for key in end:
+        moved = not torch.equal(end[key], start[key])
+        assert moved == key.endswith("proj.weight"), key
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("credit", ["min", "anchored", "anchored-gold-budget", "prime-ensemble"])
 def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit):
     """`grpo.process_credit` min, anchored and prime (the sum form is the test above), anchored

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from configs.schema import PolicyConfig
+from policy.engines import trainable_policy
 from policy.generation.rollout import generate_groups
 from policy.sampling import step_questions
 from policy.supervised import sft_tensors, supervised_step
@@ -137,7 +138,7 @@ def train_offline_rft(stage: PolicyStage, spec: RFTSpec, run_path: Path,
     plan = fine_tune_plan(len(kept), stage.policy, stage.deepspeed.micro_batch_size,
                           world()[1], out)
     tokenizer = load_tokenizer(policy_path, stage.model)
-    engine = build_engine(load_causal_lm(policy_path, stage.model, train=True), stage.deepspeed,
+    engine = build_engine(trainable_policy(policy_path, stage.model), stage.deepspeed,
                           lr=stage.policy.lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum)
     sampling = sampled_seconds(rows)

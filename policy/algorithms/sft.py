@@ -18,6 +18,7 @@ from pathlib import Path
 
 from configs.schema import SFTConfig
 from policy.evaluate import evaluate_policy
+from policy.engines import trainable_policy
 from policy.stage import Evaluation, PolicyStage
 from policy.supervised import sft_tensors, supervised_step
 from runtime.batching import plan_batch
@@ -25,7 +26,7 @@ from runtime.checkpoint import export, recover_export
 from runtime.data import MathRecord
 from runtime.dist import world
 from runtime.engine import build_engine, current_lr, gathered_for_generation
-from runtime.models import load_causal_lm, load_tokenizer
+from runtime.models import load_tokenizer
 from runtime.training import StageLoop, epoch_slice, stage_done
 from runtime.seeds import derive_seed
 
@@ -51,7 +52,7 @@ def train_sft(stage: PolicyStage, sft: SFTConfig, run_path: Path, policy_path: s
     _check_worked_solutions(sft_records)
     recover_export(best_dir)
     tokenizer = load_tokenizer(policy_path, stage.model)
-    model = load_causal_lm(policy_path, stage.model, train=True)
+    model = trainable_policy(policy_path, stage.model)
     plan = plan_batch(sft.batch_size, stage.deepspeed.micro_batch_size, world()[1],
                       f"sft.batch_size={sft.batch_size}")
     total_steps = math.ceil(sft.epochs * max(1, len(sft_records) // plan.global_sequences))

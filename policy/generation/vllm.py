@@ -51,6 +51,7 @@ import torch
 
 from policy.generation.rollout import Rollout, mask_after_eos
 from policy.stage import VLLMSettings
+from runtime.lora import merged_weights
 from runtime.models import end_token_ids
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class VLLMEngine:
         """Load the training model's current weights into the engine (in memory); the seconds
         it took are added to `push_seconds`."""
         started = time.perf_counter()
-        self._reload([(name, tensor.detach()) for name, tensor in model.state_dict().items()])
+        self._reload([(name, tensor.detach()) for name, tensor in merged_weights(model).items()])
         self.version = None
         self.push_seconds += time.perf_counter() - started
 

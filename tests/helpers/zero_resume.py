@@ -4,7 +4,8 @@ fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it wri
     torchrun --nproc_per_node 2 tests/helpers/zero_resume.py OUT BASE KIND[,KIND...] PRECISION[,...]
 
 For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online, grpo_implicit and
-grpo_prime: GRPO with its online ORM, implicit PRM, or the implicit PRM in PRIME's order) and
+grpo_prime: GRPO with its online ORM, implicit PRM, or the implicit PRM in PRIME's order;
+grpo_lora and sft_lora: those stages of a LoRA policy) and
 ZeRO stage 0-3, the stage runs twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
 right after the state of step 1 is saved, then called again, which builds every engine afresh,
 loads that state and takes step 2. Each run's final export lands in
@@ -28,6 +29,7 @@ import torch  # noqa: E402
 
 from dist_check import GRPO, IMPLICIT, ONLINE, PRIME, RM, ChunkStepReward  # noqa: E402
 
+LORA = ["model.lora.rank=4", "model.lora.alpha=8", "policy.lr=1e-3", "sft.lr=1e-3"]
 STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1", "data.val_questions=4",
             "eval.max_new_tokens=6", "deepspeed.micro_batch_size=4"],
@@ -38,6 +40,11 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "grpo_online": ["policy.steps=2", "policy.save_every=1", *ONLINE],
     "grpo_implicit": ["policy.steps=2", "policy.save_every=1", *ONLINE, *IMPLICIT],
     "grpo_prime": ["policy.steps=2", "policy.save_every=1", *ONLINE, *PRIME],
+    "grpo_lora": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "policy.temperature=1.0",
+                  "policy.rollout_questions=1", *LORA],
+    "sft_lora": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1",
+                 "data.val_questions=4", "eval.max_new_tokens=6", "deepspeed.micro_batch_size=4",
+                 "sft.export_final=true", "sft.lr_decay=false", *LORA],
 }
 PRECISION = {"fp32": [], "bf16": ["deepspeed.bf16=true", "model.dtype=bfloat16"]}
 
@@ -51,7 +58,7 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
     from runtime.data import load_splits
 
     torch.manual_seed(0)
-    if kind == "sft":
+    if kind in ("sft", "sft_lora"):
         from iteration.resolve import resolve
         from policy.algorithms.sft import train_sft
 

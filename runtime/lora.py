@@ -1,0 +1,166 @@
+"""LoRA through peft: an adapter on a model that trains, the model's merged weights (for an export,
+a vLLM push), and the reference a LoRA policy needs no second copy for.
+
+`with_adapter` wraps a loaded transformers model in a peft `PeftModel` whose only trainable
+parameters are the adapter's (and the `modules_to_save` a reward model's head needs). The frozen
+base is still there, so the reference policy of a stage that starts from the loaded model is that
+same module with the adapter off (`AdapterOff`), not a second copy. `merged_weights` gives the
+weights `merge_and_unload` would give, under the base model's own names, computed beside the
+module (W + B A * scale, peft's own `get_delta_weight`) rather than merged into it and unmerged
+again: the frozen base never moves, so a push every step leaves it bitwise what was loaded.
+An export of a LoRA model is the merged plain model: every later stage, `igrpo score`, vLLM and
+plain transformers load it as any other checkpoint (docs/lora.md).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """What `with_adapter` needs of a `LoraConfig` (configs/schema.py)."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: str
+
+    @classmethod
+    def of(cls, config) -> "LoraSettings | None":
+        """The settings of a `model.lora` or `rm.lora` block; None where LoRA is off
+        (rank 0)."""
+        if config is None or not config.rank:
+            return None
+        return cls(int(config.rank), float(config.alpha), float(config.dropout),
+                   str(config.target_modules))
+
+    def targets(self):
+        """peft's `target_modules`: "all-linear" (every linear layer but the output head), or
+        the named modules (comma-separated suffixes, e.g. `q_proj,v_proj`)."""
+        if self.target_modules == ALL_LINEAR:
+            return ALL_LINEAR
+        return [name.strip() for name in self.target_modules.split(",") if name.strip()]
+
+
+def is_adapted(model) -> bool:
+    """Whether `model` (or the module a DeepSpeed engine wraps) is a peft model."""
+    from peft import PeftModel
+
+    return isinstance(getattr(model, "module", model), PeftModel)
+
+
+def with_adapter(model, lora: LoraSettings, *, task_type: str = "CAUSAL_LM",
+                 modules_to_save: list[str] | None = None, announce: str = "policy"):
+    """`model` wrapped in a fresh LoRA adapter (peft's `get_peft_model`): the adapter's B is 0,
+    so the wrapped model computes what `model` computes until its first update. Prints, on the
+    main rank, the trainable parameters and their share (`announce` names the model)."""
+    from peft import LoraConfig, get_peft_model
+
+    from runtime.dist import is_main
+
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=lora.targets(), task_type=task_type,
+                        modules_to_save=modules_to_save)
+    try:
+        adapted = get_peft_model(model, config)
+    except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+        raise ValueError(f"lora.target_modules={lora.target_modules!r}: {err}") from err
+    trainable, total = trainable_share(adapted)
+    if is_main():
+        print(f"[igrpo] {announce}: LoRA rank {lora.rank}, alpha {lora.alpha:g} on "
+              f"{lora.target_modules}: {trainable:,} of {total:,} parameters train "
+              f"({100 * trainable / max(total, 1):.2f}%)", flush=True)
+    return adapted
+
+
+def trainable_share(model) -> tuple[int, int]:
+    """(trainable parameters, all parameters) of `model`; under ZeRO-3 a partitioned
+    parameter counts its full size (`ds_numel`)."""
+    def size(p):
+        return int(getattr(p, "ds_numel", p.numel()))
+
+    params = list(model.parameters())
+    return sum(size(p) for p in params if p.requires_grad), sum(size(p) for p in params)
+
+
+@torch.no_grad()
+def merged_weights(model) -> dict[str, torch.Tensor]:
+    """The model's weights as a plain transformers checkpoint names them: a peft model's base
+    weights with every LoRA layer's W + B A * scale in place of W (what `merge_and_unload`
+    gives), without the adapter's own tensors; any other model's `state_dict()`. The module is
+    not changed. Under ZeRO-3 call it where the weights are gathered."""
+    from peft.tuners.lora import LoraLayer
+
+    module = getattr(model, "module", model)
+    if not is_adapted(module):
+        return module.state_dict()
+    base = module.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, layer in layers.items():
+        weight = layer.get_base_layer().weight
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+        merged[f"{name}.weight"] = weight
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        if ".modules_to_save." in key:  # a reward model's trained head: the trained copy
+            merged[key.replace(".modules_to_save.default", "")] = tensor
+            continue
+        if ".original_module." in key:
+            continue
+        plain = key.replace(".base_layer.", ".")
+        if plain.endswith(".weight") and plain.removesuffix(".weight") in layers:
+            continue  # (merged above)
+        merged.setdefault(plain, tensor)
+    return merged
+
+
+def save_merged(model, out_dir) -> None:
+    """`save_pretrained` of `model`'s merged weights as a plain transformers checkpoint (the
+    base model's config and class; no adapter files)."""
+    module = getattr(model, "module", model)
+    base = module.get_base_model()
+    base.save_pretrained(out_dir, state_dict=merged_weights(module), safe_serialization=True)
+
+
+class AdapterOff(torch.nn.Module):
+    """The reference policy of a LoRA stage that starts from its loaded model: the policy's
+    own module with its adapter off (peft's `disable_adapter`), i.e. the frozen base. It holds
+    no weights of its own; called as a module (forward log-probs, no gradient), it runs the
+    policy's module, which under ZeRO-3 gathers layer by layer as the policy's forward does."""
+
+    def __init__(self, engine):
+        super().__init__()
+        self._engine = [engine]  # (a list: not registered as a submodule, never saved)
+
+    @property
+    def policy(self):
+        return getattr(self._engine[0], "module", self._engine[0])
+
+    def forward(self, *args, **kwargs):
+        with self.disabled() as module:
+            return module(*args, **kwargs)
+
+    @contextmanager
+    def disabled(self):
+        """The policy's module with the adapter off inside the block."""
+        module = self.policy
+        with module.disable_adapter():
+            yield module
+
+    @property
+    def config(self):
+        return self.policy.config
+
+    @property
+    def device(self):
+        return next(self.policy.parameters()).device
