@@ -76,6 +76,17 @@ class Architecture:
         head = 0 if self.tied else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
 
+    def lora_params(self, rank: int, targets: str = "all-linear") -> int:
+        """A LoRA adapter's parameters: r * (in + out) for each adapted linear layer of every
+        decoder layer (`targets`: all-linear, or comma-separated module names)."""
+        h, f, kv = self.hidden, self.intermediate, self.kv_heads * self.head_dim
+        shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                  "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+        chosen = set(shapes) if targets == "all-linear" else \
+            {name.strip() for name in targets.split(",")}
+        return self.layers * rank * sum(i + o for name, (i, o) in shapes.items()
+                                        if name in chosen)
+
     @property
     def largest_layer_params(self) -> int:
         """The largest single module (what ZeRO-3 gathers at once): the embedding here."""
@@ -198,7 +209,8 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     kv_per_seq = tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * value_bytes
     whole = value_bytes * params
     rows = [*_weight_rows(ds, g, arch, gpus, nodes, cfg.rm.online,
-                          cfg.rm.online and cfg.rm.family == "implicit", cfg.rm.ensemble),
+                          cfg.rm.online and cfg.rm.family == "implicit", cfg.rm.ensemble,
+                          cfg.model.lora),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
                     "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
     if cfg.rollout.backend != "vllm":
@@ -215,7 +227,8 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
                "label_sequences": cfg.label.prefixes_per_batch * cfg.label.num_completions,
                "eval_sequences": cfg.eval.batch_size,
                "vllm": None, "title": (
-                   f"{cfg.model.policy_path or 'tiny model'} ({params / 1e9:.2f}B params), "
+                   f"{cfg.model.policy_path or 'tiny model'} ({params / 1e9:.2f}B params"
+                   f"{_lora_title(cfg.model.lora, arch)}), "
                    f"{nodes} node(s) x {gpus} GPU(s), ZeRO-{ds.zero_stage}"
                    f"{' bf16' if ds.bf16 else ' fp32'}, {g.questions_per_step} questions x "
                    f"G={g.group_size}, rollout {cfg.rollout.backend}")}
@@ -226,17 +239,43 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
     return rows, numbers
 
 
+def _lora_title(lora, arch: Architecture) -> str:
+    if not lora.rank:
+        return ""
+    return f", LoRA rank {lora.rank}: {arch.lora_params(lora.rank, lora.target_modules) / 1e6:.1f}M " \
+        "trained"
+
+
+def adapted_states(arch: Architecture, lora, ds, gpus: int, nodes: int) -> tuple[float, float, str]:
+    """(GPU bytes, CPU bytes, how) of a LoRA model's states: the frozen base's weights alone
+    (partitioned under ZeRO-3), and the adapter's full states (weights, gradients, optimizer)
+    as DeepSpeed's estimator counts a model of the adapter's size."""
+    value_bytes = 2 if ds.bf16 else 4
+    adapter = arch.lora_params(lora.rank, lora.target_modules)
+    base = value_bytes * arch.params / ((gpus * nodes) if ds.zero_stage == 3 else 1)
+    gpu, cpu, source = model_states(adapter, adapter, ds, gpus, nodes)
+    return base + gpu, cpu, (f"frozen base {value_bytes * 8}-bit weights"
+                             f"{' (partitioned)' if ds.zero_stage == 3 else ''} + the "
+                             f"{adapter / 1e6:.1f}M-parameter adapter's states ({source})")
+
+
 def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
-                 online: bool = False, implicit: bool = False, members: int = 1
-                 ) -> list[PlanRow]:
+                 online: bool = False, implicit: bool = False, members: int = 1,
+                 lora=None) -> list[PlanRow]:
     """What a GRPO stage holds throughout: the policy's model states (the critic's too), the
     frozen reference and the reward model GRPO is rewarded by (`ds`: the deepspeed section, `g`
     the policy section; `online`: the reward model trains beside the policy, `rm.online`;
     `implicit`: it is PRIME's implicit PRM, with a frozen reference of its own; `members`: the
-    reward models of an ensemble, `rm.ensemble`, each held like the first)."""
+    reward models of an ensemble, `rm.ensemble`, each held like the first; `lora`: the
+    `model.lora` section: the policy is a frozen base under an adapter, and its reference the
+    base with the adapter off, no second copy)."""
     value_bytes = 2 if ds.bf16 else 4
     params, largest = arch.params, arch.largest_layer_params
-    states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
+    adapted = lora is not None and lora.rank > 0
+    if adapted:
+        states_gpu, states_cpu, source = adapted_states(arch, lora, ds, gpus, nodes)
+    else:
+        states_gpu, states_cpu, source = model_states(params, largest, ds, gpus, nodes)
     rows = [PlanRow("policy model states", states_gpu, f"{source}; CPU {states_cpu / GB:.1f} GiB")]
     if g.algorithm in ("ppo", "t_ppo"):
         # The critic: the policy's backbone under a one-output head (no LM head), trained by its
@@ -246,7 +285,7 @@ def _weight_rows(ds, g, arch: Architecture, gpus: int, nodes: int,
         rows.append(PlanRow("critic model states", critic_gpu,
                             f"{critic_params / 1e9:.2f}B params (PPO family); CPU "
                             f"{critic_cpu / GB:.1f} GiB"))
-    references = (["reference model"] if g.beta > 0 else []) + \
+    references = (["reference model"] if g.beta > 0 and not adapted else []) + \
         (["implicit PRM reference"] if implicit else [])  # (without the KL term, no reference)
     for name in references:
         if ds.zero_stage == 3:

@@ -201,3 +201,29 @@ def test_an_ensembles_members_are_each_held_like_the_reward_model():
     for name in ("rollout", "scoring", "update"):
         assert after[name] == pytest.approx(before[name] + extra), name
     assert after["reward models"] == pytest.approx(before["reward models"])
+
+
+def test_a_lora_policy_holds_a_frozen_base_and_the_adapters_states_and_no_reference():
+    """`model.lora`: the 7B policy on one GPU as bf16 weights (not partitioned on one GPU) plus
+    a rank-16 adapter on all 7 linear layers of its 30 layers, r * (in + out) each: 37.5M
+    parameters whose states DeepSpeed's estimator counts; the reference is the base with the
+    adapter off (no row). Every GRPO phase then fits one 80 GB card; training a full 7B
+    reward model does not (it needs `rm.lora`)."""
+    cfg = load_config("configs/deepseekmath_7b.yaml", ["model.lora.rank=16"])
+    arch = KNOWN["deepseek-ai/deepseek-math-7b-instruct"]
+    adapter = 30 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008))
+    assert arch.lora_params(16) == adapter == 37_478_400
+    assert arch.lora_params(16, "q_proj,v_proj") == 30 * 16 * 2 * 8192
+    rows, numbers = plan(cfg, gpus=1, nodes=1)
+    by_item = {r.item: r.gpu_bytes for r in rows}
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(adapter, adapter, 1, 1, cpu_offload=False,
+                                                      cpu_offload_params=False)
+    assert by_item["policy model states"] == 2 * arch.params + gpu + 2 * adapter
+    assert "reference model" not in by_item
+    full = {r.item: r.gpu_bytes for r in plan(load_config("configs/deepseekmath_7b.yaml"), 1,
+                                                1)[0]}
+    assert full["policy model states"] > 5 * by_item["policy model states"]
+    grpo = [p for p in phases(numbers, 80) if p.name not in ("reward models",)]
+    assert all(p.peak <= 0.9 * gpu_bytes(80) for p in grpo)
+    assert "over in reward models" in verdict(numbers, 80)
+    assert "LoRA rank 16: 37.5M trained" in numbers["title"]
