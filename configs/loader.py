@@ -284,6 +284,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_reward_family(cfg.rm, where)
     _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
     _check_ensemble(cfg.rm, where)
+    _check_lora(cfg.model.lora, "model.lora", where)
+    _check_tis(cfg.policy, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -433,6 +435,32 @@ def _check_ensemble(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.ensemble={rm.ensemble} with rm.online: an online "
                           "reward model is one model learning from the checks; use one or the "
                           "other")
+
+
+def _check_lora(lora, key: str, where: str) -> None:
+    """A LoRA block (`model.lora`, `rm.lora`): a rank >= 0, a positive alpha, a dropout in
+    [0, 1), some target modules."""
+    if lora.rank < 0:
+        raise ConfigError(f"{where}: {key}.rank = {lora.rank}; expected 0 (off) or a rank > 0")
+    if lora.rank and not 0.0 < lora.alpha < float("inf"):
+        raise ConfigError(f"{where}: {key}.alpha = {lora.alpha}; expected a finite alpha > 0")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"{where}: {key}.dropout = {lora.dropout}; expected 0 <= dropout < 1")
+    if lora.rank and not lora.target_modules.strip(" ,"):
+        raise ConfigError(f"{where}: {key}.target_modules is empty; expected all-linear or "
+                          "module names (q_proj,v_proj)")
+
+
+def _check_tis(p, where: str) -> None:
+    """`policy.tis_cap`: 0 (off) or a cap >= 1, on GRPO's loss."""
+    if p.tis_cap == 0:
+        return
+    if not 1.0 <= p.tis_cap < float("inf"):
+        raise ConfigError(f"{where}: policy.tis_cap = {p.tis_cap}; expected 0 (off) or a cap "
+                          ">= 1 (TRL's default is 3)")
+    if p.algorithm != "grpo":
+        raise ConfigError(f"{where}: policy.tis_cap with policy.algorithm={p.algorithm}: the "
+                          "truncated importance-sampling weights are built into GRPO's loss")
 
 
 def _check_online(rm, p, g, where: str) -> None:

@@ -258,6 +258,12 @@ class PolicyConfig:
     """Upper clip range (DAPO's clip-higher raises it, e.g. 0.28)."""
     mu: int = 1
     """Policy updates per exploration stage (the paper uses 1)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling for the sampler-trainer gap (GRPO, `rollout.backend=vllm`):
+    each token's policy-gradient term is weighted by min(pi_old(y_t) / pi_sampler(y_t), cap),
+    pi_old from the trainer's forward, pi_sampler the log-prob vLLM sampled it with (TRL's
+    `vllm_importance_sampling_cap`, verl's `tis_imp_ratio_cap`); 0 = off. Off where the
+    sampler is the trained module itself (`rollout.backend=hf`): the weight would be 1."""
     mini_batches: int = 1
     """Optimizer steps per pass over a step's samples, k: mini-batch m takes the m-th G/k
     samples of every question (advantages already computed over whole groups), one optimizer

@@ -69,7 +69,8 @@ def grpo_spec(policy, grpo, controls) -> GRPOSpec:
         filter_groups=grpo.dynamic_sampling, dynamic_rounds=grpo.dynamic_sampling_max_rounds,
         overlong_filter=grpo.overlong_filter, zero_group_correction=grpo.zero_group_correction,
         token_budget=budget if grpo.token_budget_share else None,
-        zero_advantages=controls.zero_advantages, supervision=policy.supervision)
+        zero_advantages=controls.zero_advantages, supervision=policy.supervision,
+        tis_cap=policy.tis_cap)
 
 
 def _method_spec(cfg):

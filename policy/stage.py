@@ -105,8 +105,8 @@ class GRPOSpec:
     `dynamic_rounds` extra rounds refill the step) and overlong filter, GPG's zero-group
     correction, C3PO's token budget (tokens per step; None = off), and the zero-advantage
     control. `supervision` names the reward's form for what the inspection shows. The loss's
-    scalars: the KL weight `beta`, the clip range [1 - clip_low, 1 + clip_high] and Dr. GRPO's
-    constant length `max_tokens`."""
+    scalars: the KL weight `beta`, the clip range [1 - clip_low, 1 + clip_high], Dr. GRPO's
+    constant length `max_tokens`, and the truncated importance-sampling cap `tis_cap`."""
     loss: Callable[..., LossOutput]
     norm: GroupNorm
     beta: float = 0.04
@@ -123,6 +123,9 @@ class GRPOSpec:
     token_budget: int | None = None
     zero_advantages: bool = False
     supervision: str = "outcome"
+    tis_cap: float = 0.0
+    """Truncated importance sampling: the cap on pi_old / pi_sampler (0 = off;
+    `policy/math/losses.py` `truncated_importance_weights`)."""
 
     @property
     def per_step(self) -> bool:

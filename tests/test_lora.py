@@ -132,3 +132,17 @@ def test_an_adapted_export_loads_in_plain_transformers_in_a_clean_process(base, 
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert (got - load_causal_lm(base)(input_ids=ids, attention_mask=mask).logits).abs().max() \
         > 1e-3  # (the adapter is in it)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.lora.rank=-1", "model.lora.rank = -1"),
+    ("model.lora.alpha=0", "model.lora.alpha = 0"),
+    ("model.lora.dropout=1.0", "model.lora.dropout = 1.0"),
+    ("policy.tis_cap=0.5", "policy.tis_cap = 0.5"),
+])
+def test_bad_lora_and_tis_settings_are_refused_naming_the_key(override, message):
+    from configs.loader import ConfigError
+
+    extra = ["model.lora.rank=4"] if not override.startswith("model.lora.rank") else []
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config("configs/tiny.yaml", [*extra, override])

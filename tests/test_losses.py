@@ -350,3 +350,42 @@ def test_a_grpo_step_by_hand_its_loss_and_gradient_whatever_the_ranks_and_micro_
         assert torch.allclose(grad, expected, atol=1e-6), (parts, world_size, grad)
     assert expected[0, 0].item() == pytest.approx(-0.171777, abs=1e-6)
     assert expected[1, 0].item() == pytest.approx(0.363553, abs=1e-6)
+
+
+def test_truncated_importance_weights_by_hand():
+    """`policy.tis_cap`: pi_old / pi_sampler per token, capped, 0 off the mask. The sampler gave
+    p = 0.25, 0.4, 0.1, 0.3 to tokens the trainer gives 0.5, 0.2, 0.9, 0.6 (the last one
+    masked): ratios 2, 0.5, 9, 2; with cap 3 the weights are 2, 0.5, 3, 0 and only the third
+    is capped."""
+    from policy.math.losses import truncated_importance_weights
+
+    old = torch.tensor([[0.5, 0.2, 0.9, 0.6]]).log()
+    sampler = torch.tensor([[0.25, 0.4, 0.1, 0.3]]).log()
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    weights, capped = truncated_importance_weights(old, sampler, mask, 3.0)
+    torch.testing.assert_close(weights, torch.tensor([[2.0, 0.5, 3.0, 0.0]]))
+    assert capped.tolist() == [[False, False, True, False]]
+    assert not weights.requires_grad
+
+
+def test_importance_weighted_advantages_weight_each_tokens_policy_gradient_term():
+    """The GRPO loss of advantages times the TIS weights is the per-token weighted objective
+    TRL computes (w_t min(r A, clip(r) A), then the KL term unweighted), by hand at a ratio
+    inside and one outside the clip range; its gradient is the weighted one too."""
+    loss_fn = POLICY_LOSSES["grpo"].fn
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    logprobs = torch.tensor([[-0.9, -2.5, -0.5]], requires_grad=True)  # r = e^0.1, e^-0.5, 1
+    ref = torch.tensor([[-1.0, -2.0, -0.7]])
+    advantages, mask = torch.tensor([[1.0, -1.0, 2.0]]), torch.ones(1, 3)
+    weights = torch.tensor([[2.0, 0.5, 1.5]])
+    out = loss_fn(logprobs, old, ref, advantages * weights, mask, clip_eps_low=0.2,
+                  clip_eps_high=0.2, beta=0.04, num_sequences=1.0, num_tokens=3.0,
+                  max_tokens=3)
+    r = torch.exp(logprobs - old)
+    surrogate = torch.minimum(r * advantages, r.clamp(0.8, 1.2) * advantages)
+    kl = torch.exp(ref - logprobs) - (ref - logprobs) - 1
+    by_hand = -(weights * surrogate - 0.04 * kl).sum(-1).mean() / 3  # GRPO: per-sequence mean
+    torch.testing.assert_close(out.loss, by_hand)
+    (grad,) = torch.autograd.grad(out.loss, logprobs, retain_graph=True)
+    (hand,) = torch.autograd.grad(by_hand, logprobs)
+    torch.testing.assert_close(grad, hand)

@@ -78,22 +78,67 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     assert rows(loaded) == rows(theirs)
 
 
-@pytest.mark.parametrize("recipe", ["grpo", "gspo", "online_dpo"])
+def test_a_lora_policys_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
+    """A LoRA policy (`model.lora`, rank 8 on every linear layer) after k = 3 AdamW steps of
+    SFT on its adapter: the push gives the engine the merged weights (W + B A scale, the base
+    left as it was), and its greedy completions of 32 held-out prompts equal plain
+    transformers' on the merged export, token for token; the engine's earlier completions (the
+    base's) differ."""
+    from configs.schema import LoraConfig
+    from policy.supervised import sft_tensors, token_nll_sum
+    from runtime.checkpoint import save_pretrained
+    from runtime.lora import LoraSettings, with_adapter
+
+    cfg, engine = setting
+    path = cfg.model.policy_path
+    tokenizer = load_tokenizer(path, cfg.model)
+    fmt = prompt_format(cfg.data)
+    splits = load_splits(cfg.data, 0)
+    prompts = fmt.prompts(tokenizer, splits.eval[:32])
+    model = with_adapter(load_causal_lm(path, cfg.model, train=True),
+                         LoraSettings.of(LoraConfig(rank=8, alpha=16)))
+    engine.push(model)
+    before = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for step in range(3):
+        ids, mask, labels = sft_tensors(tokenizer, splits.sft[step * 16:(step + 1) * 16], fmt)
+        loss, count = token_nll_sum(model, ids, mask, labels)
+        (loss / count).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    engine.push(model)
+    ours = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
+    merged = load_causal_lm(save_pretrained(model, tokenizer, tmp_path / "merged"), cfg.model)
+    theirs = generate_groups(merged, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
+    rows = lambda r: [r.completion_ids[i][r.completion_mask[i].bool()].tolist()  # noqa: E731
+                      for i in range(len(prompts))]
+    assert rows(ours) == rows(theirs)
+    assert rows(ours) != rows(before)  # the adapter's update reached the engine
+    engine.push(load_causal_lm(path, cfg.model))  # back to the warm start's weights
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "gspo", "online_dpo", "grpo-lora-tis"])
 def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, recipe):
     """Two GRPO steps sampled by the engine: the loss's log-probs come from the training model,
     and vLLM's own log-probs of the same tokens differ from them by float noise only (GSPO:
     measured in pi_old's forward, before its mini-batches move the policy). Online DPO samples
-    its pairs there too."""
+    its pairs there too. A LoRA policy (pushed as merged weights) with truncated importance
+    sampling (`policy.tis_cap`): its weights pi_old / pi_vllm are 1 but for that noise, and
+    the cap never bites."""
     from iteration.resolve import resolve
     from policy.rewards import RuleReward
     from policy.generation.vllm import engine_for
     from runtime.tracking import MetricsLogger, read_metrics
 
+    lora = ["model.lora.rank=8", "model.lora.alpha=16", "policy.tis_cap=2.0"] \
+        if recipe.endswith("lora-tis") else []
+    recipe = recipe.split("-")[0]
     cfg = load_config("configs/tiny.yaml", [*VLLM, f"run.root={tmp_path}", "policy.steps=2",
                                             "policy.questions_per_step=2", "policy.group_size=8",
                                             "policy.supervision=outcome", "policy.lr=1e-3",
                                             "policy.eval_every=0", "run.wandb_mode=disabled",
-                                            "inspect.every=0"], recipe=recipe)
+                                            "inspect.every=0", *lora], recipe=recipe)
     splits = load_splits(cfg.data, 0)
     logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
     start = cfg.model.policy_path
@@ -106,6 +151,15 @@ def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, re
         assert sum(r["dpo/pairs"] for r in rows) > 0
     else:
         assert all(0 <= r["rollout/logprob_diff"] < 1e-3 for r in rows)
+    if lora:
+        assert all(abs(r["rollout/tis_weight"] - 1) < 1e-3 and r["rollout/tis_capped"] == 0
+                   for r in rows)
+        before, after = load_causal_lm(start).state_dict(), load_causal_lm(final).state_dict()
+        assert torch.equal(before["lm_head.weight"], after["lm_head.weight"])  # (not adapted)
+        assert not torch.equal(before["model.layers.0.self_attn.q_proj.weight"],
+                               after["model.layers.0.self_attn.q_proj.weight"])
+        return
+    assert "rollout/tis_weight" not in rows[0]
     assert not torch.equal(load_causal_lm(start).lm_head.weight,
                            load_causal_lm(final).lm_head.weight)
 

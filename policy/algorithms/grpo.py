@@ -29,6 +29,7 @@ from policy.evaluate import make_evaluator
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
+from policy.math.losses import truncated_importance_weights
 from policy.rewards import LearnsOnline, RewardFn, Scores, gold_read
 from policy.sampling import make_sample, refill_questions, rollout_key, step_questions
 from policy.scoring import Sampled, concat_sampled, learn_reward
@@ -243,6 +244,8 @@ class UpdateStats:
     clip: float = 0.0
     clip_high: float = 0.0
     logprob_diff: float = 0.0
+    tis_weight: float = 0.0
+    tis_capped: float = 0.0
     grad_norm: float = 0.0
     skipped: float = 0.0
     logprobs: torch.Tensor | None = None
@@ -270,6 +273,8 @@ class MicroBatchLoss:
     all_tokens: float
     passes: int
     stats: UpdateStats
+    first_pass: bool = True
+    """The update is the first pass over the batch (where the TIS weights are measured)."""
 
     def __call__(self, rows: slice, num_sequences: float, num_tokens: float,
                  measure: bool) -> torch.Tensor:
@@ -288,8 +293,17 @@ class MicroBatchLoss:
             stats.logprobs[rows] = logprobs.detach().to(stats.logprobs)
         ref = self.ref_logprobs[rows] if self.ref_logprobs is not None else \
             old if self.has_reference else None
+        advantages = batch.advantages[rows]
+        if spec.tis_cap and rollout.sampler_logprobs is not None:
+            completion = rollout.completion_mask[rows]
+            weights, capped = truncated_importance_weights(
+                old, rollout.sampler_logprobs[rows], completion, spec.tis_cap)
+            advantages = advantages * weights
+            if self.first_pass:  # token means over the step's completion tokens (all ranks')
+                stats.tis_weight += float(weights.sum()) / max(self.all_tokens, 1.0)
+                stats.tis_capped += float(capped.sum()) / max(self.all_tokens, 1.0)
         result = spec.loss(
-            logprobs, old, ref, batch.advantages[rows], batch.loss_mask[rows],
+            logprobs, old, ref, advantages, batch.loss_mask[rows],
             clip_eps_low=spec.clip_low, clip_eps_high=spec.clip_high, beta=spec.beta,
             num_sequences=max(num_sequences, 1.0), num_tokens=max(num_tokens, 1.0),
             max_tokens=spec.max_tokens)
@@ -330,6 +344,7 @@ def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatc
                           reference is not None, all_tokens, g.mu * len(chunks), stats)
     engine.train()
     for update in range(g.mu):
+        loss.first_pass = update == 0
         for offset, num_sequences, num_tokens in chunks:
             def loss_of(rows: slice, mb: int, offset=offset, sequences=num_sequences,
                         tokens=num_tokens, measure=update == 0 and not before):
@@ -340,7 +355,7 @@ def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatc
                                                f"{where}, update {update + 1}", stats.grad_norm)
     if order is not None:  # back in the rollout's order, for the step's metrics
         stats.restore_order(order)
-    for name in ("loss", "kl", "clip", "clip_high", "logprob_diff"):
+    for name in ("loss", "kl", "clip", "clip_high", "logprob_diff", "tis_weight", "tis_capped"):
         setattr(stats, name, global_sum(getattr(stats, name)))
     return stats
 
@@ -379,6 +394,8 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
         "time/update": timing["update"], "time/step": step_time,
         **({"rollout/logprob_diff": stats.logprob_diff}
            if rollout.sampler_logprobs is not None else {}),
+        **({"rollout/tis_weight": stats.tis_weight, "rollout/tis_capped": stats.tis_capped}
+           if rollout.sampler_logprobs is not None and g.tis_cap else {}),
         **batch.stats}
     if "correct" in r:
         metrics["reward/accuracy"] = float(r["correct"].mean())

@@ -34,6 +34,23 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
+def truncated_importance_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                                 mask: torch.Tensor, cap: float
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling for the sampler-trainer gap (TRL's and verl's TIS): the
+    weights min(pi_old(y_t) / pi_sampler(y_t), cap) ([N, T], no gradient, 0 off `mask`) and
+    where the cap bit ([N, T] bool). pi_old is the trainer's own log-prob of the rollout,
+    pi_sampler the one the rollout engine (vLLM) sampled with: the samples came from
+    pi_sampler, the objective is pi_old's, and the cap keeps the weights' variance bounded.
+    The weight multiplies a token's advantage: for every per-token loss (its term r A, its clip
+    decided by r and the sign of A, which a positive weight keeps) that is the token's
+    policy-gradient term weighted, the KL term not; GSPO's sequence advantage (a mean of the
+    token advantages) is then weighted by its tokens' mean weight."""
+    raw = ratio(old_logprobs.detach(), sampler_logprobs.to(old_logprobs))
+    live = mask.bool()
+    return raw.clamp(max=cap) * live, (raw > cap) & live
+
+
 @dataclass(frozen=True)
 class LossOutput:
     loss: torch.Tensor
