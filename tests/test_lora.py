@@ -146,3 +146,28 @@ def test_bad_lora_and_tis_settings_are_refused_naming_the_key(override, message)
     extra = ["model.lora.rank=4"] if not override.startswith("model.lora.rank") else []
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config("configs/tiny.yaml", [*extra, override])
+
+
+def test_a_stage_from_a_merged_export_starts_a_fresh_adapter_whose_reference_is_that_export(
+        base, tmp_path):
+    """Algorithm 1's reset under LoRA: the stage after a LoRA stage starts from its merged export
+    (here a trained adapter's), under a fresh adapter (every B is 0, so the policy computes the
+    export's log-probs), and its reference, the policy's module with the adapter off, computes
+    exactly what the export loaded alone computes; no second model is loaded for it."""
+    from iteration.resolve import resolve
+    from policy.engines import policy_engines
+
+    export = save_pretrained(_adapted(base), load_tokenizer(base), tmp_path / "iteration-1")
+    cfg = load_config("configs/tiny.yaml", [*SMALL, "model.lora.rank=4", "model.lora.alpha=8"])
+    _, _, engine, reference = policy_engines(resolve(cfg).stage, export, export)
+    assert isinstance(reference, AdapterOff) and reference.policy is engine.module
+    assert all(not p.any() for n, p in engine.module.named_parameters() if "lora_B" in n)
+    ids, mask = _batch(base)
+    with torch.no_grad():
+        truth = completion_logprobs(load_causal_lm(export), ids, mask, 3)
+        off = completion_logprobs(reference, ids, mask, 3)
+        policy = completion_logprobs(engine.module, ids, mask, 3)
+        started = completion_logprobs(load_causal_lm(base), ids, mask, 3)
+    assert torch.equal(off, truth)
+    torch.testing.assert_close(policy, truth, rtol=0, atol=1e-6)
+    assert (truth - started).abs().max() > 1e-3  # (the export is not the base)

@@ -257,6 +257,45 @@ def test_iterate_killed_anywhere_resumes_to_the_uninterrupted_result(tmp_path, i
 
 
 @pytest.mark.slow
+def test_a_lora_iterate_killed_in_its_grpo_stages_resumes_to_the_uninterrupted_result(
+        tmp_path, ranks):
+    """Algorithm 1 with a LoRA policy (`model.lora`) on 2 processes under ZeRO-3: SIGKILLed
+    inside the GRPO stage of each iteration and resumed with the same command, the summary and
+    every export equal the uninterrupted run's bit for bit. Each iteration's GRPO starts from
+    the merged policy of the one before with a fresh adapter, its reference that merged policy:
+    iteration 2's export differs from iteration 1's only in the adapted layers."""
+    lora = ["model.lora.rank=4", "model.lora.alpha=8", "policy.lr=1e-3",
+            "deepspeed.zero_stage=3"]
+    straight_root, killed_root = tmp_path / "straight", tmp_path / "killed"
+    ranks.start([*_iterate(straight_root), *lora], tmp_path / "straight.log", ranks=2)
+    codes = [os.waitstatus_to_exitcode(s) for s in ranks.wait(600)]
+    assert codes == [0, 0], (tmp_path / "straight.log").read_text()[-3000:]
+    straight = straight_root / "tiny"
+    targets = kill_targets(unit_timeline(straight / "manifest.json"), 2, random.Random(0),
+                           required=("grpo/1", "grpo/2"))
+    zygote = Zygote(env=ZYGOTE_ENV, ranks=2)
+    try:
+        report = kill_and_resume(zygote, [*_iterate(killed_root), *lora], killed_root / "tiny",
+                                 tmp_path / "killed.log", targets)
+    finally:
+        zygote.close()
+    assert report.exit_code == 0, (tmp_path / "killed.log").read_text()[-3000:]
+    assert {k["unit"] for k in report.kills} == {"grpo/1", "grpo/2"}
+    killed = killed_root / "tiny"
+    assert json.loads((killed / "summary.json").read_text()) == \
+        json.loads((straight / "summary.json").read_text())
+    assert _weights(killed) == _weights(straight)
+    for rel in _weights(straight):
+        a, b = load_file(straight / rel), load_file(killed / rel)
+        assert all(torch.equal(a[k], b[k]) for k in a), rel
+    first, second = (load_file(straight / f"grpo/iteration-{i}/final/model.safetensors")
+                     for i in (1, 2))
+    assert first.keys() == second.keys()  # plain checkpoints, merged
+    for key in first:
+        assert torch.equal(first[key], second[key]) != key.endswith("proj.weight"), key
+
+
+@pytest.mark.slow
 def test_generation_and_scoring_phases_are_spread_over_the_ranks(tmp_path, ranks):
     """Evaluation (greedy, k samples, the outcomes file), sampling for labels, Math-Shepherd
     labelling, a reward model's step metrics, best-of-N and the check of a stepwise file compute
