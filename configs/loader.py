@@ -285,6 +285,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
     _check_ensemble(cfg.rm, where)
     _check_lora(cfg.model.lora, "model.lora", where)
+    _check_lora(cfg.rm.lora, "rm.lora", where)
+    _check_rm_lora(cfg.rm, where)
     _check_tis(cfg.policy, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
@@ -449,6 +451,21 @@ def _check_lora(lora, key: str, where: str) -> None:
     if lora.rank and not lora.target_modules.strip(" ,"):
         raise ConfigError(f"{where}: {key}.target_modules is empty; expected all-linear or "
                           "module names (q_proj,v_proj)")
+
+
+def _check_rm_lora(rm, where: str) -> None:
+    """`rm.lora` trains the offline families; an online or implicit reward model and added
+    layers (which would stay frozen at their zero output) are refused."""
+    if not rm.lora.rank:
+        return
+    if rm.online:
+        raise ConfigError(f"{where}: rm.lora with rm.online: the online reward model trains "
+                          "whole (LoRA is built for the reward models train-rm and the loop "
+                          "train); set rm.lora.rank=0")
+    if rm.extra_layers_from:
+        raise ConfigError(f"{where}: rm.lora with rm.extra_layers_from: the added layers start "
+                          "at a zero output and LoRA would freeze them there; use one or the "
+                          "other")
 
 
 def _check_tis(p, where: str) -> None:

@@ -433,6 +433,11 @@ class EvalConfig:
 class RewardModelConfig:
     kind: str = "prm"
     """`igrpo train-rm`: prm (a score per step) or orm (a score per solution)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA for the reward models `igrpo train-rm` and the loop train (tag_lm and
+    token_classification): an adapter trains on the backbone; a token classifier's fresh head
+    trains whole beside it (peft's `modules_to_save`), the tag LM reads its own frozen output
+    layer. Exports are the merged plain models (docs/lora.md)."""
     lr: float = 2e-5
     """Reward-model learning rate (the paper's 2e-5)."""
     batch_size: int = 32

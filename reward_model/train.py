@@ -35,6 +35,7 @@ from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_m
 from runtime.batching import plan_batch
 from runtime.dist import broadcast_from_main, global_sum, is_main, world
 from runtime.engine import build_engine, current_lr, gathered_for_generation, rank_loss
+from runtime.lora import LoraSettings, with_adapter
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.training import StageLoop, epoch_slice, seeded_order, stage_done
 from runtime.seeds import derive_seed
@@ -199,8 +200,12 @@ def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
                          "token_classification families")
     tokenizer = load_tokenizer(init, spec.model)
     tokenizer.padding_side = "right"
+    lora = LoraSettings.of(rm.lora)
     if spec.token_classifier:
         model = _token_classifier(init, spec.model, spec.seed)
+        if lora is not None:  # the fresh head trains whole (peft's modules_to_save)
+            model = with_adapter(model, lora, task_type="TOKEN_CLS", announce=out.name,
+                                 modules_to_save=[_head_name(model)])
         engine = build_engine(model, spec.deepspeed, lr=lr,
                               micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
         reading = Reading.of(rm)
@@ -217,8 +222,10 @@ def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
     if ensure_tag_token(tokenizer, model, rm.step_tag, rm.add_tag_token) and is_main():
         print(f"[igrpo] {out.name}: the step tag {rm.step_tag!r} added to the tokenizer as "
               f"token {len(tokenizer) - 1}")
+    if lora is not None:  # (after the tag token: its embedding row is the base's, frozen)
+        model = with_adapter(model, lora, announce=out.name)
     fresh = {id(p): rm.new_layer_lr for p in added_layer_parameters(model)} \
-        if rm.new_layer_lr else None
+        if rm.new_layer_lr and lora is None else None
     engine = build_engine(model, spec.deepspeed, lr=lr, micro_batch_size=plan.micro_batch_size,
                           grad_accum=plan.grad_accum, lr_by_param=fresh)
     tags = tag_tokens(tokenizer, rm.step_tag)
@@ -228,6 +235,16 @@ def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
         lambda model_, ids, mask: tag_margins(model_, ids, mask, tags),
         lambda module: TagScorer(module, tokenizer, rm.step_tag, rm.max_length),
         partial(packed_tag_margins, tags=tags), tags)
+
+
+def _head_name(model) -> str:
+    """The name of a token classifier's output layer (Llama, Qwen: `score`; others:
+    `classifier`)."""
+    for name in ("score", "classifier"):
+        if isinstance(getattr(model, name, None), torch.nn.Module):
+            return name
+    raise TypeError(f"{type(model).__name__}: no `score` or `classifier` head to train whole "
+                    "under rm.lora")
 
 
 def _token_classifier(init: str | Path, model_cfg: ModelConfig, seed: int):

@@ -64,9 +64,11 @@ def with_adapter(model, lora: LoraSettings, *, task_type: str = "CAUSAL_LM",
 
     from runtime.dist import is_main
 
+    # A trained head (a token classifier's `score`) trains whole, so no adapter goes on it
+    # (peft's "all-linear" spares only a causal LM's output layer).
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=lora.targets(), task_type=task_type,
-                        modules_to_save=modules_to_save)
+                        modules_to_save=modules_to_save, exclude_modules=modules_to_save)
     try:
         adapted = get_peft_model(model, config)
     except ValueError as err:  # peft: "Target modules {...} not found in the base model"

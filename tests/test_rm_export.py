@@ -187,3 +187,38 @@ def test_card_reads_label_zero_under_a_sigmoid_in_the_chat_template(tmp_path):
     assert sum(map(len, got)) < 6  # the cut at 40 tokens dropped a step
     for g, w in zip(got, want):
         assert g == pytest.approx(w, abs=1e-5)
+
+
+@pytest.mark.parametrize("family", ["token_classification", "tag_lm"])
+def test_a_lora_reward_models_export_is_the_merged_model_with_its_trained_head(tmp_path,
+                                                                                family):
+    """`rm.lora`: the adapter trains on the backbone (and a token classifier's fresh head whole,
+    peft's `modules_to_save`); the export is the merged plain model, no adapter files, whose
+    card's snippet in a process without the project gives the project's scores (to 1e-5). Only
+    the adapted layers and the head moved: the embeddings and norms are the base's, and the
+    token classifier's head is not the one it was drawn as."""
+    from safetensors.torch import load_file
+
+    from configs.schema import ModelConfig
+    from reward_model.train import _token_classifier
+
+    base = build_stand_in(tmp_path / "base", "qwen2" if family != "tag_lm" else "llama")
+    extra = ["rm.add_tag_token=true"] if family == "tag_lm" else []
+    final, _ = _train(tmp_path, base, f"rm.family={family}", "rm.lora.rank=4",
+                      "rm.lora.alpha=8", *extra)
+    assert not (final / "adapter_config.json").exists()
+    trained, start = load_file(final / "model.safetensors"), load_file(base / "model.safetensors")
+    for key, value in trained.items():
+        if key.endswith("proj.weight"):
+            assert not torch.equal(value, start[key]), key
+        elif key in start and value.shape == start[key].shape:
+            assert torch.equal(value, start[key]), key
+    if family == "token_classification":
+        cfg = load_config("configs/tiny.yaml")
+        drawn = _token_classifier(base, ModelConfig(), cfg.run.seed).score.weight
+        assert trained["score.weight"].shape == drawn.shape
+        assert not torch.equal(trained["score.weight"], drawn.detach())
+    want = load_reward_model(final, _rm(family=family)).score(EXAMPLES)
+    got = _card_scores(final, EXAMPLES)
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=1e-5)
