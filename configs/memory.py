@@ -343,7 +343,11 @@ def _reward_model_rows(ds, rm, recompute: bool, arch: Architecture, gpus: int, n
                        value_bytes: int) -> list[PlanRow]:
     """Training a reward model of the policy's architecture (trained from the policy): its
     states under the run's ZeRO stage and a micro-batch of `rm.max_length` tokens."""
-    states, _, source = model_states(arch.params, arch.largest_layer_params, ds, gpus, nodes)
+    if rm.lora.rank:  # `rm.lora`: a frozen backbone and the adapter's states
+        states, _, source = adapted_states(arch, rm.lora, ds, gpus, nodes)
+    else:
+        states, _, source = model_states(arch.params, arch.largest_layer_params, ds, gpus,
+                                         nodes)
     rows = ds.micro_batch_size * rm.max_length
     return [PlanRow("reward model states", states, f"{source} (training)"),
             PlanRow("reward model: activations",

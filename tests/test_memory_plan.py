@@ -227,3 +227,25 @@ def test_a_lora_policy_holds_a_frozen_base_and_the_adapters_states_and_no_refere
     assert all(p.peak <= 0.9 * gpu_bytes(80) for p in grpo)
     assert "over in reward models" in verdict(numbers, 80)
     assert "LoRA rank 16: 37.5M trained" in numbers["title"]
+    # `rm.lora` too: the reward model's training holds the same frozen base and adapter states,
+    # and the whole 7B iteration fits one 80 GB card (peak at rollout, beside vLLM's pool).
+    both = load_config("configs/deepseekmath_7b.yaml", ["model.lora.rank=16", "rm.lora.rank=16"])
+    rows, numbers = plan(both, gpus=1, nodes=1)
+    by_item = {r.item: r.gpu_bytes for r in rows}
+    assert by_item["reward model states"] == by_item["policy model states"]
+    assert verdict(numbers, 80).startswith("fits: peak 58.4 GiB (rollout)")
+
+
+def test_the_qwen_recipe_with_lora_holds_a_tenth_of_its_full_states():
+    """The 1.5B recipe on one GPU (ZeRO-2, bf16): 18.5M adapter parameters (rank 16, 28 layers,
+    2 KV heads of 128) beside the 3.1 GB frozen base, against full fine-tuning's 31.6 GiB."""
+    arch = KNOWN["Qwen/Qwen2.5-Math-1.5B-Instruct"]
+    assert arch.lora_params(16) == 28 * 16 * (2 * 3072 + 2 * (1536 + 256) + 3 * (1536 + 8960))
+    full = {r.item: r.gpu_bytes for r in plan(load_config("configs/qwen25_math_1p5b.yaml"),
+                                                1, 1)[0]}
+    cfg = load_config("configs/qwen25_math_1p5b.yaml", ["model.lora.rank=16", "rm.lora.rank=16"])
+    rows, numbers = plan(cfg, 1, 1)
+    lora = {r.item: r.gpu_bytes for r in rows}
+    assert lora["policy model states"] < full["policy model states"] / 9
+    assert "reference model" in full and "reference model" not in lora
+    assert verdict(numbers, 80).startswith("fits: peak 30.0 GiB (rollout)")
