@@ -56,15 +56,19 @@ def _names(events) -> list[str]:
     return [name for name, _, _ in events]
 
 
-def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path):
+@pytest.mark.parametrize("lora", [[], ["model.lora.rank=4", "model.lora.alpha=8"]],
+                         ids=["full", "lora"])
+def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path, lora):
     """`igrpo grpo` alone (the engine made awake by the stage): before the first optimizer step
     the engine holds the starting checkpoint, so nothing is gathered or pushed; after it, each
     rollout is sleep (the pool freed), gather, weights woken, push, gather released, KV woken,
     generate; vLLM sleeps again before the scoring, and stays asleep through the update. Only
-    the rollouts ask vLLM for log-probs."""
+    the rollouts ask vLLM for log-probs. A LoRA policy's push (its merged weights) keeps the
+    same order."""
     import igrpo
 
     assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
+                       *lora,
                        "policy.steps=2", "policy.questions_per_step=2", "policy.group_size=4",
                        "policy.max_new_tokens=8", "eval.max_new_tokens=8", "eval.k=2",
                        "data.eval_questions=2", "policy.supervision=outcome", "policy.reward=rule",

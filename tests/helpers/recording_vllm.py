@@ -67,7 +67,9 @@ class LLM:
     def collective_rpc(self, method, kwargs=None, **_):
         assert method == "reload_weights" and self.weights, "reload into unmapped weights"
         weights = dict(kwargs["weights_iterator"])
-        self.model.load_state_dict(weights, strict=False)
+        # (vLLM's reload takes the checkpoint's own names: an adapter's would be refused)
+        unexpected = self.model.load_state_dict(weights, strict=False).unexpected_keys
+        assert not unexpected, f"names the model does not have: {unexpected[:3]}"
         record("reload")
 
     def reset_prefix_cache(self):
