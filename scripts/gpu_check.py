@@ -141,6 +141,8 @@ def iterate_check(args) -> dict:
     overrides = [o.format(n=2 * args.nproc) for o in SMALL_RUN] + [
         f"run.root={work}", f"model.policy_path={stand_in}", f"rollout.backend={args.backend}"]
     env = dict(os.environ)
+    if args.lora:  # a LoRA policy: the adapter trains, vLLM gets the merged weights
+        overrides += [f"model.lora.rank={args.lora}", f"model.lora.alpha={2 * args.lora}"]
     if args.cpu:
         env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
         overrides += ["model.dtype=float32", "deepspeed.bf16=false", "rollout.kv_cache_gb=1",
@@ -161,6 +163,7 @@ def iterate_check(args) -> dict:
         proc = _launch(args, overrides, env, work)
     code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     return {"config": args.config, "backend": args.backend, "processes": args.nproc,
+            "lora_rank": args.lora,
             "exit_code": code, "killed_after_step": killed, **_measured(run, metrics),
             "wall_s": round(time.perf_counter() - started, 1), "log": str(work / "log.txt")}
 
@@ -207,6 +210,8 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="real: a small size on the CPU; iterate: gloo processes on the CPU")
     parser.add_argument("--timeout", type=float, default=600.0, help="iterate: seconds")
+    parser.add_argument("--lora", type=int, default=0,
+                        help="iterate: a LoRA policy of this rank (model.lora.rank; 0 = off)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--group", type=int, default=16)

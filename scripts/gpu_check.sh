@@ -4,7 +4,8 @@
 # Qwen2.5-Math-1.5B's real configuration, hf backend, one GPU: each memory phase's measured peak
 # beside `igrpo plan`'s, tokens/s, MFU); the gpu-marked tests; each GPU config's path (tiny
 # stand-in model, one GRPO iteration killed mid-way and resumed) with the hf and the vLLM backend
-# on all GPUs, printing tokens/s, weight-push seconds and peak memory per GPU; then a ~0.4B
+# on all GPUs, printing tokens/s, weight-push seconds and peak memory per GPU, and the 1.5B
+# config's path with a LoRA policy (rank 16); then a ~0.4B
 # model's GRPO step speed. Keep its output: docs/distributed.md records what ran.
 # `bash scripts/gpu_check.sh --cpu` runs the real check at a small size and the iterate checks
 # on 2 gloo processes instead (smoke).
@@ -34,6 +35,12 @@ for config in qwen25_math_1p5b.yaml deepseekmath_7b.yaml; do
     timeout "$T_ITERATE" "$PY" scripts/gpu_check.py iterate --config "$config" \
       --backend "$backend" --nproc "$NGPU" --timeout $((T_ITERATE - 20)) $CPU
   done
+done
+# A LoRA policy (model.lora.rank=16): the same path, killed in GRPO and resumed, its vLLM push
+# the merged weights.
+for backend in $BACKENDS; do
+  timeout "$T_ITERATE" "$PY" scripts/gpu_check.py iterate --config qwen25_math_1p5b.yaml \
+    --backend "$backend" --nproc "$NGPU" --timeout $((T_ITERATE - 20)) --lora 16 $CPU
 done
 for backend in $BACKENDS; do
   timeout "$T_SPEED" "$PY" scripts/gpu_check.py speed --backend "$backend" $SPEED
