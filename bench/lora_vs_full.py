@@ -2,6 +2,7 @@
 step time and peak memory, measured side by side.
 
     python bench/lora_vs_full.py [--steps 6] [--rounds 2] [--rank 16] [--model bundled|wide]
+                                 [--group-size 64]
 
 Each run is one GRPO stage from the same starting model at the demo's batch (2 questions x
 G = 64, configs/tiny.yaml, the rule reward), in a process of its own (so its peak RSS is its
@@ -70,13 +71,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--model", choices=("bundled", "wide"), default="bundled")
+    parser.add_argument("--group-size", type=int, default=64)
     args = parser.parse_args()
 
     from configs.loader import BUNDLED
 
     work = Path(tempfile.mkdtemp(prefix="lora-vs-full-"))
     start = BUNDLED / "tiny_warm_start" if args.model == "bundled" else wide_model(work / "wide")
-    common = [f"policy.steps={args.steps}", "policy.eval_every=0", "policy.group_size=64",
+    common = [f"policy.steps={args.steps}", "policy.eval_every=0", f"policy.group_size={args.group_size}",
               "policy.questions_per_step=2", "policy.supervision=outcome",
               "run.wandb_mode=disabled", "inspect.every=0", "policy.save_every=1000"]
     arms = {"full": ["policy.lr=5e-5"],
