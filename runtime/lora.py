@@ -4,10 +4,12 @@ a vLLM push), and the reference a LoRA policy needs no second copy for.
 `with_adapter` wraps a loaded transformers model in a peft `PeftModel` whose only trainable
 parameters are the adapter's (and the `modules_to_save` a reward model's head needs). The frozen
 base is still there, so the reference policy of a stage that starts from the loaded model is that
-same module with the adapter off (`AdapterOff`), not a second copy. `merged_weights` gives the
-weights `merge_and_unload` would give, under the base model's own names, computed beside the
-module (W + B A * scale, peft's own `get_delta_weight`) rather than merged into it and unmerged
-again: the frozen base never moves, so a push every step leaves it bitwise what was loaded.
+same module with the adapter off (`AdapterOff`), not a second copy. `iter_weights` gives the
+weights `merge_and_unload` would give, under the base model's own names, one tensor at a time
+(a vLLM push streams them: no second copy of the model exists at once), each computed beside
+the module (W + B A * scale, peft's own `get_delta_weight`) rather than merged into it and
+unmerged again: the frozen base never moves, so a push every step leaves it bitwise what was
+loaded.
 An export of a LoRA model is the merged plain model: every later stage, `igrpo score`, vLLM and
 plain transformers load it as any other checkpoint (docs/lora.md).
 """
@@ -91,39 +93,49 @@ def trainable_share(model) -> tuple[int, int]:
     return sum(size(p) for p in params if p.requires_grad), sum(size(p) for p in params)
 
 
-@torch.no_grad()
 def merged_weights(model) -> dict[str, torch.Tensor]:
-    """The model's weights as a plain transformers checkpoint names them: a peft model's base
-    weights with every LoRA layer's W + B A * scale in place of W (what `merge_and_unload`
-    gives), without the adapter's own tensors; any other model's `state_dict()`. The module is
-    not changed. Under ZeRO-3 call it where the weights are gathered."""
+    """`iter_weights` as a dict (for an export)."""
+    return dict(iter_weights(model))
+
+
+@torch.no_grad()
+def iter_weights(model):
+    """The model's weights as a plain transformers checkpoint names them, (name, tensor) one at a
+    time: a peft model's base weights with every LoRA layer's W + B A * scale in place of W
+    (what `merge_and_unload` gives), made only when its turn comes (a push streams them, so no
+    second copy of the model exists at once), a trained head (`modules_to_save`) under its own
+    name, and none of the adapter's tensors; any other model's `state_dict()` items. The module
+    is not changed. Under ZeRO-3 call it where the weights are gathered."""
     from peft.tuners.lora import LoraLayer
 
     module = getattr(model, "module", model)
     if not is_adapted(module):
-        return module.state_dict()
+        yield from module.state_dict().items()
+        return
     base = module.get_base_model()
-    merged: dict[str, torch.Tensor] = {}
     layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    for name, layer in layers.items():
-        weight = layer.get_base_layer().weight
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
-        merged[f"{name}.weight"] = weight
+    seen: set[str] = set()
     for key, tensor in base.state_dict().items():
-        if ".lora_" in key:
+        if ".lora_" in key or ".original_module." in key:
             continue
         if ".modules_to_save." in key:  # a reward model's trained head: the trained copy
-            merged[key.replace(".modules_to_save.default", "")] = tensor
-            continue
-        if ".original_module." in key:
-            continue
-        plain = key.replace(".base_layer.", ".")
-        if plain.endswith(".weight") and plain.removesuffix(".weight") in layers:
-            continue  # (merged above)
-        merged.setdefault(plain, tensor)
-    return merged
+            key = key.replace(".modules_to_save.default", "")
+        else:
+            key = key.replace(".base_layer.", ".")
+            owner = key.removesuffix(".weight")
+            if key.endswith(".weight") and owner in layers:
+                tensor = _merged(layers[owner], tensor)
+        if key not in seen:  # (a tied weight once)
+            seen.add(key)
+            yield key, tensor
+
+
+def _merged(layer, weight: torch.Tensor) -> torch.Tensor:
+    """W + B A * scale of `layer`'s active adapters (peft's `get_delta_weight`), a new tensor."""
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+    return weight
 
 
 def save_merged(model, out_dir) -> None:

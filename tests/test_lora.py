@@ -3,6 +3,7 @@ equal to peft's own merge without touching the model, the reference as the base 
 off, and an export that plain transformers loads with the adapted model's outputs."""
 
 import copy
+import inspect
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from configs import load_config
 from configs.schema import LoraConfig
 from policy.generation.logprobs import completion_logprobs
 from runtime.checkpoint import save_pretrained
-from runtime.lora import AdapterOff, LoraSettings, merged_weights, with_adapter
+from runtime.lora import AdapterOff, LoraSettings, iter_weights, merged_weights, with_adapter
 from runtime.models import load_causal_lm, load_tokenizer
 from runtime.tiny_model import build_tiny
 
@@ -90,6 +91,12 @@ def test_merged_weights_are_peft_merge_and_leave_the_model_untouched(base, targe
         torch.testing.assert_close(merged[key], reference[key], rtol=0, atol=1e-7, msg=key)
     after = model.state_dict()  # nothing merged into the module and out again
     assert all(torch.equal(before[k], after[k]) for k in before)
+    # The push's stream: the same tensors, made one at a time as they are taken.
+    stream = iter_weights(model)
+    assert inspect.isgenerator(stream)
+    streamed = dict(stream)
+    assert streamed.keys() == merged.keys()
+    assert all(torch.equal(streamed[k], merged[k]) for k in merged)
     # A plain model's weights are its state dict.
     plain = load_causal_lm(base)
     assert merged_weights(plain).keys() == plain.state_dict().keys()

@@ -51,7 +51,7 @@ import torch
 
 from policy.generation.rollout import Rollout, mask_after_eos
 from policy.stage import VLLMSettings
-from runtime.lora import merged_weights
+from runtime.lora import iter_weights
 from runtime.models import end_token_ids
 
 if TYPE_CHECKING:
@@ -154,7 +154,8 @@ class VLLMEngine:
         """Load the training model's current weights into the engine (in memory); the seconds
         it took are added to `push_seconds`."""
         started = time.perf_counter()
-        self._reload([(name, tensor.detach()) for name, tensor in merged_weights(model).items()])
+        # one tensor at a time: a LoRA policy's merged weights are made as vLLM takes them
+        self._reload((name, tensor.detach()) for name, tensor in iter_weights(model))
         self.version = None
         self.push_seconds += time.perf_counter() - started
 
