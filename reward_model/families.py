@@ -268,14 +268,35 @@ def _encode_whole(tokenizer, examples: list[StepExample], reading: Reading,
                          [1] * len(rows))
 
 
+def _merged_adapter(path: str | Path, model_cfg=None) -> Path:
+    """A peft adapter folder merged onto its base, in a temporary folder of this process (the
+    adapter's folder is left as it is)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from runtime.lora import merge_adapter_folder
+
+    out = Path(tempfile.mkdtemp(prefix="igrpo-merged-adapter-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    return merge_adapter_folder(path, out / "model", bool(model_cfg is not None
+                                                          and model_cfg.trust_remote_code))
+
+
 def load_reward_model(path: str | Path, rm, model_cfg=None, batch_size: int | None = None,
                       family: str = ""):
-    """The scorer of the reward model in `path`: its family from `family`, else `rm.family`,
+    """The scorer of the reward model in `path` (a model, or a peft adapter folder, merged onto
+    the base its `adapter_config.json` names): its family from `family`, else `rm.family`,
     else the checkpoint's architecture (`infer_family`); read as `rm` says (`Reading.of`),
     `batch_size` rows a forward (default `rm.score_batch_size`)."""
     batch_size = batch_size or getattr(rm, "score_batch_size", 64)
     from transformers import (AutoModel, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification)
+
+    from runtime.lora import is_adapter_folder
+
+    if is_adapter_folder(path):  # a peft adapter: merged onto its base once, then read as one
+        path = _merged_adapter(path, model_cfg)
 
     from reward_model.score import TagScorer
     from runtime.models import load_model, load_tokenizer

@@ -178,3 +178,55 @@ class AdapterOff(torch.nn.Module):
     @property
     def device(self):
         return next(self.policy.parameters()).device
+
+
+ADAPTER_CLASSES = {"TOKEN_CLS": "AutoModelForTokenClassification",
+                   "SEQ_CLS": "AutoModelForSequenceClassification",
+                   "CAUSAL_LM": "AutoModelForCausalLM"}
+"""The transformers class an adapter's base is loaded as, by peft's `task_type`."""
+
+
+def is_adapter_folder(path) -> bool:
+    """Whether `path` holds a peft adapter (its `adapter_config.json`) rather than a model."""
+    from pathlib import Path
+
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def merge_adapter_folder(path, out_dir, trust_remote_code: bool = False):
+    """A peft adapter folder (e.g. a LoRA PRM trained elsewhere) merged onto the base its
+    `adapter_config.json` names and saved as a plain checkpoint in `out_dir` (with the adapter
+    folder's tokenizer, else the base's). Returns `out_dir`. A token classifier's head saved
+    with the adapter (`modules_to_save`) is kept; its label count is read from it."""
+    from pathlib import Path
+
+    import transformers
+    from peft import PeftConfig, PeftModel
+    from safetensors import safe_open
+
+    path, out_dir = Path(path), Path(out_dir)
+    config = PeftConfig.from_pretrained(str(path))
+    task = str(getattr(config, "task_type", "") or "CAUSAL_LM").split(".")[-1]
+    if task not in ADAPTER_CLASSES:
+        raise ValueError(f"{path / 'adapter_config.json'}: task_type {task!r}; expected one of "
+                         f"{', '.join(ADAPTER_CLASSES)}")
+    base_path = config.base_model_name_or_path
+    if not base_path:
+        raise ValueError(f"{path / 'adapter_config.json'}: no base_model_name_or_path to merge "
+                         "the adapter onto")
+    extra = {}
+    weights = path / "adapter_model.safetensors"
+    if task != "CAUSAL_LM" and weights.exists():
+        with safe_open(str(weights), "pt") as f:  # the head's rows: its label count
+            heads = [k for k in f.keys() if ".modules_to_save." in k and k.endswith("weight")]
+            if heads:
+                extra["num_labels"] = f.get_slice(heads[0]).get_shape()[0]
+    auto = getattr(transformers, ADAPTER_CLASSES[task])
+    base = auto.from_pretrained(base_path, trust_remote_code=trust_remote_code, **extra)
+    merged = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+    merged.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer_source = path if (path / "tokenizer_config.json").exists() else base_path
+    transformers.AutoTokenizer.from_pretrained(str(tokenizer_source),
+                                               trust_remote_code=trust_remote_code
+                                               ).save_pretrained(out_dir)
+    return out_dir

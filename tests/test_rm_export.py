@@ -222,3 +222,49 @@ def test_a_lora_reward_models_export_is_the_merged_model_with_its_trained_head(t
     got = _card_scores(final, EXAMPLES)
     for g, w in zip(got, want):
         assert g == pytest.approx(w, abs=1e-5)
+
+
+def test_igrpo_score_reads_a_peft_adapter_folder_as_its_merged_model(tmp_path):
+    """A LoRA token-classification PRM saved as a peft adapter (its `adapter_config.json` naming
+    the base, the trained head in `modules_to_save`), as other trainers leave it: `igrpo score`
+    on that folder merges it onto its base and gives the step scores `igrpo score` gives on the
+    merged export (to 1e-5); the adapter folder is left as it was."""
+    from configs.schema import LoraConfig
+    from reward_model.train import _head_name, _token_classifier
+    from runtime.checkpoint import save_pretrained
+    from runtime.lora import LoraSettings, with_adapter
+    from configs.schema import ModelConfig
+
+    base = build_stand_in(tmp_path / "base", "qwen2")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = _token_classifier(base, ModelConfig(), 0)
+    model = with_adapter(model, LoraSettings.of(LoraConfig(rank=4, alpha=8)),
+                         task_type="TOKEN_CLS", modules_to_save=[_head_name(model)])
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # a trained adapter's and head's stand-in
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=generator))
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    tokenizer.save_pretrained(adapter)
+    assert (adapter / "adapter_config.json").exists()
+    before = sorted(p.name for p in adapter.iterdir())
+    merged = save_pretrained(model, tokenizer, tmp_path / "merged")
+    data = tmp_path / "stepwise.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _stepwise_rows(6)))
+    scores = {}
+    for name, path in (("adapter", adapter), ("merged", merged)):
+        assert igrpo.main(["score", "--config", "configs/tiny.yaml", f"run.root={tmp_path}",
+                           f"run.name=score-{name}", "model.policy_path=", f"rm.path={path}",
+                           "rm.family=token_classification", "rm.likelihood_feature=false",
+                           "rm.lm_weight=0", "rm.extra_layers_from=[]",
+                           f"rm.score_input={data}", "run.wandb_mode=disabled"]) == 0
+        (scored,) = (tmp_path / f"score-{name}").rglob("scored.jsonl")
+        scores[name] = [json.loads(line)["step_scores"] for line in
+                        scored.read_text().splitlines()]
+    assert len(scores["adapter"]) == 6
+    for a, m in zip(scores["adapter"], scores["merged"]):
+        assert a == pytest.approx(m, abs=1e-5)
+    assert len({round(s, 4) for row in scores["adapter"] for s in row}) > 3
+    assert sorted(p.name for p in adapter.iterdir()) == before
