@@ -284,10 +284,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_reward_family(cfg.rm, where)
     _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
     _check_ensemble(cfg.rm, where)
-    _check_lora(cfg.model.lora, "model.lora", where)
-    _check_lora(cfg.rm.lora, "rm.lora", where)
-    _check_rm_lora(cfg.rm, where)
-    _check_tis(cfg.policy, where)
+    _check_adapters(cfg.model.lora, cfg.rm, cfg.policy, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -437,6 +434,14 @@ def _check_ensemble(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.ensemble={rm.ensemble} with rm.online: an online "
                           "reward model is one model learning from the checks; use one or the "
                           "other")
+
+
+def _check_adapters(policy_lora, rm, p, where: str) -> None:
+    """`model.lora`, `rm.lora` and `policy.tis_cap`."""
+    _check_lora(policy_lora, "model.lora", where)
+    _check_lora(rm.lora, "rm.lora", where)
+    _check_rm_lora(rm, where)
+    _check_tis(p, where)
 
 
 def _check_lora(lora, key: str, where: str) -> None:

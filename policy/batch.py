@@ -83,3 +83,47 @@ def has_signal(batch: StepBatch, kl_term: bool) -> bool:
     if batch.num_sequences == 0 or global_sum(float(batch.loss_mask.sum())) == 0:
         return False
     return kl_term or global_sum(float((batch.advantages * batch.loss_mask).abs().sum())) > 0
+
+
+@dataclass
+class UpdateStats:
+    """What `update_step` measured, over every rank: the loss (a mean over the step's optimizer
+    steps), token means of the KL term and of the clipped shares, the drift from the sampler's
+    log-probs, the last gradient norm, the first pass's [N, T] per-token entropy, and whether
+    the optimizer step was skipped (1.0: the loss had no signal)."""
+    entropy: torch.Tensor
+    loss: float = 0.0
+    kl: float = 0.0
+    clip: float = 0.0
+    clip_high: float = 0.0
+    logprob_diff: float = 0.0
+    tis_weight: float = 0.0
+    tis_capped: float = 0.0
+    grad_norm: float = 0.0
+    skipped: float = 0.0
+    logprobs: torch.Tensor | None = None
+    """[N, T] the policy's log-probs of the first pass (detached; the trace's), None if none ran."""
+
+    def sampler_metrics(self, sampled: bool, weighted: bool) -> dict:
+        """`rollout/logprob_diff` where the sampler gave log-probs (`sampled`), and the TIS
+        weights' means where they weighted the loss (`weighted`)."""
+        if not sampled:
+            return {}
+        return {"rollout/logprob_diff": self.logprob_diff, **(
+            {"rollout/tis_weight": self.tis_weight, "rollout/tis_capped": self.tis_capped}
+            if weighted else {})}
+
+    def add_sampler_gap(self, drift: float, tis: tuple | None, all_tokens: float) -> None:
+        """A measured share of the step's sampler gap: `rollout/logprob_diff`'s, and of the TIS
+        weights (`policy.engines.tis_weights`, None where off) their token means over the
+        step's `all_tokens` completion tokens."""
+        self.logprob_diff += drift
+        if tis is not None:
+            self.tis_weight += float(tis[0].sum()) / max(all_tokens, 1.0)
+            self.tis_capped += float(tis[1].sum()) / max(all_tokens, 1.0)
+
+    def restore_order(self, order: torch.Tensor) -> None:
+        """The per-row tensors, measured in mini-batch order `order`, back in the rollout's."""
+        self.entropy = torch.zeros_like(self.entropy).index_copy(0, order, self.entropy)
+        if self.logprobs is not None:
+            self.logprobs = torch.zeros_like(self.logprobs).index_copy(0, order, self.logprobs)

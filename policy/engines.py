@@ -12,6 +12,7 @@ import torch
 
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
+from policy.math.losses import truncated_importance_weights
 from policy.stage import PolicyStage, VLLMSettings
 from runtime.batching import plan_grpo_batch
 from runtime.dist import world
@@ -83,6 +84,16 @@ def sampler_drift(logprobs: torch.Tensor, rollout: Rollout, all_tokens: float,
         return 0.0
     drift = (logprobs - sampled[rows].to(logprobs)).abs() * rollout.completion_mask[rows]
     return float(drift.sum()) / max(all_tokens, 1.0)
+
+
+def tis_weights(old_logprobs: torch.Tensor, rollout: Rollout, rows: slice, cap: float):
+    """(weights, capped) of `truncated_importance_weights` for the rollout's `rows`, against
+    the sampler's log-probs; None where off (`policy.tis_cap` 0, or no sampler log-probs: the
+    `hf` backend samples with the trained module itself)."""
+    if not cap or rollout.sampler_logprobs is None:
+        return None
+    return truncated_importance_weights(old_logprobs, rollout.sampler_logprobs[rows],
+                                        rollout.completion_mask[rows], cap)
 
 
 def reference_logprobs(reference, rollout: Rollout, micro: int, is_reference: bool):

@@ -202,10 +202,10 @@ def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
     tokenizer.padding_side = "right"
     lora = LoraSettings.of(rm.lora)
     if spec.token_classifier:
-        model = _token_classifier(init, spec.model, spec.seed)
+        model = token_classifier(init, spec.model, spec.seed)
         if lora is not None:  # the fresh head trains whole (peft's modules_to_save)
             model = with_adapter(model, lora, task_type="TOKEN_CLS", announce=out.name,
-                                 modules_to_save=[_head_name(model)])
+                                 modules_to_save=[classifier_head(model)])
         engine = build_engine(model, spec.deepspeed, lr=lr,
                               micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum)
         reading = Reading.of(rm)
@@ -237,7 +237,7 @@ def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
         partial(packed_tag_margins, tags=tags), tags)
 
 
-def _head_name(model) -> str:
+def classifier_head(model) -> str:
     """The name of a token classifier's output layer (Llama, Qwen: `score`; others:
     `classifier`)."""
     for name in ("score", "classifier"):
@@ -247,7 +247,7 @@ def _head_name(model) -> str:
                     "under rm.lora")
 
 
-def _token_classifier(init: str | Path, model_cfg: ModelConfig, seed: int):
+def token_classifier(init: str | Path, model_cfg: ModelConfig, seed: int):
     """A 2-label token classifier from `init`: a causal LM's backbone under a fresh head (the
     layout TRL's PRMTrainer trains and saves), or a token-classification PRM to refresh. A
     fresh head is drawn from `run.seed`, the same on every rank (ZeRO-3 partitions each rank's

@@ -200,7 +200,7 @@ def test_a_lora_reward_models_export_is_the_merged_model_with_its_trained_head(t
     from safetensors.torch import load_file
 
     from configs.schema import ModelConfig
-    from reward_model.train import _token_classifier
+    from reward_model.train import token_classifier
 
     base = build_stand_in(tmp_path / "base", "qwen2" if family != "tag_lm" else "llama")
     extra = ["rm.add_tag_token=true"] if family == "tag_lm" else []
@@ -215,7 +215,7 @@ def test_a_lora_reward_models_export_is_the_merged_model_with_its_trained_head(t
             assert torch.equal(value, start[key]), key
     if family == "token_classification":
         cfg = load_config("configs/tiny.yaml")
-        drawn = _token_classifier(base, ModelConfig(), cfg.run.seed).score.weight
+        drawn = token_classifier(base, ModelConfig(), cfg.run.seed).score.weight
         assert trained["score.weight"].shape == drawn.shape
         assert not torch.equal(trained["score.weight"], drawn.detach())
     want = load_reward_model(final, _rm(family=family)).score(EXAMPLES)
@@ -230,16 +230,16 @@ def test_igrpo_score_reads_a_peft_adapter_folder_as_its_merged_model(tmp_path):
     on that folder merges it onto its base and gives the step scores `igrpo score` gives on the
     merged export (to 1e-5); the adapter folder is left as it was."""
     from configs.schema import LoraConfig
-    from reward_model.train import _head_name, _token_classifier
+    from reward_model.train import classifier_head, token_classifier
     from runtime.checkpoint import save_pretrained
     from runtime.lora import LoraSettings, with_adapter
     from configs.schema import ModelConfig
 
     base = build_stand_in(tmp_path / "base", "qwen2")
     tokenizer = AutoTokenizer.from_pretrained(base)
-    model = _token_classifier(base, ModelConfig(), 0)
+    model = token_classifier(base, ModelConfig(), 0)
     model = with_adapter(model, LoraSettings.of(LoraConfig(rank=4, alpha=8)),
-                         task_type="TOKEN_CLS", modules_to_save=[_head_name(model)])
+                         task_type="TOKEN_CLS", modules_to_save=[classifier_head(model)])
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():  # a trained adapter's and head's stand-in
         for name, p in model.named_parameters():

@@ -22,14 +22,13 @@ import torch
 
 from configs.schema import PolicyConfig
 from policy import inspection
-from policy.batch import StepBatch, has_signal, in_mini_batch_order, mini_batches
+from policy.batch import StepBatch, UpdateStats, has_signal, in_mini_batch_order, mini_batches
 from policy.engines import (Sampler, forward_logprobs, policy_engines, reference_logprobs,
-                            sampler_drift, starts_at)
+                            sampler_drift, starts_at, tis_weights)
 from policy.evaluate import make_evaluator
 from policy.generation.logprobs import completion_logprobs
 from policy.generation.rollout import Rollout
 from policy.math.advantages import informative_groups, token_budget_mask, zero_group_correction
-from policy.math.losses import truncated_importance_weights
 from policy.rewards import LearnsOnline, RewardFn, Scores, gold_read
 from policy.sampling import make_sample, refill_questions, rollout_key, step_questions
 from policy.scoring import Sampled, concat_sampled, learn_reward
@@ -233,32 +232,6 @@ def advantage_step(scores: Scores, rewards: torch.Tensor, broken: torch.Tensor,
 
 
 @dataclass
-class UpdateStats:
-    """What `update_step` measured, over every rank: the loss (a mean over the step's optimizer
-    steps), token means of the KL term and of the clipped shares, the drift from the sampler's
-    log-probs, the last gradient norm, the first pass's [N, T] per-token entropy, and whether
-    the optimizer step was skipped (1.0: the loss had no signal)."""
-    entropy: torch.Tensor
-    loss: float = 0.0
-    kl: float = 0.0
-    clip: float = 0.0
-    clip_high: float = 0.0
-    logprob_diff: float = 0.0
-    tis_weight: float = 0.0
-    tis_capped: float = 0.0
-    grad_norm: float = 0.0
-    skipped: float = 0.0
-    logprobs: torch.Tensor | None = None
-    """[N, T] the policy's log-probs of the first pass (detached; the trace's), None if none ran."""
-
-    def restore_order(self, order: torch.Tensor) -> None:
-        """The per-row tensors, measured in mini-batch order `order`, back in the rollout's."""
-        self.entropy = torch.zeros_like(self.entropy).index_copy(0, order, self.entropy)
-        if self.logprobs is not None:
-            self.logprobs = torch.zeros_like(self.logprobs).index_copy(0, order, self.logprobs)
-
-
-@dataclass
 class MicroBatchLoss:
     """One update's loss on a micro-batch of rows (what `trainer.backward` calls), adding its
     shares of the step's statistics to `stats`: every micro-batch of an update reads the same
@@ -273,8 +246,6 @@ class MicroBatchLoss:
     all_tokens: float
     passes: int
     stats: UpdateStats
-    first_pass: bool = True
-    """The update is the first pass over the batch (where the TIS weights are measured)."""
 
     def __call__(self, rows: slice, num_sequences: float, num_tokens: float,
                  measure: bool) -> torch.Tensor:
@@ -286,22 +257,16 @@ class MicroBatchLoss:
             self.engine, rollout.input_ids[rows], rollout.attention_mask[rows],
             rollout.prompt_ids.shape[1], entropy_out=stats.entropy[rows] if measure else None)
         old = logprobs.detach() if self.old_logprobs is None else self.old_logprobs[rows]
+        tis = tis_weights(old, rollout, rows, spec.tis_cap)
         if measure:
-            stats.logprob_diff += sampler_drift(logprobs.detach(), rollout, self.all_tokens, rows)
+            stats.add_sampler_gap(sampler_drift(logprobs.detach(), rollout, self.all_tokens, rows),
+                                  tis, self.all_tokens)
             if stats.logprobs is None:
                 stats.logprobs = torch.zeros_like(batch.loss_mask)
             stats.logprobs[rows] = logprobs.detach().to(stats.logprobs)
         ref = self.ref_logprobs[rows] if self.ref_logprobs is not None else \
             old if self.has_reference else None
-        advantages = batch.advantages[rows]
-        if spec.tis_cap and rollout.sampler_logprobs is not None:
-            completion = rollout.completion_mask[rows]
-            weights, capped = truncated_importance_weights(
-                old, rollout.sampler_logprobs[rows], completion, spec.tis_cap)
-            advantages = advantages * weights
-            if self.first_pass:  # token means over the step's completion tokens (all ranks')
-                stats.tis_weight += float(weights.sum()) / max(self.all_tokens, 1.0)
-                stats.tis_capped += float(capped.sum()) / max(self.all_tokens, 1.0)
+        advantages = batch.advantages[rows] if tis is None else batch.advantages[rows] * tis[0]
         result = spec.loss(
             logprobs, old, ref, advantages, batch.loss_mask[rows],
             clip_eps_low=spec.clip_low, clip_eps_high=spec.clip_high, beta=spec.beta,
@@ -320,9 +285,8 @@ class MicroBatchLoss:
 def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatch, g: PolicyConfig,
                 spec: GRPOSpec, plan, where: str, is_reference: bool = False) -> UpdateStats:
     """`policy.mu` passes over the batch, each `policy.mini_batches` optimizer steps (each
-    normalised by its own counts), of `spec`'s loss against log-probs of the reference and
-    (mu > 1 or mini-batches) of pi_old. `is_reference`: the policy still is the reference (a
-    stage's first step)."""
+    normalised by its own counts), of `spec`'s loss against log-probs of the reference and (mu >
+    1 or mini-batches) of pi_old. `is_reference`: the policy is the reference (its first step)."""
     engine = trainer.engine
     kl_term = reference is not None and spec.beta > 0
     rollout, batch, order = in_mini_batch_order(rollout, batch, g)
@@ -337,14 +301,14 @@ def update_step(trainer: StageLoop, reference, rollout: Rollout, batch: StepBatc
     old_logprobs = forward_logprobs(engine.module, rollout, plan.micro_batch_size, stats.entropy
                                     if before else None) if g.mu > 1 or before else None
     if before:
-        stats.logprob_diff = sampler_drift(old_logprobs, rollout, all_tokens)
+        stats.add_sampler_gap(sampler_drift(old_logprobs, rollout, all_tokens), tis_weights(
+            old_logprobs, rollout, slice(None), spec.tis_cap), all_tokens)
         stats.logprobs = old_logprobs
     chunks = mini_batches(batch, plan.rank_sequences, g.mini_batches, kl_term)
     loss = MicroBatchLoss(engine, rollout, batch, spec, old_logprobs, ref_logprobs,
                           reference is not None, all_tokens, g.mu * len(chunks), stats)
     engine.train()
     for update in range(g.mu):
-        loss.first_pass = update == 0
         for offset, num_sequences, num_tokens in chunks:
             def loss_of(rows: slice, mb: int, offset=offset, sequences=num_sequences,
                         tokens=num_tokens, measure=update == 0 and not before):
@@ -392,10 +356,7 @@ def log_step(rollout: Rollout, scores: Scores, rewards: torch.Tensor, batch: Ste
         "train/tokens_per_s": float(r["seen"].sum()) * g.mu / max(timing["update"], 1e-9),
         "time/rollout": timing["rollout"], "time/scoring": timing["scoring"],
         "time/update": timing["update"], "time/step": step_time,
-        **({"rollout/logprob_diff": stats.logprob_diff}
-           if rollout.sampler_logprobs is not None else {}),
-        **({"rollout/tis_weight": stats.tis_weight, "rollout/tis_capped": stats.tis_capped}
-           if rollout.sampler_logprobs is not None and g.tis_cap else {}),
+        **stats.sampler_metrics(rollout.sampler_logprobs is not None, g.tis_cap > 0),
         **batch.stats}
     if "correct" in r:
         metrics["reward/accuracy"] = float(r["correct"].mean())

@@ -93,7 +93,8 @@ def step_metrics() -> dict:
     questions' rows as GRPO deals them (a contiguous share)."""
     from types import SimpleNamespace
 
-    from policy.algorithms.grpo import StepBatch, UpdateStats, log_step
+    from policy.algorithms.grpo import StepBatch, log_step
+    from policy.batch import UpdateStats
     from policy.actor_critic import Targets, value_metrics
     from policy.rewards import Scores
     from policy.generation.rollout import Rollout
@@ -121,7 +122,7 @@ def step_metrics() -> dict:
     update = UpdateStats(**{k: v for k, v in stats.items()
                             if k in {f.name for f in dataclasses.fields(UpdateStats)}})
     metrics = log_step(rollout, scores, rewards[rows], batch, update,
-                       SimpleNamespace(group_size=2, mu=1),
+                       SimpleNamespace(group_size=2, mu=1, tis_cap=0.0),
                        {"rollout": 2.0, "scoring": 0.5, "update": 1.0})
     # PPO's: token returns, values and log-probs that differ from row to row and token to token
     grid = torch.arange(n * width, dtype=torch.float32).view(n, width)
