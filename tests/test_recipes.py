@@ -141,6 +141,26 @@ def test_every_shipped_recipe_trains_a_step(tmp_path, recipe):
     assert weights_differ(base, final)
 
 
+@pytest.mark.parametrize("recipe", ["ppo", "dpo", "online_dpo", "offline_rft", "gspo"])
+def test_each_policy_method_trains_a_lora_adapter(tmp_path, recipe):
+    """`model.lora` in every trainer beside GRPO's (tests/test_lora.py and the distributed
+    tests): PPO's actor, offline and online DPO, offline RFT's fine-tuning, GSPO's
+    mini-batches each take a finite step on the adapter alone, and the merged export moved in
+    the adapted layers only."""
+    from safetensors.torch import load_file
+
+    pretrain = load_config("configs/tiny.yaml", recipe=recipe).ppo.value_pretrain_steps
+    base, final = run_recipe(tmp_path, recipe, "policy.steps=1", "model.lora.rank=4",
+                             "model.lora.alpha=8", "policy.lr=1e-3",
+                             f"ppo.value_pretrain_steps={min(pretrain, 1)}")
+    row = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r][-1]
+    assert torch.isfinite(torch.tensor(row["train/loss"]))
+    start, end = load_file(base / "model.safetensors"), load_file(final / "model.safetensors")
+    assert end.keys() == start.keys()
+    moved = {k for k in end if not torch.equal(end[k], start[k])}
+    assert moved and all(k.endswith("proj.weight") for k in moved), moved
+
+
 def test_each_algorithm_has_its_own_run_folder_and_older_runs_resume_in_grpo(tmp_path):
     """A policy stage writes into a folder named for `policy.algorithm`; a run made when every
     algorithm wrote into `grpo/` (its recorded config naming the algorithm, no folder of the
