@@ -129,12 +129,12 @@ def test_grpo_with_an_online_reward_model_resumes_under_every_zero_stage(tmp_pat
 
 @pytest.mark.slow
 def test_lora_stages_resume_under_every_zero_stage(tmp_path, base, ranks):
-    """GRPO and SFT of a LoRA policy (`model.lora`: the adapter trains, the base is frozen, the
-    reference is the base) and a LoRA token-classification PRM (`rm.lora`, its head trained
+    """GRPO, SFT and PPO of a LoRA policy (`model.lora`: the adapter trains, the base is frozen,
+    the reference is the base; PPO's critic trains whole) and a LoRA token-classification PRM (`rm.lora`, its head trained
     whole), killed after step 1's state is saved under ZeRO-0, 1, 2 and 3 on 2 processes: step 2
     then equals the uninterrupted run's bit for bit, every logged number but wall-clock ones
     and the merged export."""
-    kinds = ("grpo_lora", "sft_lora", "rm_lora")
+    kinds = ("grpo_lora", "sft_lora", "ppo_lora", "rm_lora")
     ranks.launch(2, "zero_resume", tmp_path, base, ",".join(kinds), "fp32",
                  log=tmp_path / "zero_resume.log", timeout=600)
     for name in (f"{kind}-z{stage}" for kind in kinds for stage in (0, 1, 2, 3)):
@@ -150,12 +150,14 @@ def test_lora_stages_resume_under_every_zero_stage(tmp_path, base, ranks):
         straight, resumed = (tmp_path / "fp32" / f"{name}-{mode}" for mode in ("straight",
                                                                                  "resumed"))
         exports = sorted(p.relative_to(straight) for p in straight.rglob("model.safetensors"))
-        assert len(exports) == (2 if name.startswith("sft") else 1), name  # (SFT: best, final)
+        # (SFT: best and final; PPO: the policy and its critic, trained whole)
+        assert len(exports) == (2 if name.startswith(("sft", "ppo")) else 1), name
         start = load_file(Path(base) / "model.safetensors")
         for rel in exports:
             a, b = load_file(straight / rel), load_file(resumed / rel)
-            assert a.keys() - {"score.weight", "score.bias"} == start.keys() - {"lm_head.weight"}, \
-                name  # merged: a plain checkpoint (a token classifier: its head, no LM head)
+            if "critic" not in str(rel):  # merged: a plain checkpoint (a classifier: its head)
+                assert a.keys() - {"score.weight", "score.bias"} == \
+                    start.keys() - {"lm_head.weight"}, name
             assert all(torch.equal(a[k], b[k]) for k in a), f"{name}: {rel}"
         final = load_file(straight / next(r for r in exports if r.parent.name == "final"))
         if name.startswith("rm"):  # the head: the classifier's own, absent from the base

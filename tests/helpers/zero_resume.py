@@ -5,7 +5,7 @@ fresh engines: run under `torchrun`, tests/test_zero_stages.py reads what it wri
 
 For each stage kind (sft, rm, grpo, ppo: PPO with its critic, grpo_online, grpo_implicit and
 grpo_prime: GRPO with its online ORM, implicit PRM, or the implicit PRM in PRIME's order;
-grpo_lora and sft_lora: those stages of a LoRA policy; rm_lora: a LoRA token classifier) and
+grpo_lora, sft_lora and ppo_lora: those stages of a LoRA policy; rm_lora: a LoRA token classifier) and
 ZeRO stage 0-3, the stage runs twice from the same base model: straight through its 2 optimizer steps, and with a crash raised
 right after the state of step 1 is saved, then called again, which builds every engine afresh,
 loads that state and takes step 2. Each run's final export lands in
@@ -45,6 +45,8 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
     "sft_lora": ["sft.epochs=0.5", "sft.batch_size=16", "sft.eval_every=1",
                  "data.val_questions=4", "eval.max_new_tokens=6", "deepspeed.micro_batch_size=4",
                  "sft.export_final=true", "sft.lr_decay=false", *LORA],
+    "ppo_lora": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "ppo.critic_lr=1e-3",
+                 *LORA],
     "rm_lora": ["rm.epochs=2", "rm.save_every=1", "rm.lm_weight=0", "rm.lr=1e-3",
                 "rm.family=token_classification", "rm.likelihood_feature=false",
                 "rm.extra_layers_from=[]", "rm.lora.rank=4", "rm.lora.alpha=8"],
@@ -90,7 +92,7 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
                              online_reference=base)
         return w.train_policy(out, base, reward, splits.rl, splits.eval, logger, "")
     cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides],
-                      recipe="ppo" if kind == "ppo" else None)
+                      recipe="ppo" if kind.startswith("ppo") else None)
     splits = load_splits(cfg.data, 0)
     return resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
 
