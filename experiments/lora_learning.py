@@ -7,8 +7,9 @@ tests/test_learning.py's setting (the shipped tiny warm start, 15 GRPO steps of 
 G = 8, the rule reward, outcome supervision, mean@4 at temperature 1 on 200 held-out questions
 with the same sampling noise) for each seed (`run.seed`: the questions each step draws and the
 sampling): full fine-tuning at lr 5e-5, LoRA rank 16 (alpha 32, all linear layers) at 10x that,
-and LoRA with shuffled rewards. Prints per seed the three mean@4 and the paired differences over
-seeds with their 95% t intervals (LoRA - control, LoRA - full). Resumes: a run whose outcomes
+and LoRA with shuffled rewards. Prints per seed the three mean@4 (and the warm start's) and the
+paired differences over seeds with their 95% t intervals (each against the warm start, LoRA -
+control, LoRA - full). Resumes: a run whose outcomes
 file exists is read, not redone.
 """
 
@@ -46,8 +47,17 @@ def mean_at_4(root: Path, arm: str, seed: int) -> float:
     from runtime.tracking import MetricsLogger
     from tasks.prompts import prompt_format
 
-    out = root / f"{arm}-seed{seed}"
+    out = root / (f"{arm}-seed{seed}" if arm != "warm_start" else arm)
     outcomes = out / "outcomes.json"
+    if not outcomes.exists() and arm == "warm_start":  # (no training: one for every seed)
+        out.mkdir(parents=True, exist_ok=True)
+        warm = BUNDLED / "tiny_warm_start"
+        cfg = load_config(str(ROOT / "configs/tiny.yaml"), GRPO)
+        torch.manual_seed(0)
+        evaluate_policy(load_causal_lm(warm).eval(), load_tokenizer(warm),
+                        load_splits(cfg.data, 0).eval, prompt_format(cfg.data), k=4,
+                        temperature=1.0, max_new_tokens=112, batch_size=256,
+                        outcomes_path=outcomes)
     if not outcomes.exists():
         cfg = load_config(str(ROOT / "configs/tiny.yaml"),
                           [f"run.root={out}", f"run.seed={seed}", *GRPO, *ARMS[arm]])
@@ -75,11 +85,16 @@ def main() -> None:
     from runtime.stats import t_interval_over_seeds
 
     root = Path(args.root)
-    table = {seed: {arm: mean_at_4(root, arm, seed) for arm in ARMS} for seed in args.seeds}
+    table = {seed: {arm: mean_at_4(root, arm, seed) for arm in ["warm_start", *ARMS]}
+             for seed in args.seeds}
     for seed, row in table.items():
         print(f"seed {seed}: " + ", ".join(f"{arm} {v:.3f}" for arm, v in row.items()),
               flush=True)
     summary = {
+        "lora - warm start": t_interval_over_seeds([r["lora"] - r["warm_start"]
+                                                    for r in table.values()]),
+        "full - warm start": t_interval_over_seeds([r["full"] - r["warm_start"]
+                                                    for r in table.values()]),
         "lora - control": t_interval_over_seeds([r["lora"] - r["lora_control"]
                                                  for r in table.values()]),
         "lora - full": t_interval_over_seeds([r["lora"] - r["full"] for r in table.values()])}
