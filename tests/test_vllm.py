@@ -39,12 +39,26 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _sft_steps(model, tokenizer, splits, fmt, lr: float) -> None:
+    """k = 3 AdamW steps of SFT on `model`'s trainable weights (16 worked solutions each);
+    the model is left in eval mode."""
+    from policy.supervised import sft_tensors, token_nll_sum
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for step in range(3):
+        ids, mask, labels = sft_tensors(tokenizer, splits.sft[step * 16:(step + 1) * 16], fmt)
+        loss, count = token_nll_sum(model, ids, mask, labels)
+        (loss / count).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+
+
 def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     """k = 3 AdamW steps of SFT move the weights; pushed into the live engine (no disk), its
     greedy completions of 32 held-out prompts equal transformers' token for token, where the
     engine's earlier completions (the old weights) differ. A later stage over the saved
     checkpoint gets the same engine back, holding that checkpoint's weights."""
-    from policy.supervised import sft_tensors, token_nll_sum
     from policy.generation.vllm import engine_for
 
     cfg, engine = setting
@@ -56,14 +70,7 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
     model = load_causal_lm(path, cfg.model, train=True)
     engine.push(model)
     before = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(3):
-        ids, mask, labels = sft_tensors(tokenizer, splits.sft[step * 16:(step + 1) * 16], fmt)
-        loss, count = token_nll_sum(model, ids, mask, labels)
-        (loss / count).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.eval()
+    _sft_steps(model, tokenizer, splits, fmt, lr=3e-3)
     engine.push(model)
     ours = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
     theirs = generate_groups(model, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
@@ -85,7 +92,6 @@ def test_a_lora_policys_pushed_weights_give_transformers_greedy_completions(sett
     transformers' on the merged export, token for token; the engine's earlier completions (the
     base's) differ."""
     from configs.schema import LoraConfig
-    from policy.supervised import sft_tensors, token_nll_sum
     from runtime.checkpoint import save_pretrained
     from runtime.lora import LoraSettings, with_adapter
 
@@ -99,14 +105,7 @@ def test_a_lora_policys_pushed_weights_give_transformers_greedy_completions(sett
                          LoraSettings.of(LoraConfig(rank=8, alpha=16)))
     engine.push(model)
     before = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for step in range(3):
-        ids, mask, labels = sft_tensors(tokenizer, splits.sft[step * 16:(step + 1) * 16], fmt)
-        loss, count = token_nll_sum(model, ids, mask, labels)
-        (loss / count).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.eval()
+    _sft_steps(model, tokenizer, splits, fmt, lr=1e-2)
     engine.push(model)
     ours = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
     merged = load_causal_lm(save_pretrained(model, tokenizer, tmp_path / "merged"), cfg.model)

@@ -64,6 +64,21 @@ def base(tmp_path_factory):
                       extra_tokens=(cfg.rm.step_tag,))
 
 
+def _same_logs(folder: Path, name: str) -> dict:
+    """zero_resume.py's record of `name`: the second call loaded step 1's state, and both runs
+    logged the same rows to step 2 (wall-clock numbers aside)."""
+    rows = json.loads((folder / f"{name}.json").read_text())
+    assert rows["resumed_from"] == 1, name
+
+    def timeless(run):
+        return [{k: v for k, v in row.items()
+                 if not k.startswith("time/") and "per_s" not in k} for row in run]
+
+    assert timeless(rows["resumed"]) == timeless(rows["straight"]), name
+    assert rows["straight"][-1]["step"] == 2, name
+    return rows
+
+
 @pytest.mark.slow
 def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base, ranks):
     """SFT, reward-model, GRPO and PPO (with its critic) states saved after step 1 under ZeRO-0,
@@ -78,15 +93,7 @@ def test_every_stage_resumes_under_every_zero_stage(tmp_path_factory, base, rank
         tmp_path = root / precision
         for stage in (0, 1, 2, 3):
             name = f"{kind}-z{stage}"
-            rows = json.loads((tmp_path / f"{name}.json").read_text())
-            assert rows["resumed_from"] == 1, name  # the second call loaded step 1's state
-
-            def timeless(run):
-                return [{k: v for k, v in row.items()
-                         if not k.startswith("time/") and "per_s" not in k} for row in run]
-
-            assert timeless(rows["resumed"]) == timeless(rows["straight"]), name
-            assert rows["straight"][-1]["step"] == 2, name
+            _same_logs(tmp_path, name)
             exports = sorted(p.relative_to(tmp_path / f"{name}-straight") for p in
                              (tmp_path / f"{name}-straight").rglob("model.safetensors"))
             assert len(exports) == (2 if kind == "ppo" else 1), name
@@ -109,15 +116,7 @@ def test_grpo_with_an_online_reward_model_resumes_under_every_zero_stage(tmp_pat
     ranks.launch(2, "zero_resume", tmp_path, base, ",".join(kinds), "fp32",
                  log=tmp_path / "zero_resume.log", timeout=600)
     for name in (f"{kind}-z{stage}" for kind in kinds for stage in (0, 1, 2, 3)):
-        rows = json.loads((tmp_path / "fp32" / f"{name}.json").read_text())
-        assert rows["resumed_from"] == 1, name
-
-        def timeless(run):
-            return [{k: v for k, v in row.items()
-                     if not k.startswith("time/") and "per_s" not in k} for row in run]
-
-        assert timeless(rows["resumed"]) == timeless(rows["straight"]), name
-        assert rows["straight"][-1]["step"] == 2
+        rows = _same_logs(tmp_path / "fp32", name)
         assert sum("online_rm/loss" in row for row in rows["straight"]) == 2  # one a step
         for folder in ("final", "online-rm"):
             a = load_file(tmp_path / "fp32" / f"{name}-straight" / "grpo" / folder /
@@ -130,23 +129,15 @@ def test_grpo_with_an_online_reward_model_resumes_under_every_zero_stage(tmp_pat
 @pytest.mark.slow
 def test_lora_stages_resume_under_every_zero_stage(tmp_path, base, ranks):
     """GRPO, SFT and PPO of a LoRA policy (`model.lora`: the adapter trains, the base is frozen,
-    the reference is the base; PPO's critic trains whole) and a LoRA token-classification PRM (`rm.lora`, its head trained
-    whole), killed after step 1's state is saved under ZeRO-0, 1, 2 and 3 on 2 processes: step 2
-    then equals the uninterrupted run's bit for bit, every logged number but wall-clock ones
-    and the merged export."""
+    the reference is the base; PPO's critic trains whole) and a LoRA token-classification PRM
+    (`rm.lora`, its head trained whole), killed after step 1's state is saved under ZeRO-0, 1,
+    2 and 3 on 2 processes: step 2 then equals the uninterrupted run's bit for bit, every
+    logged number but wall-clock ones and the merged export."""
     kinds = ("grpo_lora", "sft_lora", "ppo_lora", "rm_lora")
     ranks.launch(2, "zero_resume", tmp_path, base, ",".join(kinds), "fp32",
                  log=tmp_path / "zero_resume.log", timeout=600)
     for name in (f"{kind}-z{stage}" for kind in kinds for stage in (0, 1, 2, 3)):
-        rows = json.loads((tmp_path / "fp32" / f"{name}.json").read_text())
-        assert rows["resumed_from"] == 1, name
-
-        def timeless(run):
-            return [{k: v for k, v in row.items()
-                     if not k.startswith("time/") and "per_s" not in k} for row in run]
-
-        assert timeless(rows["resumed"]) == timeless(rows["straight"]), name
-        assert rows["straight"][-1]["step"] == 2, name
+        _same_logs(tmp_path / "fp32", name)
         straight, resumed = (tmp_path / "fp32" / f"{name}-{mode}" for mode in ("straight",
                                                                                  "resumed"))
         exports = sorted(p.relative_to(straight) for p in straight.rglob("model.safetensors"))
