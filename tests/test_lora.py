@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from configs import load_config
 from configs.schema import LoraConfig
@@ -128,14 +129,16 @@ def test_an_adapted_export_loads_in_plain_transformers_in_a_clean_process(base, 
     ids, mask = _batch(base)
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask).logits
-    torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
-    code = ("import sys, torch; from transformers import AutoModelForCausalLM;"
-            "b = torch.load(sys.argv[2]); m = AutoModelForCausalLM.from_pretrained(sys.argv[1]);"
-            "torch.save(m(input_ids=b['ids'], attention_mask=b['mask']).logits.detach(),"
-            " sys.argv[3])")
-    subprocess.run([sys.executable, "-c", code, str(out), str(tmp_path / "batch.pt"),
-                    str(tmp_path / "logits.pt")], check=True, cwd=ROOT, env=ENV, timeout=300)
-    got = torch.load(tmp_path / "logits.pt")
+    save_file({"ids": ids, "mask": mask}, tmp_path / "batch.safetensors")
+    code = ("import sys; from safetensors.torch import load_file, save_file;"
+            "from transformers import AutoModelForCausalLM;"
+            "b = load_file(sys.argv[2]); m = AutoModelForCausalLM.from_pretrained(sys.argv[1]);"
+            "save_file({'logits': m(input_ids=b['ids'], attention_mask=b['mask'])"
+            ".logits.detach().contiguous()}, sys.argv[3])")
+    subprocess.run([sys.executable, "-c", code, str(out), str(tmp_path / "batch.safetensors"),
+                    str(tmp_path / "logits.safetensors")], check=True, cwd=ROOT, env=ENV,
+                   timeout=300)
+    got = load_file(tmp_path / "logits.safetensors")["logits"]
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert (got - load_causal_lm(base)(input_ids=ids, attention_mask=mask).logits).abs().max() \
         > 1e-3  # (the adapter is in it)

@@ -39,6 +39,14 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _held_out_prompts(cfg):
+    """(tokenizer, prompt format, splits, the prompts of 32 held-out questions) of `cfg`."""
+    tokenizer = load_tokenizer(cfg.model.policy_path, cfg.model)
+    fmt = prompt_format(cfg.data)
+    splits = load_splits(cfg.data, 0)
+    return tokenizer, fmt, splits, fmt.prompts(tokenizer, splits.eval[:32])
+
+
 def _sft_steps(model, tokenizer, splits, fmt, lr: float) -> None:
     """k = 3 AdamW steps of SFT on `model`'s trainable weights (16 worked solutions each);
     the model is left in eval mode."""
@@ -63,10 +71,7 @@ def test_pushed_weights_give_transformers_greedy_completions(setting, tmp_path):
 
     cfg, engine = setting
     path = cfg.model.policy_path
-    tokenizer = load_tokenizer(path, cfg.model)
-    fmt = prompt_format(cfg.data)
-    splits = load_splits(cfg.data, 0)
-    prompts = fmt.prompts(tokenizer, splits.eval[:32])
+    tokenizer, fmt, splits, prompts = _held_out_prompts(cfg)
     model = load_causal_lm(path, cfg.model, train=True)
     engine.push(model)
     before = generate_groups(engine, tokenizer, prompts, 1, max_new_tokens=112, greedy=True)
@@ -97,10 +102,7 @@ def test_a_lora_policys_pushed_weights_give_transformers_greedy_completions(sett
 
     cfg, engine = setting
     path = cfg.model.policy_path
-    tokenizer = load_tokenizer(path, cfg.model)
-    fmt = prompt_format(cfg.data)
-    splits = load_splits(cfg.data, 0)
-    prompts = fmt.prompts(tokenizer, splits.eval[:32])
+    tokenizer, fmt, splits, prompts = _held_out_prompts(cfg)
     model = with_adapter(load_causal_lm(path, cfg.model, train=True),
                          LoraSettings.of(LoraConfig(rank=8, alpha=16)))
     engine.push(model)

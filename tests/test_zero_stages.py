@@ -224,6 +224,17 @@ def test_iterate_on_two_processes_equals_one(iterate_runs, stage):
     assert any(not torch.equal(changed[k], started[k]) for k in changed)  # GRPO moved the policy
 
 
+def _same_run(killed: Path, straight: Path) -> None:
+    """A killed and resumed run's summary and every export equal the uninterrupted run's bit
+    for bit."""
+    assert json.loads((killed / "summary.json").read_text()) == \
+        json.loads((straight / "summary.json").read_text())
+    assert _weights(killed) == _weights(straight)
+    for rel in _weights(straight):
+        a, b = load_file(straight / rel), load_file(killed / rel)
+        assert all(torch.equal(a[k], b[k]) for k in a), rel
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_iterate_killed_anywhere_resumes_to_the_uninterrupted_result(tmp_path, iterate_runs,
@@ -245,13 +256,7 @@ def test_iterate_killed_anywhere_resumes_to_the_uninterrupted_result(tmp_path, i
     assert len(report.kills) >= 5
     hit = {k["unit"] for k in report.kills}
     assert hit & {"label/1"} and hit & {"rm-orm/1", "rm-prm/1"}, hit
-    killed = tmp_path / "tiny"
-    assert json.loads((killed / "summary.json").read_text()) == \
-        json.loads((straight / "summary.json").read_text())
-    assert _weights(killed) == _weights(straight)
-    for rel in _weights(straight):
-        a, b = load_file(straight / rel), load_file(killed / rel)
-        assert all(torch.equal(a[k], b[k]) for k in a), rel
+    _same_run(tmp_path / "tiny", straight)
 
 
 @pytest.mark.slow
@@ -279,13 +284,7 @@ def test_a_lora_iterate_killed_in_its_grpo_stages_resumes_to_the_uninterrupted_r
         zygote.close()
     assert report.exit_code == 0, (tmp_path / "killed.log").read_text()[-3000:]
     assert {k["unit"] for k in report.kills} == {"grpo/1", "grpo/2"}
-    killed = killed_root / "tiny"
-    assert json.loads((killed / "summary.json").read_text()) == \
-        json.loads((straight / "summary.json").read_text())
-    assert _weights(killed) == _weights(straight)
-    for rel in _weights(straight):
-        a, b = load_file(straight / rel), load_file(killed / rel)
-        assert all(torch.equal(a[k], b[k]) for k in a), rel
+    _same_run(killed_root / "tiny", straight)
     first, second = (load_file(straight / f"grpo/iteration-{i}/final/model.safetensors")
                      for i in (1, 2))
     assert first.keys() == second.keys()  # plain checkpoints, merged
