@@ -22,7 +22,8 @@ The phases, in the order a GRPO iteration (`igrpo iterate`) runs them. The GRPO 
 policy's states, the reference and the reward model it is rewarded by throughout ("held"):
 
     start-up        held + a whole bf16 copy (ZeRO-3: each model is loaded whole, then partitioned)
-    push            held + the gathered policy (ZeRO-3) + vLLM's weights (its KV cache asleep)
+    push            held + one gathered module (ZeRO-3: the push walks the policy module by
+                    module) + vLLM's weights (its KV cache asleep)
     rollout         held + vLLM's pool (weights + KV cache), or the decoding loop's KV cache
     scoring         held + the reward model's forward (vLLM asleep); an online reward model
                     (`rm.online`) is held as training states and gathered whole to score
@@ -91,6 +92,11 @@ class Architecture:
     def largest_layer_params(self) -> int:
         """The largest single module (what ZeRO-3 gathers at once): the embedding here."""
         return max(self.vocab * self.hidden, self.hidden * self.intermediate)
+
+    def push_module_params(self, lora: bool) -> int:
+        """The most values a push holds gathered at once: the largest module, or an adapted
+        linear layer's weight beside its merged copy (W and W + B A), whichever is larger."""
+        return max(self.largest_layer_params, 2 * self.hidden * self.intermediate * lora)
 
 
 KNOWN = {
@@ -212,10 +218,14 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
                           cfg.rm.online and cfg.rm.family == "implicit", cfg.rm.ensemble,
                           cfg.model.lora),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
-                    "before ZeRO-3 partitions it, the gathered policy, vLLM's copy")]
+                    "before ZeRO-3 partitions it, the policy gathered to generate (hf), vLLM's copy")]
     if cfg.rollout.backend != "vllm":
         rows.append(PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
                             f"{rollout_seqs:g} sequences x {tokens} tokens"))
+    elif ds.zero_stage == 3:  # the push gathers a module at a time (runtime.lora.iter_weights)
+        rows.append(PlanRow("push: one gathered module", value_bytes * arch.push_module_params(
+            bool(cfg.model.lora.rank)), "ZeRO-3: the largest module gathered for vLLM at a "
+            "time (a LoRA layer with its merged copy)"))
     recompute = cfg.model.gradient_checkpointing
     rows += [_scoring_row(cfg.rm, arch, value_bytes),
              *_update_rows(ds, recompute, arch, tokens, value_bytes),
@@ -383,7 +393,9 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
         pool = (("vLLM pool", pool_bytes(numbers, gpu_gb)),)
         rollout, label, sampling = pool, pool, (*pool, *both_rms)
         awake = () if v["sleeps"] else pool  # without sleep the pool stays in every phase
-        push = Phase("push", (*held, *gathered, ("vLLM weights", v["weights"]), *awake))
+        module = t.get("push: one gathered module")
+        push = Phase("push", (*held, *((("one gathered module", module),) if module else ()),
+                              ("vLLM weights", v["weights"]), *awake))
     out = [Phase("start-up", (*held, *((("whole model, before partitioning", whole),)
                                        if numbers["zero3"] else ())))]
     out += [push] if push is not None else []

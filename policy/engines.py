@@ -16,7 +16,8 @@ from policy.math.losses import truncated_importance_weights
 from policy.stage import PolicyStage, VLLMSettings
 from runtime.batching import plan_grpo_batch
 from runtime.dist import world
-from runtime.engine import build_engine, build_inference_engine, gathered_for_generation
+from runtime.engine import (build_engine, build_inference_engine, gathered_for_generation,
+                            module_gather)
 from runtime.lora import AdapterOff, LoraSettings, is_adapted, with_adapter
 from runtime.memory import memory_phase
 from runtime.models import load_causal_lm, load_tokenizer
@@ -127,8 +128,9 @@ class Sampler:
     def generating(self):
         """The model to generate with, inside the block (every rank enters it together): the
         training module with its weights gathered for the whole generation (hf), or the vLLM
-        engine. A push, where due, runs with vLLM's KV pool freed (it sleeps first): under the
-        gather the full policy sits beside vLLM's weights only, and the gather is released
+        engine. A push, where due, runs with vLLM's KV pool freed (it sleeps first) and walks
+        the policy module by module: under ZeRO-3 one module is gathered at a time beside
+        vLLM's weights (`module_gather`), never the whole policy, and the last is released
         before the KV cache wakes to generate."""
         if self.vllm is None:
             with gathered_for_generation(self.engine) as module:
@@ -136,8 +138,9 @@ class Sampler:
             return
         if self.push_due():
             self.vllm.sleep()
-            with memory_phase("push"), gathered_for_generation(self.engine) as module:
-                self.vllm.sync(module, self.trainer.step)
+            with memory_phase("push"):
+                self.vllm.sync(self.engine.module, self.trainer.step,
+                               gather=module_gather(self.engine))
         yield self.vllm
 
     def rest(self) -> None:

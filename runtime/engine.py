@@ -97,6 +97,18 @@ def build_inference_engine(model, ds):
     return engine
 
 
+def module_gather(engine):
+    """`gather(params)`: a context in which one module's `params` are whole (every rank enters
+    it together): DeepSpeed's `GatheredParameters` under ZeRO-3, nothing below it (the weights
+    are whole already). What a weight stream that walks the model module by module
+    (`runtime.lora.iter_weights`) gathers with, so a vLLM push never holds the whole policy."""
+    if engine.zero_optimization_stage() != 3:
+        return lambda params: contextlib.nullcontext()
+    import deepspeed
+
+    return lambda params: deepspeed.zero.GatheredParameters(params)
+
+
 def gathered_for_generation(engine):
     """Context in which `engine.module` holds its full weights and runs as a plain module: under
     ZeRO-3 the partitions are gathered once for the whole rollout (instead of once per generated

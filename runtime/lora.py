@@ -6,7 +6,8 @@ parameters are the adapter's (and the `modules_to_save` a reward model's head ne
 base is still there, so the reference policy of a stage that starts from the loaded model is that
 same module with the adapter off (`AdapterOff`), not a second copy. `iter_weights` gives the
 weights `merge_and_unload` would give, under the base model's own names, one tensor at a time
-(a vLLM push streams them: no second copy of the model exists at once), each computed beside
+(a vLLM push streams them: no second copy of the model exists at once, and under ZeRO-3 one
+module is gathered at a time), each computed beside
 the module (W + B A * scale, peft's own `get_delta_weight`) rather than merged into it and
 unmerged again: the frozen base never moves, so a push every step leaves it bitwise what was
 loaded.
@@ -99,35 +100,61 @@ def merged_weights(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def iter_weights(model):
-    """The model's weights as a plain transformers checkpoint names them, (name, tensor) one at a
-    time: a peft model's base weights with every LoRA layer's W + B A * scale in place of W
-    (what `merge_and_unload` gives), made only when its turn comes (a push streams them, so no
-    second copy of the model exists at once), a trained head (`modules_to_save`) under its own
-    name, and none of the adapter's tensors; any other model's `state_dict()` items. The module
-    is not changed. Under ZeRO-3 call it where the weights are gathered."""
+def iter_weights(model, gather=None):
+    """The model's weights as a plain transformers checkpoint names them (its `state_dict()`
+    order), (name, tensor) one at a time: a peft model's base weights with every LoRA layer's
+    W + B A * scale in place of W (what `merge_and_unload` gives), made only when its turn comes
+    (a push streams them, so no second copy of the model exists at once), a trained head
+    (`modules_to_save`) under its own name, and none of the adapter's tensors. The module is not
+    changed.
+
+    `gather(params)` (a context manager; `runtime.engine.module_gather`) makes one module's
+    parameters whole while its tensors are taken: a LoRA layer's with its adapter, any other
+    module's own. Under ZeRO-3 it gathers them, so at most one module is whole at a time, and
+    every rank must draw the stream to its end together. Without it (or below ZeRO-3) call this
+    where the weights are whole. A tensor is valid until the next one is drawn: a consumer
+    copies it (vLLM's weight loaders do)."""
     from peft.tuners.lora import LoraLayer
 
     module = getattr(model, "module", model)
-    if not is_adapted(module):
-        yield from module.state_dict().items()
-        return
-    base = module.get_base_model()
-    layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    seen: set[str] = set()
-    for key, tensor in base.state_dict().items():
-        if ".lora_" in key or ".original_module." in key:
+    base = module.get_base_model() if is_adapted(module) else module
+    gather = gather or _whole
+    kept = set(base.state_dict())  # the names a checkpoint has (no non-persistent buffers)
+    inside, seen = None, set()
+    for prefix, sub in base.named_modules():
+        if inside is not None and prefix.startswith(inside):
+            continue  # a LoRA layer's submodules, taken with it
+        lora = isinstance(sub, LoraLayer)
+        inside = f"{prefix}." if lora else inside
+        owned = list(sub.named_parameters()) if lora else [
+            *sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]
+        items = []
+        for name, tensor in owned:
+            full = f"{prefix}.{name}" if prefix else name
+            key = _checkpoint_name(full)
+            if full in kept and key is not None and key not in seen:  # (a tied weight once)
+                seen.add(key)
+                items.append((key, tensor))
+        if not items:
             continue
-        if ".modules_to_save." in key:  # a reward model's trained head: the trained copy
-            key = key.replace(".modules_to_save.default", "")
-        else:
-            key = key.replace(".base_layer.", ".")
-            owner = key.removesuffix(".weight")
-            if key.endswith(".weight") and owner in layers:
-                tensor = _merged(layers[owner], tensor)
-        if key not in seen:  # (a tied weight once)
-            seen.add(key)
-            yield key, tensor
+        with gather([t for _, t in owned if isinstance(t, torch.nn.Parameter)]):
+            for key, tensor in items:
+                yield key, _merged(sub, tensor) if lora and key == f"{prefix}.weight" else tensor
+
+
+def _checkpoint_name(key: str) -> str | None:
+    """A peft state-dict key under the plain model's name, or None for the adapter's own
+    tensors and a trained head's frozen original."""
+    if ".lora_" in key or ".original_module." in key:
+        return None
+    if ".modules_to_save." in key:  # a reward model's trained head: the trained copy
+        return key.replace(".modules_to_save.default", "")
+    return key.replace(".base_layer.", ".")
+
+
+@contextmanager
+def _whole(params):
+    yield
 
 
 def _merged(layer, weight: torch.Tensor) -> torch.Tensor:

@@ -213,6 +213,25 @@ def test_lora_grpo_step_two_processes_equal_one(tmp_path, ranks, base):
         assert moved == key.endswith("proj.weight"), key
 
 
+def test_a_zero3_push_streams_the_merged_weights_gathering_one_module_at_a_time(tmp_path, ranks):
+    """What a vLLM push draws from a ZeRO-3 policy on 2 processes (`iter_weights` through
+    `module_gather`), whole and under LoRA: every rank gets the merged weights one process
+    computes from the whole model, bit for bit and in the checkpoint's order, while no more
+    than the largest module (a LoRA layer with its adapter) is gathered beyond what ZeRO-3
+    keeps whole anyway; gathering the policy whole first, as a push did before, makes all of
+    the partitioned values whole at once."""
+    _launch(ranks, 2, "push", tmp_path)
+    by_rank = json.loads((tmp_path / "push.json").read_text())
+    for got in by_rank:
+        for kind in ("full", "lora"):
+            stream = got[kind]
+            assert stream["partitioned"], kind  # (the check below would be vacuous)
+            assert stream["keys"] == stream["reference_keys"] and stream["differ"] == [], kind
+            assert 0 < stream["most_whole"] <= stream["largest_module"], kind
+            assert stream["largest_module"] < stream["total"] / 10, kind
+    assert by_rank[0] == by_rank[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("credit", ["min", "anchored", "anchored-gold-budget", "prime-ensemble"])
 def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit):

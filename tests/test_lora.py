@@ -6,6 +6,7 @@ import copy
 import inspect
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -96,11 +97,41 @@ def test_merged_weights_are_peft_merge_and_leave_the_model_untouched(base, targe
     stream = iter_weights(model)
     assert inspect.isgenerator(stream)
     streamed = dict(stream)
-    assert streamed.keys() == merged.keys()
+    assert list(streamed) == list(reference)  # the checkpoint's order
     assert all(torch.equal(streamed[k], merged[k]) for k in merged)
     # A plain model's weights are its state dict.
     plain = load_causal_lm(base)
     assert merged_weights(plain).keys() == plain.state_dict().keys()
+
+
+def test_the_stream_gathers_one_module_at_a_time_and_draws_each_tensor_inside_it(base):
+    """`iter_weights(model, gather)` (a push from a ZeRO-3 policy): each module is gathered
+    alone (a LoRA layer with its base weight and its A and B, any other module its own
+    parameters), each tensor is drawn while its module is gathered, every parameter is
+    gathered, and the stream is the merged weights."""
+    model = _adapted(base)
+    names = {id(p): n for n, p in model.named_parameters()}
+    open_, gathers, drawn = [], [], {}
+
+    @contextmanager
+    def gather(params):
+        assert not open_, "two modules gathered at once"
+        open_.append([names[id(p)] for p in params])
+        gathers.append(open_[-1])
+        yield
+        open_.pop()
+
+    for key, tensor in iter_weights(model, gather):
+        assert open_, f"{key} drawn outside a gather"
+        drawn[key] = (tensor, open_[-1])
+    assert {n for g in gathers for n in g} == set(names.values())
+    q = "base_model.model.model.layers.0.self_attn.q_proj."
+    assert sorted(drawn["model.layers.0.self_attn.q_proj.weight"][1]) == [
+        f"{q}base_layer.weight", f"{q}lora_A.default.weight", f"{q}lora_B.default.weight"]
+    assert drawn["model.norm.weight"][1] == ["base_model.model.model.norm.weight"]
+    merged = merged_weights(model)
+    assert list(drawn) == list(merged)
+    assert all(torch.equal(drawn[k][0], merged[k]) for k in merged)
 
 
 def test_the_reference_under_lora_is_the_base_with_the_adapter_off(base):

@@ -1,8 +1,9 @@
 """The order of vLLM's sleep and wake against the training side's memory users, driven through a
 GRPO stage and an `igrpo iterate` on a recording stand-in for vLLM (tests/helpers/recording_vllm.py,
-its sleep mode on as on a GPU): vLLM's KV pool is never mapped while the ZeRO-3 policy is
-gathered, while a reward model scores or trains, while the policy updates or while it is
-exported; a push wakes only vLLM's weights, and the KV cache wakes after the gather is released.
+its sleep mode on as on a GPU): vLLM's KV pool is never mapped while a module of the ZeRO-3
+policy is gathered, while a reward model scores or trains, while the policy updates or while it
+is exported; a push wakes only vLLM's weights and gathers the policy a module at a time (never
+whole), and the KV cache wakes after the last module is released.
 (On a GPU each of those beside the pool was an out-of-memory risk the memory plan did not count:
 docs/rollout.md, "Sleep and wake".)"""
 
@@ -12,8 +13,8 @@ import recording_vllm
 from recording_vllm import EVENTS, recorded, recording
 
 VLLM = ["rollout.backend=vllm", "run.wandb_mode=disabled", "inspect.every=0"]
-NEVER_BESIDE_THE_POOL = {"gather", "score", "update", "rm-train", "rm-score", "rm-online",
-                         "export"}
+NEVER_BESIDE_THE_POOL = {"gather", "module", "score", "update", "rm-train", "rm-score",
+                         "rm-online", "export"}
 
 
 @pytest.fixture
@@ -33,6 +34,13 @@ def recorder(monkeypatch):
     gather = policy.engines.gathered_for_generation
     monkeypatch.setattr(policy.engines, "gathered_for_generation",
                         lambda engine: recorded("gather", gather(engine)))
+    module_gather = policy.engines.module_gather  # a push's: one module at a time
+
+    def recorded_modules(engine):
+        inner = module_gather(engine)
+        return lambda params: recorded("module", inner(params))
+
+    monkeypatch.setattr(policy.engines, "module_gather", recorded_modules)
     monkeypatch.setattr(policy.sampling, "score_step", recording("score", policy.sampling.score_step))
     monkeypatch.setattr(policy.algorithms.grpo, "update_step",
                         recording("update", policy.algorithms.grpo.update_step))
@@ -53,7 +61,18 @@ def _beside_the_pool(events) -> list[str]:
 
 
 def _names(events) -> list[str]:
-    return [name for name, _, _ in events]
+    """The events' names, each push's run of module gathers (gathered, then released, one at a
+    time) as one "modules"."""
+    names = [name for name, _, _ in events]
+    out = []
+    for i, name in enumerate(names):
+        if name == "module":
+            assert names[i + 1] == "module-end", "two modules gathered at once"
+            if not out or out[-1] != "modules":
+                out.append("modules")
+        elif name != "module-end":
+            out.append(name)
+    return out
 
 
 @pytest.mark.parametrize("lora", [[], ["model.lora.rank=4", "model.lora.alpha=8"]],
@@ -61,10 +80,10 @@ def _names(events) -> list[str]:
 def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path, lora):
     """`igrpo grpo` alone (the engine made awake by the stage): before the first optimizer step
     the engine holds the starting checkpoint, so nothing is gathered or pushed; after it, each
-    rollout is sleep (the pool freed), gather, weights woken, push, gather released, KV woken,
-    generate; vLLM sleeps again before the scoring, and stays asleep through the update. Only
-    the rollouts ask vLLM for log-probs. A LoRA policy's push (its merged weights) keeps the
-    same order."""
+    rollout is sleep (the pool freed), weights woken, the push (the policy's modules gathered
+    one at a time as vLLM takes their weights, the last released), KV woken, generate; vLLM
+    sleeps again before the scoring, and stays asleep through the update. Only the rollouts ask
+    vLLM for log-probs. A LoRA policy's push (its merged weights) keeps the same order."""
     import igrpo
 
     assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
@@ -80,10 +99,11 @@ def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path,
     # from; no gather, no push before the first update
     assert names[:first_update] == ["create", "generate", "generate", "sleep", "score", "update"][
         :first_update]
-    assert "reload" not in names[:first_update] and "gather" not in names[:first_update]
+    assert "reload" not in names[:first_update] and "modules" not in names[:first_update]
     second = names[first_update + 1:names.index("update", first_update + 1) + 1]
-    assert second == ["gather", "wake:weights", "reload", "gather-end", "wake:kv_cache",
-                      "generate", "sleep", "score", "update"]
+    assert second == ["wake:weights", "modules", "reload", "wake:kv_cache", "generate", "sleep",
+                      "score", "update"]
+    assert "gather" not in names  # the whole policy is never gathered for vLLM
     # the final sampled evaluation pushes the last step's weights; vLLM sleeps before the export
     assert names[-2:] == ["sleep", "export"]
     # vLLM computes log-probs for the rollouts only (the drift check), not for evaluation
@@ -103,15 +123,13 @@ def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(record
     assert _beside_the_pool(recorder) == []
     names = _names(recorder)
     assert names.count("rm-train") == 4 and names.count("update") == 4
-    spans = [i for i, name in enumerate(names) if name == "gather"]
-    assert spans  # GRPO pushed its weights after optimizer steps
-    for start in spans:  # inside a gather: vLLM's weights woken and the push, nothing else
-        end = names.index("gather-end", start)
-        assert set(names[start + 1:end]) <= {"sleep", "wake:weights", "reload"}
-        assert "reload" in names[start + 1:end]
-    # checkpoints loaded outside a gather (labelling, evaluation; after a sleep, from disk)
-    inside = {j for start in spans for j in range(start, names.index("gather-end", start))}
-    assert any(name == "reload" and j not in inside for j, name in enumerate(names))
+    pushes = [i for i, name in enumerate(names) if name == "modules"]
+    assert len(pushes) >= 2  # GRPO pushed its weights after optimizer steps
+    for i in pushes:  # vLLM's weights woken, the modules gathered as it takes them, nothing else
+        assert names[i - 1] == "wake:weights" and names[i + 1] == "reload"
+    assert "gather" not in names  # the whole policy is never gathered for vLLM
+    # checkpoints loaded from disk too (labelling, evaluation; after a sleep)
+    assert any(name == "reload" and names[j - 1] != "modules" for j, name in enumerate(names))
 
 
 @pytest.mark.parametrize("family, order", [("tag_lm", "after"), ("implicit", "after"),

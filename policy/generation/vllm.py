@@ -143,19 +143,21 @@ class VLLMEngine:
         self.version = ("checkpoint", str(model_path))
         self._source = None  # (path, config, trust_remote_code) of a loaded checkpoint
 
-    def sync(self, model, version) -> "VLLMEngine":
+    def sync(self, model, version, gather=None) -> "VLLMEngine":
         """Push `model`'s weights unless the engine already holds `version` of them."""
         if version != self.version:
-            self.push(model)
+            self.push(model, gather)
             self.version = version
         return self
 
-    def push(self, model) -> None:
+    def push(self, model, gather=None) -> None:
         """Load the training model's current weights into the engine (in memory); the seconds
-        it took are added to `push_seconds`."""
+        it took are added to `push_seconds`. `gather` (`runtime.engine.module_gather`) makes
+        each module whole in turn (ZeRO-3); without it the weights must be whole already."""
         started = time.perf_counter()
-        # one tensor at a time: a LoRA policy's merged weights are made as vLLM takes them
-        self._reload((name, tensor.detach()) for name, tensor in iter_weights(model))
+        # one tensor at a time, one module gathered at a time: a LoRA policy's merged weights
+        # are made as vLLM takes them, and vLLM's loaders copy each before the next is drawn
+        self._reload((name, tensor.detach()) for name, tensor in iter_weights(model, gather))
         self.version = None
         self.push_seconds += time.perf_counter() - started
 

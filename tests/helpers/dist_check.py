@@ -8,6 +8,7 @@ tests/test_distributed.py compares 1 process against 2 (ZeRO-2 and ZeRO-3) on th
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py metrics OUT
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py shards OUT
     torchrun --nproc_per_node 2 tests/helpers/dist_check.py vllm OUT      (in the vLLM venv)
+    torchrun --nproc_per_node 2 tests/helpers/dist_check.py push OUT
 
 Rollouts are greedy (policy.temperature=0), so they do not depend on how questions are spread over
 ranks; the process reward cuts every completion into 3-token steps and scores each step from its
@@ -261,6 +262,59 @@ def vllm_ranks() -> dict:
             "transformers_greedy": gather_objects(local)}
 
 
+def zero3_push_stream() -> dict:
+    """The weight stream a vLLM push draws from a ZeRO-3 engine (`iter_weights` gathering a
+    module at a time through `module_gather`) over this process's world, for the shipped warm
+    start whole and under a LoRA adapter whose B is random (seeded alike on every rank): its
+    keys, those whose tensor differs from the whole model's merged weights in this process
+    before partitioning, the most parameter values made whole at once beyond what ZeRO-3 keeps
+    whole anyway (its small persistent parameters), the model's largest module (a LoRA layer
+    with its adapter), and all of its values."""
+    from peft.tuners.lora import LoraLayer
+
+    from configs import load_config
+    from configs.loader import BUNDLED
+    from configs.schema import LoraConfig
+    from iteration.resolve import resolve
+    from runtime.engine import build_engine, module_gather
+    from runtime.lora import LoraSettings, iter_weights, merged_weights, with_adapter
+    from runtime.models import load_causal_lm
+
+    ds = resolve(load_config("configs/tiny.yaml", ["deepspeed.zero_stage=3"])).stage.deepspeed
+    result = {}
+    for kind in ("full", "lora"):
+        model = load_causal_lm(BUNDLED / "tiny_warm_start", train=True)
+        if kind == "lora":
+            torch.manual_seed(0)  # A's initialisation, alike on every rank (as a stage seeds)
+            model = with_adapter(model, LoraSettings.of(LoraConfig(rank=4, alpha=8.0)))
+            generator = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if "lora_B" in name:
+                        param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+        reference = {k: v.clone() for k, v in merged_weights(model).items()}
+        largest = max(sum(p.numel() for p in m.parameters(recurse=isinstance(m, LoraLayer)))
+                      for m in model.modules())
+        engine = build_engine(model, ds, lr=1e-3, micro_batch_size=1, grad_accum=1)
+        params = list(engine.module.parameters())
+
+        def whole() -> int:  # a partitioned ZeRO-3 parameter holds no values (numel 0)
+            return sum(p.numel() for p in params)
+
+        kept, keys, differ, most = whole(), [], [], 0
+        for key, tensor in iter_weights(engine.module, module_gather(engine)):
+            most = max(most, whole() - kept)
+            keys.append(key)
+            if not torch.equal(tensor, reference[key]):
+                differ.append(key)
+        result[kind] = {"keys": keys, "reference_keys": list(reference), "differ": differ,
+                        "most_whole": most, "largest_module": largest,
+                        "total": sum(int(getattr(p, "ds_numel", p.numel())) for p in params),
+                        "partitioned": kept < sum(int(p.ds_numel) for p in params)}
+        del engine
+    return result
+
+
 def perturb_gradients(ulps: float) -> None:
     """Before every optimizer step, add to each gradient tensor noise of `ulps` float32 units in
     the last place of its RMS (seeded by the rank): what another reduction order (more ranks,
@@ -285,7 +339,7 @@ def perturb_gradients(ulps: float) -> None:
 def main() -> None:
     kind, out = sys.argv[1], Path(sys.argv[2])
     from configs import load_config
-    from runtime.dist import init_distributed, is_main, world
+    from runtime.dist import gather_objects, init_distributed, is_main, world
     from runtime.tracking import MetricsLogger
 
     torch.set_num_threads(1)
@@ -305,6 +359,12 @@ def main() -> None:
         result = vllm_ranks()
         if is_main():
             (out / "vllm.json").write_text(json.dumps(result))
+        return
+    if kind == "push":
+        out.mkdir(parents=True, exist_ok=True)
+        result = gather_objects(zero3_push_stream())
+        if is_main():
+            (out / "push.json").write_text(json.dumps(result))
         return
     if kind == "shards":
         out.mkdir(parents=True, exist_ok=True)
