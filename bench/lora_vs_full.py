@@ -46,8 +46,9 @@ logger = MetricsLogger(work / "m.jsonl", config={}, mode="disabled", project="",
 resolve(cfg).policy_trainer(0, start)(work, start, RuleReward(), splits.rl, splits.eval[:2],
                                       logger, "", out_name="grpo", evaluate_ends=False)
 rows = [r for r in read_metrics(work / "m.jsonl") if "train/loss" in r][1:]
-out = {k: statistics.median(r[k] for r in rows)
-       for k in ("train/tokens_per_s", "time/update", "time/step")}
+out = {k: statistics.median(r[k] for r in rows) for k in json.loads(sys.argv[5])}
+if "rollout/logprob_diff" in rows[0]:
+    out["logprob_diff_max"] = max(r["rollout/logprob_diff"] for r in rows)
 out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 print("RESULT " + json.dumps(out))
 """
@@ -63,6 +64,27 @@ def wide_model(folder: Path) -> Path:
                                            intermediate_size=2816, max_positions=256), 0,
                    extra_tokens=("ки",))
     return folder
+
+
+def alternate(arms: dict[str, list[str]], common: list[str], start: Path, rounds: int,
+              work: Path, keys: list[str]) -> dict[str, dict]:
+    """Each arm's GRPO stage (`common` + its overrides) in a process of its own, the arms
+    alternating for `rounds` rounds; per arm the medians over its runs of each run's medians
+    of `keys` over the steps after the first (and its peak RSS)."""
+    results: dict[str, list[dict]] = {name: [] for name in arms}
+    for round_ in range(rounds):
+        for name, extra in arms.items():
+            folder = work / f"{name}-{round_}"
+            done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(folder),
+                                   str(start), json.dumps([*common, *extra]), json.dumps(keys)],
+                                  capture_output=True, text=True, cwd=ROOT)
+            if done.returncode:
+                sys.exit(done.stderr[-3000:])
+            line = [li for li in done.stdout.splitlines() if li.startswith("RESULT ")][-1]
+            results[name].append(json.loads(line.removeprefix("RESULT ")))
+            print(name, round_, results[name][-1], flush=True)
+    return {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            for name, runs in results.items()}
 
 
 def main() -> None:
@@ -84,20 +106,8 @@ def main() -> None:
     arms = {"full": ["policy.lr=5e-5"],
             "lora": [f"model.lora.rank={args.rank}", f"model.lora.alpha={2 * args.rank}",
                      "policy.lr=5e-4"]}
-    results: dict[str, list[dict]] = {name: [] for name in arms}
-    for round_ in range(args.rounds):
-        for name, extra in arms.items():
-            folder = work / f"{name}-{round_}"
-            done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(folder),
-                                   str(start), json.dumps([*common, *extra])],
-                                  capture_output=True, text=True, cwd=ROOT)
-            if done.returncode:
-                sys.exit(done.stderr[-3000:])
-            line = [li for li in done.stdout.splitlines() if li.startswith("RESULT ")][-1]
-            results[name].append(json.loads(line.removeprefix("RESULT ")))
-            print(name, round_, results[name][-1], flush=True)
-    summary = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-               for name, runs in results.items()}
+    summary = alternate(arms, common, start, args.rounds, work,
+                        ["train/tokens_per_s", "time/update", "time/step"])
     full, lora = summary["full"], summary["lora"]
     print(f"\nmodel {args.model}, rank {args.rank}, {args.rounds} rounds of {args.steps} steps; "
           "medians (LoRA / full):")

@@ -11,7 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from configs.schema import Config
+from configs.schema import VLLM_LORA_RANKS, Config
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -39,6 +39,7 @@ CHOICES = {
     "rm.ensemble_aggregate": ("mean", "worst", "uncertainty"),
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
+    "rollout.lora_push": ("merged", "adapter"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
     "iterate.refresh_from": ("previous", "base"),
     "watch.guard": ("off", "warn", "stop", "refresh"),
@@ -284,7 +285,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_reward_family(cfg.rm, where)
     _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
     _check_ensemble(cfg.rm, where)
-    _check_adapters(cfg.model.lora, cfg.rm, cfg.policy, where)
+    _check_adapters(cfg.model.lora, cfg.rm, cfg.policy, cfg.rollout, where)
     if cfg.model.dtype == "bfloat16" and not cfg.deepspeed.bf16:
         raise ConfigError(f"{where}: model.dtype=bfloat16 with deepspeed.bf16=false: AdamW would "
                           "step the bf16 weights themselves, and updates below bf16's resolution "
@@ -436,12 +437,13 @@ def _check_ensemble(rm, where: str) -> None:
                           "other")
 
 
-def _check_adapters(policy_lora, rm, p, where: str) -> None:
-    """`model.lora`, `rm.lora` and `policy.tis_cap`."""
+def _check_adapters(policy_lora, rm, p, rollout, where: str) -> None:
+    """`model.lora`, `rm.lora`, `policy.tis_cap` and `rollout.lora_push`."""
     _check_lora(policy_lora, "model.lora", where)
     _check_lora(rm.lora, "rm.lora", where)
     _check_rm_lora(rm, where)
     _check_tis(p, where)
+    _check_lora_push(rollout, policy_lora, where)
 
 
 def _check_lora(lora, key: str, where: str) -> None:
@@ -471,6 +473,19 @@ def _check_rm_lora(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.lora with rm.extra_layers_from: the added layers start "
                           "at a zero output and LoRA would freeze them there; use one or the "
                           "other")
+
+
+def _check_lora_push(rollout, lora, where: str) -> None:
+    """`rollout.lora_push=adapter`: a LoRA policy sampled by vLLM, of a rank vLLM serves."""
+    if rollout.lora_push != "adapter":
+        return
+    if not lora.rank or rollout.backend != "vllm":
+        raise ConfigError(f"{where}: rollout.lora_push=adapter hands vLLM the policy's LoRA "
+                          f"adapter; it needs model.lora.rank > 0 (got {lora.rank}) and "
+                          f"rollout.backend=vllm (got {rollout.backend})")
+    if lora.rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"{where}: model.lora.rank = {lora.rank} with rollout.lora_push="
+                          f"adapter; vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}")
 
 
 def _check_tis(p, where: str) -> None:

@@ -639,6 +639,11 @@ class IterateConfig:
     `rm.epochs`)."""
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM's `max_lora_rank` values (0.32, `vllm/config/lora.py`); an adapter's rank is served by
+the smallest that holds it."""
+
+
 @dataclass
 class RolloutConfig:
     backend: str = "hf"
@@ -663,6 +668,11 @@ class RolloutConfig:
     prefix_caching: bool = True
     """vLLM's automatic prefix caching: Math-Shepherd's N continuations of a step prefix, and a
     question's G samples, prefill their shared prefix once."""
+    lora_push: str = "merged"
+    """How a LoRA policy (`model.lora`) reaches vLLM after each optimizer step: merged (its
+    merged weights W + B A streamed into vLLM's own, a module at a time) or adapter (vLLM keeps
+    the stage's starting checkpoint and serves the adapter alone, written to a local folder and
+    loaded as a `LoRARequest`: vLLM's LoRA support; docs/lora.md)."""
 
 
 @dataclass

@@ -95,7 +95,8 @@ def vllm_settings(model, rollout, data, lengths: tuple[int, int, int], seed: int
     return VLLMSettings(model.dtype, model.trust_remote_code, data.max_prompt_tokens,
                         lengths[0], max(lengths), seed, rollout.memory_fraction,
                         rollout.kv_cache_gb, rollout.prefix_caching, rollout.sleep,
-                        rollout.cuda_graphs)
+                        rollout.cuda_graphs,
+                        model.lora.rank if rollout.lora_push == "adapter" else 0)
 
 
 def evaluation(evals, data, seed: int) -> Evaluation:

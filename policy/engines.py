@@ -113,6 +113,7 @@ class Sampler:
     def __init__(self, engine, trainer: StageLoop, vllm: VLLMSettings | None, policy_path):
         self.engine, self.trainer = engine, trainer
         self.vllm, self.start = None, ("checkpoint", str(policy_path))
+        self.settings, self.adapter = vllm, bool(vllm and vllm.lora_rank)
         if vllm is not None:
             from policy.generation.vllm import engine_for
 
@@ -120,9 +121,14 @@ class Sampler:
 
     def push_due(self) -> bool:
         """Whether vLLM lacks the current weights: it holds neither this step's pushed ones nor,
-        before the first optimizer step, the starting checkpoint (no push is needed then)."""
+        before the first optimizer step, the starting checkpoint (no push is needed then). With
+        `rollout.lora_push=adapter`: whether it lacks this step's adapter (before the first
+        step the fresh adapter is 0: the checkpoint alone is the policy)."""
+        step = self.trainer.step
+        if self.adapter:
+            return step > 0 and self.vllm.adapter_version != step
         held = self.vllm.version
-        return held != self.trainer.step and not (self.trainer.step == 0 and held == self.start)
+        return held != step and not (step == 0 and held == self.start)
 
     @contextmanager
     def generating(self):
@@ -131,16 +137,21 @@ class Sampler:
         engine. A push, where due, runs with vLLM's KV pool freed (it sleeps first) and walks
         the policy module by module: under ZeRO-3 one module is gathered at a time beside
         vLLM's weights (`module_gather`), never the whole policy, and the last is released
-        before the KV cache wakes to generate."""
+        before the KV cache wakes to generate. With `rollout.lora_push=adapter` the engine
+        keeps the stage's starting checkpoint and the push hands it the adapter alone."""
         if self.vllm is None:
             with gathered_for_generation(self.engine) as module:
                 yield module
             return
+        if self.adapter and not self.vllm.holds_checkpoint(self.start[1]):
+            from policy.generation.vllm import engine_for
+
+            engine_for(self.settings, self.start[1])  # the adapter's base: the stage's start
         if self.push_due():
             self.vllm.sleep()
             with memory_phase("push"):
                 self.vllm.sync(self.engine.module, self.trainer.step,
-                               gather=module_gather(self.engine))
+                               gather=module_gather(self.engine), adapter=self.adapter)
         yield self.vllm
 
     def rest(self) -> None:

@@ -68,6 +68,9 @@ class VLLMSettings:
     prefix_caching: bool
     sleep: bool
     cuda_graphs: bool
+    lora_rank: int = 0
+    """`rollout.lora_push=adapter`: the LoRA policy's rank, served by vLLM as an adapter (0:
+    pushed merged, or no LoRA)."""
 
 
 @dataclass(frozen=True)

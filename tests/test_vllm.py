@@ -119,6 +119,33 @@ def test_a_lora_policys_pushed_weights_give_transformers_greedy_completions(sett
     engine.push(load_causal_lm(path, cfg.model))  # back to the warm start's weights
 
 
+def test_a_lora_policy_pushed_as_an_adapter_samples_what_its_merged_weights_do(tmp_path):
+    """`rollout.lora_push=adapter`, in a process of its own (its engine has vLLM's LoRA support
+    on; tests/helpers/vllm_adapter.py): after k = 3 SFT steps on a rank-8 adapter, the engine
+    keeps the warm start and is handed the adapter alone (peft's files), and its greedy
+    completions of 32 held-out prompts equal plain transformers' on the merged export, where
+    its completions before the push (the warm start's) differ. Two GRPO steps sampled under the
+    pushed adapters (a new stage first drops the adapter the engine held): vLLM's log-probs
+    equal the training model's to float noise, so the TIS weights are 1 and never capped, and
+    only the adapted layers of the export moved."""
+    import json
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "tests/helpers/vllm_adapter.py", str(tmp_path)],
+                   check=True, timeout=900)
+    got = json.loads((tmp_path / "adapter.json").read_text())
+    push, rows = got["push"], got["grpo"]["rows"]
+    assert push["adapter"] == push["transformers"] and push["adapter"] != push["before"]
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(push["files"])
+    assert len(rows) == 2
+    assert all(0 <= r["rollout/logprob_diff"] < 1e-3 for r in rows)
+    assert all(abs(r["rollout/tis_weight"] - 1) < 1e-3 and r["rollout/tis_capped"] == 0
+               for r in rows)
+    assert rows[1]["time/weight_push"] > 0  # the first step's adapter, handed over
+    assert got["grpo"]["moved"] and all(k.endswith("proj.weight") for k in got["grpo"]["moved"])
+
+
 @pytest.mark.parametrize("recipe", ["grpo", "gspo", "online_dpo", "grpo-lora-tis"])
 def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, recipe):
     """Two GRPO steps sampled by the engine: the loss's log-probs come from the training model,

@@ -75,15 +75,19 @@ def _names(events) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("lora", [[], ["model.lora.rank=4", "model.lora.alpha=8"]],
-                         ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [[], ["model.lora.rank=4", "model.lora.alpha=8"],
+                                  ["model.lora.rank=4", "model.lora.alpha=8",
+                                   "rollout.lora_push=adapter"]],
+                         ids=["full", "lora", "lora-adapter"])
 def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path, lora):
     """`igrpo grpo` alone (the engine made awake by the stage): before the first optimizer step
     the engine holds the starting checkpoint, so nothing is gathered or pushed; after it, each
     rollout is sleep (the pool freed), weights woken, the push (the policy's modules gathered
     one at a time as vLLM takes their weights, the last released), KV woken, generate; vLLM
     sleeps again before the scoring, and stays asleep through the update. Only the rollouts ask
-    vLLM for log-probs. A LoRA policy's push (its merged weights) keeps the same order."""
+    vLLM for log-probs. A LoRA policy's push (its merged weights) keeps the same order; pushed
+    as an adapter (`rollout.lora_push=adapter`), only the adapter's tensors are gathered and
+    written, and the engine samples the checkpoint it holds under it."""
     import igrpo
 
     assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
@@ -101,8 +105,13 @@ def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path,
         :first_update]
     assert "reload" not in names[:first_update] and "modules" not in names[:first_update]
     second = names[first_update + 1:names.index("update", first_update + 1) + 1]
-    assert second == ["wake:weights", "modules", "reload", "wake:kv_cache", "generate", "sleep",
-                      "score", "update"]
+    if "rollout.lora_push=adapter" in lora:  # the adapter's tensors written, then the
+        # checkpoint reloaded from disk on waking and sampled under the adapter
+        assert second == ["modules", "wake:weights", "reload", "wake:kv_cache",
+                          "generate:adapter", "sleep", "score", "update"]
+    else:
+        assert second == ["wake:weights", "modules", "reload", "wake:kv_cache", "generate",
+                          "sleep", "score", "update"]
     assert "gather" not in names  # the whole policy is never gathered for vLLM
     # the final sampled evaluation pushes the last step's weights; vLLM sleeps before the export
     assert names[-2:] == ["sleep", "export"]

@@ -41,14 +41,19 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
+import tempfile
 import time
 import warnings
+import weakref
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from configs.schema import VLLM_LORA_RANKS
 from policy.generation.rollout import Rollout, mask_after_eos
 from policy.stage import VLLMSettings
 from runtime.lora import iter_weights
@@ -108,10 +113,12 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, *, dtype: str, max_model_len: int, seed: int,
                  gpu_memory_fraction: float = 0.3, kv_cache_gb: float = 0.0,
-                 prefix_caching: bool = True, sleep: bool = False, cuda_graphs: bool = True):
+                 prefix_caching: bool = True, sleep: bool = False, cuda_graphs: bool = True,
+                 lora_rank: int = 0):
         """`seed`: this rank's (each rank's engine samples its own stream); `sleep`: on a GPU,
         `sleep()` frees the engine's memory for a training update; `cuda_graphs`: on a GPU,
-        decoding runs captured CUDA graphs (vLLM's `enforce_eager=False`)."""
+        decoding runs captured CUDA graphs (vLLM's `enforce_eager=False`); `lora_rank` > 0:
+        vLLM's LoRA support on, one adapter of that rank at a time (`push_adapter`)."""
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is set to "
                           f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r}; the colocated "
@@ -135,7 +142,12 @@ class VLLMEngine:
                       **launch_settings(), **({"enable_sleep_mode": sleep} if gpu else {}))
         if kv_cache_gb:
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
+        if lora_rank:
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora_rank))
         self.llm = LLM(**kwargs)
+        self.adapter = self.adapter_version = None  # (a LoRARequest, the version it holds)
+        self._adapters, self._adapter_dir = 0, None
         self.can_sleep = sleep and sleep_mode_supported()
         self.push_seconds = 0.0
         self.asleep = self.weights_awake = False
@@ -143,12 +155,38 @@ class VLLMEngine:
         self.version = ("checkpoint", str(model_path))
         self._source = None  # (path, config, trust_remote_code) of a loaded checkpoint
 
-    def sync(self, model, version, gather=None) -> "VLLMEngine":
-        """Push `model`'s weights unless the engine already holds `version` of them."""
-        if version != self.version:
+    def sync(self, model, version, gather=None, adapter: bool = False) -> "VLLMEngine":
+        """Push `model`'s weights (with `adapter`, its LoRA adapter alone: `push_adapter`)
+        unless the engine already holds `version` of them."""
+        if adapter:
+            if version != self.adapter_version:
+                self.push_adapter(model, gather)
+                self.adapter_version = version
+        elif version != self.version:
             self.push(model, gather)
             self.version = version
         return self
+
+    def push_adapter(self, model, gather=None) -> None:
+        """Hand vLLM a LoRA policy's adapter alone, to be served on the base weights the engine
+        holds (the stage's starting checkpoint): written by peft (`save_pretrained`, its
+        tensors gathered under ZeRO-3 by `gather`) to this process's own temporary folder,
+        and sampled with from the next generation on as a new `LoRARequest` (a new id, so vLLM
+        reads it again). The seconds it took are added to `push_seconds`."""
+        from vllm.lora.request import LoRARequest
+
+        started = time.perf_counter()
+        module = getattr(model, "module", model)
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.mkdtemp(prefix="igrpo-vllm-adapter-")
+            weakref.finalize(self, shutil.rmtree, self._adapter_dir, True)
+        adapter = [p for name, p in module.named_parameters() if ".lora_" in name]
+        with gather(adapter) if gather else nullcontext():
+            module.save_pretrained(self._adapter_dir)
+        self._adapters += 1
+        self.adapter = LoRARequest(f"policy-{self._adapters}", self._adapters,
+                                   self._adapter_dir)
+        self.push_seconds += time.perf_counter() - started
 
     def push(self, model, gather=None) -> None:
         """Load the training model's current weights into the engine (in memory); the seconds
@@ -158,7 +196,7 @@ class VLLMEngine:
         # one tensor at a time, one module gathered at a time: a LoRA policy's merged weights
         # are made as vLLM takes them, and vLLM's loaders copy each before the next is drawn
         self._reload((name, tensor.detach()) for name, tensor in iter_weights(model, gather))
-        self.version = None
+        self.version = self.adapter = self.adapter_version = None
         self.push_seconds += time.perf_counter() - started
 
     def load(self, model_path: str | Path, hf_config: PretrainedConfig,
@@ -167,6 +205,7 @@ class VLLMEngine:
         transformers config) into the engine."""
         self._reload(_checkpoint_tensors(model_path, hf_config, trust_remote_code))
         self.version = ("checkpoint", str(model_path))
+        self.adapter = self.adapter_version = None  # a checkpoint's weights, served alone
         self._source = (model_path, hf_config, trust_remote_code)
 
     def sleep(self) -> None:
@@ -178,6 +217,8 @@ class VLLMEngine:
             self.asleep, self.weights_awake = True, False
             if not self.holds_checkpoint():
                 self.version = None  # pushed weights are gone: the next sync pushes them
+            # vLLM's adapter slot is freed too: the next sync hands the adapter over anew
+            self.adapter = self.adapter_version = None
 
     def holds_checkpoint(self, path: str | Path | None = None) -> bool:
         """Whether the engine's weights are a saved checkpoint's (`path`'s, where given)."""
@@ -193,7 +234,7 @@ class VLLMEngine:
             if self._source is None or not self.holds_checkpoint(self._source[0]):
                 raise RuntimeError("the vLLM engine slept (level 2: its weights are gone) and "
                                    "was asked to generate before any weights were pushed")
-            self.load(*self._source)
+            self._reload(_checkpoint_tensors(*self._source))  # (an adapter pushed since stays)
         self._wake(["kv_cache"])
         self.asleep = False
 
@@ -234,7 +275,8 @@ class VLLMEngine:
                                 stop_token_ids=ends, logprobs=0 if logprobs else None,
                                 detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params,
-                                    use_tqdm=False)
+                                    use_tqdm=False,
+                                    **({"lora_request": self.adapter} if self.adapter else {}))
         rows, reported = [], []
         for out in outputs:
             for sample in out.outputs:
@@ -361,7 +403,7 @@ def engine_for(vllm: VLLMSettings, model_path: str | Path) -> VLLMEngine:
     settings = dict(dtype=vllm.dtype, max_model_len=min(wanted, positions),
                     seed=rank_seed(vllm.seed), gpu_memory_fraction=vllm.memory_fraction,
                     kv_cache_gb=vllm.kv_cache_gb, prefix_caching=vllm.prefix_caching,
-                    sleep=vllm.sleep, cuda_graphs=vllm.cuda_graphs)
+                    sleep=vllm.sleep, cuda_graphs=vllm.cuda_graphs, lora_rank=vllm.lora_rank)
     if _ENGINE is None:
         _ENGINE = VLLMEngine(model_path, **settings)
         _ENGINE.made_for = (architecture, settings)
@@ -375,6 +417,7 @@ def engine_for(vllm: VLLMSettings, model_path: str | Path) -> VLLMEngine:
             "down torch.distributed under the training engine. Run it in a process of its own.")
     if _ENGINE.version != ("checkpoint", str(model_path)):
         _ENGINE.load(model_path, config, vllm.trust_remote_code)
+    _ENGINE.adapter = _ENGINE.adapter_version = None  # a new user samples the checkpoint alone
     return _ENGINE
 
 

@@ -32,17 +32,18 @@ class LLM:
         LLM.current = self
         record("create")
 
-    def generate(self, prompts, params, use_tqdm=False):
+    def generate(self, prompts, params, use_tqdm=False, lora_request=None):
         from policy.generation.rollout import decode
 
         assert self.weights and self.kv, "generate with vLLM's memory asleep"
-        record("generate")
+        record("generate" if lora_request is None else "generate:adapter")
         LOGPROBS.append(params.logprobs)
+        model = self.model if lora_request is None else self._adapted(lora_request)
         outputs = []
         ends = list(params.stop_token_ids)
         for prompt in prompts:
             ids = torch.tensor([prompt["prompt_token_ids"]])
-            tokens, _ = decode(self.model, ids, torch.ones_like(ids), params.n, params.max_tokens,
+            tokens, _ = decode(model, ids, torch.ones_like(ids), params.n, params.max_tokens,
                                ends, ends[0], temperature=max(params.temperature, 1e-3),
                                greedy=params.temperature == 0.0)
             samples = []
@@ -53,6 +54,20 @@ class LLM:
                     finish_reason="stop" if cut else "length"))
             outputs.append(SimpleNamespace(outputs=samples))
         return outputs
+
+    def _adapted(self, request):
+        """The held weights with the request's adapter merged (peft), read from its folder
+        once per id, as vLLM reads a new adapter."""
+        import copy
+
+        from peft import PeftModel
+
+        if getattr(self, "adapter_id", None) != request.lora_int_id:
+            base = copy.deepcopy(self.model)
+            self.adapter_model = PeftModel.from_pretrained(base, request.lora_path)
+            self.adapter_model = self.adapter_model.merge_and_unload().eval()
+            self.adapter_id = request.lora_int_id
+        return self.adapter_model
 
     def sleep(self, level: int = 1):
         assert level == 2
@@ -70,6 +85,7 @@ class LLM:
         # (vLLM's reload takes the checkpoint's own names: an adapter's would be refused)
         unexpected = self.model.load_state_dict(weights, strict=False).unexpected_keys
         assert not unexpected, f"names the model does not have: {unexpected[:3]}"
+        self.adapter_id = None  # (an adapter is merged onto the weights held now)
         record("reload")
 
     def reset_prefix_cache(self):
@@ -107,8 +123,15 @@ def install(monkeypatch) -> None:
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = lambda **kw: dict(kw)
     package.inputs = inputs
+    lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+    request.LoRARequest = lambda name, lora_int_id, lora_path: SimpleNamespace(
+        lora_name=name, lora_int_id=lora_int_id, lora_path=lora_path)
+    lora.request = request
+    package.lora = lora
     monkeypatch.setitem(sys.modules, "vllm", package)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     from policy.generation import vllm as engine_module
 
     monkeypatch.setattr(engine_module, "sleep_mode_supported", lambda: True)
