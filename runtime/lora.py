@@ -165,6 +165,17 @@ def _merged(layer, weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
+def save_adapter(model, out_dir, gather=None) -> None:
+    """peft's `save_pretrained` of `model`'s adapter alone (its config and tensors, what vLLM's
+    `LoRARequest` reads) into `out_dir`; `gather` (`runtime.engine.module_gather`) makes the
+    adapter's tensors whole under ZeRO-3 (every rank together), the frozen base staying
+    partitioned."""
+    module = getattr(model, "module", model)
+    adapter = [p for name, p in module.named_parameters() if ".lora_" in name]
+    with gather(adapter) if gather else _whole(adapter):
+        module.save_pretrained(out_dir)
+
+
 def save_merged(model, out_dir) -> None:
     """`save_pretrained` of `model`'s merged weights as a plain transformers checkpoint (the
     base model's config and class; no adapter files)."""

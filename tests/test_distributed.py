@@ -219,7 +219,8 @@ def test_a_zero3_push_streams_the_merged_weights_gathering_one_module_at_a_time(
     computes from the whole model, bit for bit and in the checkpoint's order, while no more
     than the largest module (a LoRA layer with its adapter) is gathered beyond what ZeRO-3
     keeps whole anyway; gathering the policy whole first, as a push did before, makes all of
-    the partitioned values whole at once."""
+    the partitioned values whole at once. The adapter alone (`rollout.lora_push=adapter`), as
+    peft saves it with its tensors gathered, holds the adapter's own values on every rank."""
     _launch(ranks, 2, "push", tmp_path)
     by_rank = json.loads((tmp_path / "push.json").read_text())
     for got in by_rank:

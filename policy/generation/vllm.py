@@ -46,7 +46,6 @@ import tempfile
 import time
 import warnings
 import weakref
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,7 +55,7 @@ import torch
 from configs.schema import VLLM_LORA_RANKS
 from policy.generation.rollout import Rollout, mask_after_eos
 from policy.stage import VLLMSettings
-from runtime.lora import iter_weights
+from runtime.lora import iter_weights, save_adapter
 from runtime.models import end_token_ids
 
 if TYPE_CHECKING:
@@ -176,13 +175,10 @@ class VLLMEngine:
         from vllm.lora.request import LoRARequest
 
         started = time.perf_counter()
-        module = getattr(model, "module", model)
         if self._adapter_dir is None:
             self._adapter_dir = tempfile.mkdtemp(prefix="igrpo-vllm-adapter-")
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, True)
-        adapter = [p for name, p in module.named_parameters() if ".lora_" in name]
-        with gather(adapter) if gather else nullcontext():
-            module.save_pretrained(self._adapter_dir)
+        save_adapter(model, self._adapter_dir, gather)
         self._adapters += 1
         self.adapter = LoRARequest(f"policy-{self._adapters}", self._adapters,
                                    self._adapter_dir)

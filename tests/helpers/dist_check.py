@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -277,8 +278,9 @@ def zero3_push_stream() -> dict:
     from configs.schema import LoraConfig
     from iteration.resolve import resolve
     from runtime.engine import build_engine, module_gather
-    from runtime.lora import LoraSettings, iter_weights, merged_weights, with_adapter
+    from runtime.lora import LoraSettings, iter_weights, merged_weights, save_adapter, with_adapter
     from runtime.models import load_causal_lm
+    from safetensors.torch import load_file
 
     ds = resolve(load_config("configs/tiny.yaml", ["deepspeed.zero_stage=3"])).stage.deepspeed
     result = {}
@@ -293,6 +295,7 @@ def zero3_push_stream() -> dict:
                     if "lora_B" in name:
                         param.copy_(0.05 * torch.randn(param.shape, generator=generator))
         reference = {k: v.clone() for k, v in merged_weights(model).items()}
+        adapter = {k: v.clone() for k, v in model.state_dict().items() if ".lora_" in k}
         largest = max(sum(p.numel() for p in m.parameters(recurse=isinstance(m, LoraLayer)))
                       for m in model.modules())
         engine = build_engine(model, ds, lr=1e-3, micro_batch_size=1, grad_accum=1)
@@ -307,12 +310,25 @@ def zero3_push_stream() -> dict:
             keys.append(key)
             if not torch.equal(tensor, reference[key]):
                 differ.append(key)
+        if kind == "lora":  # `rollout.lora_push=adapter`: the adapter alone, as peft saves it
+            folder = Path(tempfile.mkdtemp())
+            save_adapter(engine.module, folder, module_gather(engine))
+            differ += adapter_differs(adapter, load_file(folder / "adapter_model.safetensors"))
         result[kind] = {"keys": keys, "reference_keys": list(reference), "differ": differ,
                         "most_whole": most, "largest_module": largest,
                         "total": sum(int(getattr(p, "ds_numel", p.numel())) for p in params),
                         "partitioned": kept < sum(int(p.ds_numel) for p in params)}
         del engine
     return result
+
+
+def adapter_differs(adapter: dict, saved: dict) -> list[str]:
+    """The adapter tensors (a peft model's `lora_` state-dict entries) that peft's saved file
+    lacks or holds otherwise (it names them without the adapter's name, `default`); and
+    "adapter: none saved" where it holds none."""
+    named = {k.replace(".default", ""): v for k, v in adapter.items()}
+    out = [k for k, v in named.items() if k not in saved or not torch.equal(saved[k], v)]
+    return out + (["adapter: none saved"] if not saved else [])
 
 
 def perturb_gradients(ulps: float) -> None:
