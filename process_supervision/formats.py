@@ -4,7 +4,11 @@ PRM800K's human labels, read.
 Math-Shepherd rows hold `input` = the question followed by "Step 1: ... ки\\nStep 2: ... ки..." and
 `label` = the same text with each tag replaced by `+` (the step can still reach the gold answer) or
 `-`. Soft estimates ride along as `soft_labels` (a fraction in [0, 1] per step). TRL rows hold
-`prompt`, `completions` (a list of steps) and `labels` (a list of bools).
+`prompt`, `completions` (a list of steps) and `labels` (bools, or numbers in [0, 1] kept as soft
+targets). OpenRLHF's rows hold the tagged `input` and `value`, one label per tag ("+"/"-" or a
+number in [0, 1], kept soft: ER-PRM's data). RLHFlow's rows hold `conversations`: a user turn per
+step (the first also the question, before "Step 1:" or the row's `prompt`) each followed by an
+assistant turn "+" or "-".
 
 PRM800K (Lightman et al. 2023) rows hold `question` ({`problem`, `ground_truth_answer`}) and
 `label.steps[]`, each with `completions[]` of {`text`, `rating`} (-1, 0, 1) and the
@@ -75,19 +79,30 @@ def parse_math_shepherd(input_text: str, label_text: str, tag: str = STEP_TAG,
     if label_text[pos:] != pieces[-1]:
         raise DataError(f"{where}: field 'label': tag count does not match 'input' "
                         f"({len(pieces) - 1} tags in 'input')")
+    question, steps = _question_and_steps(pieces[:-1])
+    return question, steps, tuple(labels)
+
+
+def _question_and_steps(pieces: list[str]) -> tuple[str, tuple[str, ...]]:
+    """The question and the steps of a tagged text's pieces (the text before each tag): the
+    question is what precedes "Step 1:", each step its piece less its "Step k:"."""
     question, steps = "", []
-    for k, piece in enumerate(pieces[:-1]):
+    for k, piece in enumerate(pieces):
         head, found, step = piece.partition(f"Step {k + 1}:")
         if k == 0:
             question = head if found else ""
         steps.append((step if found else piece).strip())
-    return question.strip(), tuple(steps), tuple(labels)
+    return question.strip(), tuple(steps)
 
 
 def example_from_row(row: dict, where: str, tag: str = STEP_TAG,
                      use_soft: bool = False) -> StepExample:
-    """A StepExample from a Math-Shepherd row (input/label[/soft_labels]) or a TRL row; with
-    `use_soft`, the labels are the row's soft estimates."""
+    """A StepExample from a row of any layout the module reads (its docstring); with
+    `use_soft`, a Math-Shepherd row's labels are its soft estimates."""
+    if row.get("value") is not None and not isinstance(row.get("label"), str):
+        return _value_example(row, where, tag)
+    if row.get("conversations") is not None:
+        return _chat_example(row, where)
     if "input" in row:
         for name in ("input", "label"):
             if not isinstance(row.get(name), str):
@@ -111,11 +126,75 @@ def example_from_row(row: dict, where: str, tag: str = STEP_TAG,
         if len(steps) != len(labels):
             raise DataError(f"{where}: field 'labels': {len(labels)} labels for "
                             f"{len(steps)} steps")
-        return StepExample(prompt, tuple(steps), tuple(float(bool(v)) for v in labels), where)
+        if not all(isinstance(step, str) for step in steps):
+            raise DataError(f"{where}: field 'completions': expected a list of strings")
+        return StepExample(prompt, tuple(steps), _step_labels(labels, "labels", where), where)
     if isinstance(row.get("label"), dict) and isinstance(row.get("question"), dict):
         return prm800k_example(row, where)
-    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd), 'prompt'/'completions'/"
-                    "'labels' (TRL) or 'question'/'label.steps' (PRM800K) fields")
+    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd), 'input'/'value' (OpenRLHF), "
+                    "'prompt'/'completions'/'labels' (TRL), 'conversations' (RLHFlow) or "
+                    "'question'/'label.steps' (PRM800K) fields")
+
+
+def _step_labels(values, field: str, where: str) -> tuple[float, ...]:
+    """Step labels as floats: a bool or "+"/"-" is 1 or 0, a number in [0, 1] is kept as it
+    is (a soft target: a Math-Shepherd estimate, ER-PRM's values), anything else an error
+    naming the field and the step."""
+    out = []
+    for k, v in enumerate(values):
+        if isinstance(v, str) and v in (GOOD, BAD):
+            out.append(1.0 if v == GOOD else 0.0)
+        elif isinstance(v, (bool, int, float)) and 0 <= v <= 1:
+            out.append(float(v))
+        else:
+            raise DataError(f"{where}: field {field!r}, step {k + 1}: {v!r}; expected a bool, "
+                            f"'{GOOD}'/'{BAD}' or a number in [0, 1]")
+    return tuple(out)
+
+
+def _value_example(row: dict, where: str, tag: str) -> StepExample:
+    """OpenRLHF's process-reward layout: `input` the tagged text, `value` one label per tag
+    ("+"/"-" or a number in [0, 1], kept soft)."""
+    text, values = row["input"], row["value"]
+    if not isinstance(text, str):
+        raise DataError(f"{where}: field 'input': not a string")
+    pieces = text.split(tag)
+    if len(pieces) < 2:
+        raise DataError(f"{where}: field 'input': no step tag {tag!r}")
+    if not isinstance(values, list) or len(values) != len(pieces) - 1:
+        raise DataError(f"{where}: field 'value': expected a list of {len(pieces) - 1} labels, "
+                        f"one per step tag in 'input'")
+    question, steps = _question_and_steps(pieces[:-1])
+    return StepExample(question, steps, _step_labels(values, "value", where),
+                       row.get("source_id") or where)
+
+
+def _chat_example(row: dict, where: str) -> StepExample:
+    """RLHFlow's chat layout: `conversations` alternates a user turn holding a step (the first
+    one the question, then "Step 1:" and the step; or the row's `prompt` then the step) and an
+    assistant turn holding its label, "+" or "-"."""
+    turns = row["conversations"]
+    if not isinstance(turns, list) or not turns or len(turns) % 2:
+        raise DataError(f"{where}: field 'conversations': expected user and assistant turns "
+                        "in pairs")
+    texts = []
+    for k, turn in enumerate(turns):
+        role = "user" if k % 2 == 0 else "assistant"
+        if not isinstance(turn, dict) or turn.get("role") != role \
+                or not isinstance(turn.get("content"), str):
+            raise DataError(f"{where}: field 'conversations[{k}]': expected a turn of role "
+                            f"{role!r} with a string 'content'")
+        texts.append(turn["content"])
+    pieces, prompt = texts[0::2], row.get("prompt")
+    question, steps = _question_and_steps(pieces)
+    if isinstance(prompt, str) and prompt and pieces[0].startswith(prompt):
+        question, steps = prompt.strip(), (pieces[0][len(prompt):].strip(), *steps[1:])
+    elif "Step 1:" not in pieces[0]:
+        raise DataError(f"{where}: field 'conversations[0]': the question and the first step "
+                        "cannot be told apart (no 'Step 1:' in it, and no 'prompt' field it "
+                        "starts with)")
+    labels = _step_labels([t.strip() for t in texts[1::2]], "conversations", where)
+    return StepExample(question, steps, labels, row.get("source_id") or where)
 
 
 def prm800k_example(row: dict, where: str, neutral: float = 1.0) -> StepExample:
@@ -164,10 +243,13 @@ def _chosen_completion(step, where: str) -> tuple[str, int] | None:
 
 
 def trl_to_math_shepherd(row: dict, tag: str = STEP_TAG) -> dict:
-    """Convert one TRL stepwise row to a Math-Shepherd row."""
+    """Convert one TRL stepwise row to a Math-Shepherd row (its soft labels, where it has any,
+    as `soft_labels`)."""
     example = example_from_row(row, "row", tag)
     text, label = to_math_shepherd(example.question, example.steps, example.labels, tag)
-    return {"input": text, "label": label}
+    soft = any(y not in (0.0, 1.0) for y in example.labels)
+    return {"input": text, "label": label, **({"soft_labels": list(example.labels)} if soft
+                                               else {})}
 
 
 class StepRows(Sequence):

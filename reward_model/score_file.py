@@ -81,6 +81,10 @@ def _trl(row: dict, where: str, tag: str, separator: str) -> StepExample:
 
 # name: (whether a first row is of it, its reader(row, where, tag, separator) -> StepExample)
 LAYOUTS: dict[str, tuple[Callable[[dict], bool], Callable[..., StepExample]]] = {
+    "openrlhf": (lambda row: "value" in row and not isinstance(row.get("label"), str),
+                 lambda row, where, tag, sep: example_from_row(row, where, tag)),
+    "rlhflow": (lambda row: "conversations" in row,
+                lambda row, where, tag, sep: example_from_row(row, where, tag)),
     "math_shepherd": (lambda row: "input" in row, _math_shepherd),
     "trl": (lambda row: "completions" in row, _trl),
     "processbench": (lambda row: "problem" in row and "steps" in row,
@@ -104,9 +108,10 @@ def detect_layout(row: dict, where: str) -> str:
     for name, (fits, _) in LAYOUTS.items():
         if fits(row):
             return name
-    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd), 'prompt'/'completions'/"
-                    "'labels' (TRL), 'problem'/'steps'/'label' (ProcessBench), 'question'/"
-                    "'label.steps' (PRM800K) or 'question'/'solution' (plain solutions) fields")
+    raise DataError(f"{where}: no 'input'/'label' (Math-Shepherd), 'input'/'value' (OpenRLHF), "
+                    "'prompt'/'completions'/'labels' (TRL), 'conversations' (RLHFlow), "
+                    "'problem'/'steps'/'label' (ProcessBench), 'question'/'label.steps' "
+                    "(PRM800K) or 'question'/'solution' (plain solutions) fields")
 
 
 def table_rows(table, start: int, stop: int) -> list[dict]:

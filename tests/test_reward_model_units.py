@@ -42,6 +42,65 @@ def test_trl_converter():
     assert example_from_row(converted, "x").labels == (1.0, 0.0)
 
 
+SOFT = StepExample("What is 2+3*4?", ("3*4=12", "2+12=14", "The answer is 14"),
+                   (1.0, 0.25, 0.0))
+"""One solution whose second step carries a soft label (a Monte Carlo estimate)."""
+LAYOUTS = {
+    "trl": {"prompt": SOFT.question, "completions": list(SOFT.steps), "labels": [True, 0.25, 0]},
+    "openrlhf": {"input": to_math_shepherd(SOFT.question, SOFT.steps)[0],
+                 "value": ["+", 0.25, "-"]},
+}
+"""It in TRL's and OpenRLHF's layouts (RLHFlow's chat layout holds "+"/"-" only: `_chat`)."""
+
+
+def _chat(question, steps, marks):
+    turns = [f"{question} Step 1: {steps[0]}", *steps[1:]]
+    return {"conversations": [t for text, mark in zip(turns, marks) for t in (
+        {"role": "user", "content": text}, {"role": "assistant", "content": mark})]}
+
+
+def test_trl_openrlhf_and_rlhflow_layouts_read_alike_and_keep_soft_labels(tmp_path, tok):
+    """TRL's float labels and OpenRLHF's `value` numbers are kept as soft targets (not cast to
+    0/1), bools and "+"/"-" are 1/0; RLHFlow's chat turns read as the same steps; each layout's
+    file reads (as `train-rm` and `eval-rm` read) into the same example, and a soft label lands
+    on its step's tag as the target of the loss."""
+    for layout in ("trl", "openrlhf"):
+        path = tmp_path / f"{layout}.jsonl"
+        path.write_text(json.dumps(LAYOUTS[layout]) + "\n")
+        (example,), skipped = read_step_rows(str(path))
+        assert (example.question, example.steps, example.labels, skipped) == \
+            (SOFT.question, SOFT.steps, (1.0, 0.25, 0.0), 0), layout
+    path = tmp_path / "rlhflow.jsonl"
+    path.write_text(json.dumps(_chat(SOFT.question, SOFT.steps, ["+", "-", "-"])) + "\n")
+    (chat,), _ = read_step_rows(str(path))
+    assert (chat.question, chat.steps, chat.labels) == (SOFT.question, SOFT.steps, (1, 0, 0))
+    tags = tag_tokens(tok, STEP_TAG)
+    batch = encode(tok, [SOFT], tags, STEP_TAG, max_length=256)
+    assert batch.targets[0][batch.label_mask[0]].tolist() == [1.0, 0.25, 0.0]
+    converted = trl_to_math_shepherd(LAYOUTS["trl"])  # the soft label kept beside +/- text
+    assert converted["soft_labels"] == [1.0, 0.25, 0.0]
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"prompt": "Q", "completions": ["a", "b"], "labels": [True, 1.5]}, "'labels', step 2"),
+    ({"prompt": "Q", "completions": ["a", 3], "labels": [True, False]}, "'completions'"),
+    ({"input": "Q Step 1: a ки\nStep 2: b ки", "value": ["+"]}, "'value'"),
+    ({"input": "Q Step 1: a ки", "value": ["yes"]}, "'value', step 1"),
+    ({"conversations": [{"role": "user", "content": "Q a"},
+                        {"role": "assistant", "content": "+"}]}, "'conversations\\[0\\]'"),
+    ({"conversations": [{"role": "user", "content": "Q Step 1: a"},
+                        {"role": "user", "content": "+"}]}, "'conversations\\[1\\]'"),
+    ({"conversations": [{"role": "user", "content": "Q Step 1: a"}]}, "'conversations'"),
+])
+def test_a_bad_row_of_each_new_layout_names_file_row_and_field(tmp_path, row, field):
+    path = tmp_path / "prm.jsonl"
+    good = LAYOUTS["openrlhf"] if "value" in row else LAYOUTS["trl"] if "labels" in row else \
+        _chat(SOFT.question, SOFT.steps, ["+", "-", "-"])
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=rf"prm.jsonl: row 2: field {field}"):
+        read_step_rows(str(path))
+
+
 def test_tag_count_mismatch_names_file_and_row(tmp_path):
     good_text, good_label = to_math_shepherd("Q", ["a", "b"], [1, 1])
     bad_label = good_label.replace(" +\nStep 2: b +", " +\nStep 2: b")  # one label missing

@@ -1,9 +1,9 @@
 """`igrpo score` (reward_model/score_file.py): per-step scores and the solution score of every
-row of a Math-Shepherd, TRL-stepwise, ProcessBench, PRM800K or plain-solutions file, written beside
-the row's own fields, with each question's best-of-N pick; equal to the scorer's own `score()`;
-a bad row named before any model loads; a killed run resumed without scoring a finished shard
-again; 2 processes write what 1 writes. The reward model: the shipped tiny warm start read at its
-step tag (a tag LM), loaded in a few seconds."""
+row of a Math-Shepherd, TRL-stepwise, OpenRLHF, RLHFlow, ProcessBench, PRM800K or plain-solutions
+file, written beside the row's own fields, with each question's best-of-N pick; equal to the
+scorer's own `score()`; a bad row named before any model loads; a killed run resumed without
+scoring a finished shard again; 2 processes write what 1 writes. The reward model: the shipped
+tiny warm start read at its step tag (a tag LM), loaded in a few seconds."""
 
 import json
 import math
@@ -59,6 +59,15 @@ def _layout_rows(layout: str) -> list[dict]:
             rows.append({"input": text, "label": label, "source_id": f"s{i}"})
         elif layout == "trl":
             rows.append({"prompt": q, "completions": steps, "labels": [bool(y) for y in labels]})
+        elif layout == "openrlhf":
+            rows.append({"input": to_math_shepherd(q, steps)[0],
+                         "value": ["+" if y else "-" for y in labels]})
+        elif layout == "rlhflow":
+            turns = [f"{q} Step 1: {steps[0]}", *steps[1:]]
+            rows.append({"conversations": [
+                turn for text, y in zip(turns, labels) for turn in (
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": "+" if y else "-"})]})
         elif layout == "processbench":
             rows.append({"id": f"gsm8k-{i}", "generator": "tiny", "problem": q, "steps": steps,
                          "final_answer_correct": False, "label": 1})
@@ -77,7 +86,7 @@ def _layout_rows(layout: str) -> list[dict]:
 def _examples(layout: str, rows: list[dict], path) -> list[StepExample]:
     """The solutions each layout's own reader makes of the rows (what the command must score)."""
     where = [f"{path}: row {i + 1}" for i in range(len(rows))]
-    if layout in ("math_shepherd", "trl"):
+    if layout in ("math_shepherd", "trl", "openrlhf", "rlhflow"):
         return [example_from_row(r, w) for r, w in zip(rows, where)]
     if layout == "processbench":
         return [processbench_example(r, w) for r, w in zip(rows, where)]
@@ -108,7 +117,8 @@ def scorer():
     return load_reward_model(RM, rm)
 
 
-@pytest.mark.parametrize("layout", ["math_shepherd", "trl", "processbench", "prm800k", "plain"])
+@pytest.mark.parametrize("layout", ["math_shepherd", "trl", "openrlhf", "rlhflow", "processbench",
+                                    "prm800k", "plain"])
 def test_each_layout_gets_the_scorers_own_step_scores_beside_its_fields(tmp_path, layout,
                                                                          scorer):
     rows = _layout_rows(layout)
@@ -160,6 +170,9 @@ BAD = {  # layout: (rows 1-2 good, row 3 bad in `field`)
     "plain": ({"question": "q", "sample": 0}, "solution"),
     "math_shepherd": ({"input": "q Step 1: a ки", "label": "q Step 1: a ?"}, "label"),
     "trl": ({"prompt": "q", "completions": ["a", "b"], "labels": [True]}, "labels"),
+    "openrlhf": ({"input": "q Step 1: a ки", "value": ["+", 1.5]}, "value"),
+    "rlhflow": ({"conversations": [{"role": "user", "content": "q Step 1: a"},
+                                   {"role": "assistant", "content": "?"}]}, "conversations"),
     "processbench": ({"problem": "q", "steps": ["a"], "label": 3}, "label"),
     "prm800k": ({"question": {"problem": "q"}, "label": {"steps": 2}}, "label.steps"),
 }
