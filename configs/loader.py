@@ -40,6 +40,7 @@ CHOICES = {
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "rollout.lora_push": ("merged", "adapter"),
+    "rm.truncation": ("end", "drop"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
     "iterate.refresh_from": ("previous", "base"),
     "watch.guard": ("off", "warn", "stop", "refresh"),
@@ -215,7 +216,23 @@ def check_keys(keys: list[str], where: str) -> None:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else \
                 "; `igrpo config show` lists every key"
+            if key in TRL_KEYS:
+                hint = f"; that is TRL's PRMConfig name: here it is {TRL_KEYS[key]}"
             raise ConfigError(f"{where}: unknown config key {key!r}{hint}")
+
+
+TRL_KEYS = {
+    "max_length": "rm.max_length", "train_on_last_step_only": "rm.train_on_last_step_only",
+    "max_completion_length": "rm.max_length (no completion budget of its own: the question "
+                             "comes first, so the end of the row is what a cut takes)",
+    "step_separator": "rm.separator (rm.family=token_classification; the tag LM's is "
+                      "rm.step_tag)",
+    "learning_rate": "rm.lr", "num_train_epochs": "rm.epochs",
+    "per_device_train_batch_size": "deepspeed.micro_batch_size",
+    "gradient_accumulation_steps": "rm.batch_size (the global batch; the accumulation follows "
+                                   "from it, the micro-batch and the ranks)",
+}
+"""TRL 1.13's PRMConfig names (its users' muscle memory), each with the key it maps to here."""
 
 
 def _override_keys(overrides) -> list[str]:

@@ -445,6 +445,14 @@ class RewardModelConfig:
     epochs: float = 2.0
     max_length: int = 512
     """Tokens per input; longer inputs are cut at the end, dropping the tags past the cut."""
+    truncation: str = "end"
+    """A training row longer than `max_length`: end (cut at the end, its steps past the cut
+    untrained, as TRL's PRMTrainer cuts) or drop (not trained on at all). Either way the tags
+    dropped are counted (`rm/tags_dropped`) and their share is reported at the end of training,
+    with a warning above 5%."""
+    train_on_last_step_only: bool = False
+    """Train on each row's last step's label alone (TRL's key; a row cut before its last step
+    then trains on nothing); validation still reads every step."""
     score_batch_size: int = 64
     """Rows a reward model scores per forward (GRPO's reward, the reports): its activations are
     `igrpo plan`'s scoring term (rows x max_length)."""

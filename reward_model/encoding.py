@@ -8,7 +8,7 @@ never shifted onto other tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,6 +41,36 @@ class TagBatch:
     reward model's own token log-likelihoods. Empty unless asked for."""
     steps_kept: list[int]
     """Per example: how many of its tags survived truncation."""
+
+
+TRUNCATION_WARN_SHARE = 0.05
+"""Above this share of a training run's step tags cut off by `rm.max_length`, training warns."""
+
+
+def fit_labels(batch: TagBatch, examples: list[StepExample], truncation: str,
+               last_step_only: bool) -> tuple[TagBatch, int, int]:
+    """(the batch as training reads it, step tags it dropped, its tags): rows cut by
+    `max_length` keep the labels before the cut (`truncation="end"`) or none
+    (`"drop"`); with `last_step_only` a row keeps only its last step's label, none if the cut
+    took it."""
+    label_mask, lm_mask = batch.label_mask.clone(), batch.lm_mask.clone()
+    tags = dropped = 0
+    for row, (ex, kept) in enumerate(zip(examples, batch.steps_kept)):
+        tags += len(ex.steps)
+        cut = kept < len(ex.steps)
+        if cut and truncation == "drop":
+            dropped += len(ex.steps)
+            label_mask[row] = False
+            if lm_mask.numel():
+                lm_mask[row] = False
+            continue
+        dropped += len(ex.steps) - kept
+        if last_step_only:
+            positions = label_mask[row].nonzero().flatten()
+            label_mask[row] = False
+            if not cut and len(positions):
+                label_mask[row, positions[-1]] = True
+    return replace(batch, label_mask=label_mask, lm_mask=lm_mask), dropped, tags
 
 
 def tag_tokens(tokenizer, tag: str) -> TagTokens:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,8 @@ from configs.schema import DeepSpeedConfig, ModelConfig, RewardModelConfig
 from process_supervision.formats import StepExample, StepRows
 from reward_model.backbone import added_layer_parameters, deepen
 from reward_model.likelihood_feature import calibration_of, refit_or_keep, set_calibration
-from reward_model.encoding import TagBatch, encode, ensure_tag_token, tag_tokens
+from reward_model.encoding import (TRUNCATION_WARN_SHARE, TagBatch, encode, ensure_tag_token,
+                                   fit_labels, tag_tokens)
 from reward_model.families import Reading, TokenClassScorer
 from reward_model.evaluate import step_metrics
 from reward_model.export import CardFacts, model_card, name_labels
@@ -122,9 +124,8 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
     while trainer.running():
         epoch, batch_ids = epoch_slice(len(train), state["step"], plan.global_sequences,
                                        derive_seed(seed, "rm-order"), groups, lengths)
-        mine = [train[i] for i in batch_ids[rank * plan.rank_sequences:
-                                            (rank + 1) * plan.rank_sequences]]
-        batch = read.encode(mine)
+        mine, batch, dropped = _training_batch(read, train, batch_ids[
+            rank * plan.rank_sequences:(rank + 1) * plan.rank_sequences], rm, state)
         started = time.perf_counter()
         engine.train()
         sums, loss_of = batch_loss(engine, batch, read, rm, world_size, plan.micro_batch_size,
@@ -133,7 +134,8 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
                                      f"{out} step {state['step'] + 1}")
         trainer.advance()
         metrics = {"rm/loss": global_sum(sums["loss"]), "rm/lr": current_lr(engine),
-                   "rm/grad_norm": grad_norm, "time/step": time.perf_counter() - started}
+                   "rm/grad_norm": grad_norm, "rm/tags_dropped": dropped,
+                   "time/step": time.perf_counter() - started}
         if rm.lm_weight:
             metrics["rm/lm_loss"] = global_sum(sums["lm"])
         if rm.pairwise_weight:
@@ -150,11 +152,41 @@ def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list
     if checked[0] != state["step"]:  # resumed after its last step: fit and validate again
         check.calibrate()
         checked = (state["step"], check.validate())
-    trainer.finish(tokenizer, final_dir, config_yaml, {"steps": state["step"], **checked[1]},
+    trainer.finish(tokenizer, final_dir, config_yaml, {"steps": state["step"], **checked[1],
+                                                       **truncation_report(out, rm, state)},
                    files=_for_export(spec, engine.module, tokenizer, init, examples, val, checked))
     if is_main():
         logger.log_checkpoint(final_dir, f"{spec.run_name}-{out.parent.name}-{out.name}")
     return final_dir
+
+
+def _training_batch(read, train, ids: list[int], rm: RewardModelConfig, state: dict):
+    """(this rank's examples, `train[i]` for `ids`; their encoding as training reads it,
+    `fit_labels`; the step tags every rank's rows lost to `rm.max_length`). The run's count of
+    tags lost and seen is kept in `state["tags_cut"]` (saved and resumed with the stage)."""
+    examples = [train[i] for i in ids]
+    batch, dropped, tags = fit_labels(read.encode(examples), examples, rm.truncation,
+                                      rm.train_on_last_step_only)
+    cut = [global_sum(float(dropped)), global_sum(float(tags))]
+    state["tags_cut"] = [a + b for a, b in zip(state.get("tags_cut", [0.0, 0.0]), cut)]
+    return examples, batch, cut[0]
+
+
+def truncation_report(out: Path, rm: RewardModelConfig, state: dict) -> dict:
+    """What `rm.max_length` cut from a training run (every step's rows, every rank's:
+    `state["tags_cut"]`), printed on the main rank, with a warning above
+    `TRUNCATION_WARN_SHARE` of the tags."""
+    dropped, tags = state.get("tags_cut", [0.0, 0.0])
+    share = dropped / tags if tags else 0.0
+    if is_main() and dropped:
+        print(f"[igrpo] {out.name}: rm.max_length={rm.max_length} (rm.truncation="
+              f"{rm.truncation}) left {int(dropped):,} of {int(tags):,} step tags untrained "
+              f"({100 * share:.1f}%)", flush=True)
+        if share > TRUNCATION_WARN_SHARE:
+            warnings.warn(f"{out.name}: {100 * share:.1f}% of the step tags seen in training "
+                          f"were cut off by rm.max_length={rm.max_length}: raise it, or shorten "
+                          "the rows", stacklevel=2)
+    return {"tags_dropped": int(dropped), "tags_dropped_share": share}
 
 
 def _for_export(spec: RMSpec, module, tokenizer, init, examples, val, checked) -> dict:

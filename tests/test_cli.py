@@ -70,6 +70,17 @@ def test_a_typo_gets_a_suggestion_in_one_line(override, suggestion):
     assert f"did you mean {suggestion!r}?" in message and "\n" not in message
 
 
+@pytest.mark.parametrize("override,ours", [("max_length=512", "rm.max_length"),
+                                           ("learning_rate=1e-5", "rm.lr"),
+                                           ("max_completion_length=256", "rm.max_length"),
+                                           ("train_on_last_step_only=true",
+                                            "rm.train_on_last_step_only")])
+def test_trls_prm_config_names_point_to_ours(override, ours):
+    """A TRL PRMTrainer user's key (TRL 1.13's PRMConfig) is refused naming the key it is here."""
+    with pytest.raises(ConfigError, match=rf"that is TRL's PRMConfig name: here it is {ours}"):
+        load_config("configs/tiny.yaml", [override])
+
+
 def test_a_typo_in_a_yaml_file_names_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("grpo:\n  group_sise: 8\n")

@@ -9,7 +9,7 @@ import torch
 from process_supervision.formats import (StepExample, example_from_row, read_step_rows,
                                          parse_math_shepherd, to_math_shepherd,
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
-from reward_model.encoding import encode, orm_example, tag_tokens
+from reward_model.encoding import encode, fit_labels, orm_example, tag_tokens
 from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
 from reward_model.losses import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
@@ -156,6 +156,64 @@ def test_truncation_drops_trailing_labels(tok):
     assert batch.targets[0][batch.label_mask[0]].tolist() == [1.0, 0.0]  # not shifted
     short = encode(tok, [ex], tags, STEP_TAG, max_length=second_tag)
     assert short.targets[0][short.label_mask[0]].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("truncation, last_only, wanted, dropped", [
+    ("end", False, [[1.0, 0.0, 1.0], [1.0, 0.0]], 1),   # the long row keeps its first 2 labels
+    ("drop", False, [[1.0, 0.0, 1.0], []], 3),          # ... or none
+    ("end", True, [[1.0], []], 1),                      # the last step only: cut, so none
+    ("drop", True, [[1.0], []], 3),
+])
+def test_truncation_and_last_step_only_choose_the_labels_training_reads(tok, truncation,
+                                                                        last_only, wanted,
+                                                                        dropped):
+    """Two rows, the second cut by `max_length` after its second tag (of 3): `rm.truncation`
+    end keeps the labels before the cut, drop none of the row's; `train_on_last_step_only`
+    keeps each row's last step alone, none where the cut took it; the tags dropped counted."""
+    tags = tag_tokens(tok, STEP_TAG)
+    short = StepExample("Q", ("1+1=2", "2*3=6", "6-1=5"), (1.0, 0.0, 1.0))
+    long = StepExample("Q" * 40, ("1+1=2", "2*3=6", "6-1=5"), (1.0, 0.0, 1.0))
+    text, _ = to_math_shepherd(long.question, long.steps)
+    cut = _tag_token_positions(text)[1] + 1
+    batch = encode(tok, [short, long], tags, STEP_TAG, max_length=cut)
+    assert batch.steps_kept == [3, 2]
+    fitted, lost, seen = fit_labels(batch, [short, long], truncation, last_only)
+    assert [fitted.targets[r][fitted.label_mask[r]].tolist() for r in (0, 1)] == wanted
+    assert (lost, seen) == (dropped, 6)
+    assert torch.equal(batch.label_mask.sum(), torch.tensor(5))  # the batch itself untouched
+
+
+def test_train_rm_counts_the_tags_its_max_length_cut_and_warns(tmp_path):
+    """`igrpo train-rm` (the shipped warm start, 32 synthetic solutions) with a `rm.max_length`
+    that cuts some rows: every step logs the tags its rows lost (`rm/tags_dropped`), the run's
+    count and share land in done.json; `rm.truncation=drop` loses every tag of a cut row, so
+    more, and above 5% of the tags seen a warning names the share."""
+    import warnings
+
+    import igrpo
+    from runtime.tracking import read_metrics
+
+    done = {}
+    for policy in ("end", "drop"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert igrpo.main(["train-rm", "--config", "configs/tiny.yaml",
+                               f"run.root={tmp_path}", f"run.name={policy}", "rm.kind=prm",
+                               "rm.synthetic_solutions=32", "rm.epochs=1", "rm.batch_size=16",
+                               "deepspeed.micro_batch_size=16", "rm.val_fraction=0",
+                               "rm.likelihood_feature=false", "rm.max_length=200",
+                               f"rm.truncation={policy}", "run.wandb_mode=disabled"]) == 0
+        out = tmp_path / policy / "rm-prm"
+        steps = [r["rm/tags_dropped"] for r in read_metrics(out / "metrics.jsonl")
+                 if "rm/loss" in r]
+        done[policy] = json.loads((out / "done.json").read_text())
+        assert len(steps) == 2 and sum(steps) == done[policy]["tags_dropped"] > 0
+        assert done[policy]["tags_dropped_share"] == done[policy]["tags_dropped"] / 128
+        warned = [str(w.message) for w in caught if "were cut off by rm.max_length" in
+                  str(w.message)]
+        assert bool(warned) == (done[policy]["tags_dropped_share"] > 0.05), policy
+    assert done["drop"]["tags_dropped"] > done["end"]["tags_dropped"]
+    assert done["drop"]["tags_dropped_share"] > 0.05  # (the warning was checked)
 
 
 def test_lm_mask_covers_right_steps_only(tok):
