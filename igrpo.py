@@ -461,6 +461,8 @@ def run_score(session: Session) -> Path:
         summary = score_file.write_scored(out, source, shards, rm.score_shard_rows)
         summary.update(reward_model=str(rm.path), kind=rm.kind, aggregate=rm.aggregate)
         atomic_write_json(folder / "summary.json", summary)
+        if "best_of_n_curve" in summary:
+            score_file.write_curve(folder, summary["best_of_n_curve"])
         print(json.dumps(summary, indent=2))
     barrier()  # the other ranks return once the output is written
     return out

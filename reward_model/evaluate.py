@@ -113,6 +113,60 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
             "per_question": per_question}
 
 
+BON_METHODS = ("rm", "weighted_vote", "majority")
+"""rm@N (the top-scored of N samples), the reward-weighted vote (the answer whose samples' scores
+sum highest) and maj@N (the most frequent answer)."""
+
+
+def _picks(right, scores, answers) -> tuple[float, float, float]:
+    """Whether rm@N, the weighted vote and maj@N pick a right sample among these N (ties: the
+    first of them; samples without an answer take no part in a vote)."""
+    rm = float(right[max(range(len(scores)), key=scores.__getitem__)])
+    weight: dict = {}
+    count: dict = {}
+    for i, answer in enumerate(answers):
+        if answer is not None:
+            weight[answer] = weight.get(answer, 0.0) + scores[i]
+            count[answer] = count.get(answer, 0) + 1
+
+    def verdict(tally) -> float:
+        if not tally:
+            return 0.0
+        top = max(tally, key=tally.__getitem__)  # (dicts keep the first of equals first)
+        return float(right[answers.index(top)])
+    return rm, verdict(weight), verdict(count)
+
+
+def best_of_n_curve(groups: list[list[tuple[bool, float, str | None]]], ns: list[int], *,
+                    draws: int = 256, seed: int = 0) -> dict[int, dict[str, list[float]]]:
+    """Best-of-N as the field measures it, per N of `ns`: for each method of `BON_METHODS`, the
+    accuracy over the questions (each question's (right, score, answer) samples) of its pick
+    among N of the question's samples, as [mean, 95% bootstrap interval over questions]. A
+    question's value is its expectation over the subsets of N of its samples: every subset
+    where there are at most `draws` of them, else `draws` seeded draws. Questions with fewer
+    than N samples sit out that N."""
+    from itertools import combinations
+    from math import comb
+
+    from runtime.stats import bootstrap_interval
+
+    rng, out = random.Random(seed), {}
+    for n in ns:
+        values = []
+        for group in groups:
+            if len(group) < n:
+                continue
+            subsets = combinations(range(len(group)), n) if comb(len(group), n) <= draws \
+                else (rng.sample(range(len(group)), n) for _ in range(draws))
+            picks = [_picks(*zip(*(group[i] for i in subset))) for subset in subsets]
+            values.append([sum(col) / len(picks) for col in zip(*picks)])
+        if values:
+            out[n] = {method: [sum(v[k] for v in values) / len(values),
+                               *bootstrap_interval([v[k] for v in values], seed=seed)]
+                      for k, method in enumerate(BON_METHODS)}
+    return out
+
+
 def prm_score(predicted: list[list[float]], labels: list[list[float]]) -> dict[str, float]:
     """PRMBench's PRMScore: 0.5 x F1 of the right steps + 0.5 x F1 of the wrong steps (a step
     predicted right when its score is >= 0.5), with both F1s."""

@@ -26,7 +26,11 @@ row as its line holds it, another file's as `datasets` reads it), then
   question text; ties: the first of them), false on the others: with several samples per
   question, the best-of-N pick;
 
-fields of those names in the input are replaced.
+fields of those names in the input are replaced. Where every row carries its question's known
+`answer`, each solution is graded against it and the summary gains `best_of_n_curve`: rm@N, the
+reward-weighted vote and maj@N at N = 1, 2, 4, ... with 95% intervals over the questions
+(`reward_model.evaluate.best_of_n_curve`), also written as `bon_curve.md` and plotted in
+`bon_curve.png` beside `summary.json`.
 
 Resumable: the rows are scored in shards of `rm.score_shard_rows`, each written atomically under
 `<run>/score/<input stem>/shards/<the model's fingerprint>/` with a digest of its rows (a shard whose rows changed since is
@@ -319,7 +323,65 @@ def write_scored(path: Path, source: ScoreInput, folder: Path, shard_rows: int) 
 
     _write_lines(path, lines())
     valid = [s for s in scores if s is not None]
+    curve = answer_curve(source, scores)
     return {"input": source.path, "layout": source.layout, "rows": len(source),
             "questions": len(set(source.questions)), "rows_scored": len(valid),
             "steps_scored": sum(map(len, step_scores)),
-            "mean_score": sum(valid) / len(valid) if valid else None, "output": str(path)}
+            "mean_score": sum(valid) / len(valid) if valid else None, "output": str(path),
+            **({"best_of_n_curve": curve} if curve else {})}
+
+
+def write_curve(folder: Path, curve: dict) -> None:
+    """`best_of_n_curve` as a table (`bon_curve.md`) and a plot (`bon_curve.png`) in `folder`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from reward_model.evaluate import BON_METHODS
+
+    lines = ["| N | " + " | ".join(BON_METHODS) + " |", "| --- " * (len(BON_METHODS) + 1) + "|"]
+    for n, row in curve.items():
+        lines.append(f"| {n} | " + " | ".join(
+            f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in (row[k] for k in BON_METHODS))
+            + " |")
+    (folder / "bon_curve.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ns = [int(n) for n in curve]
+    for method in BON_METHODS:
+        mean, lo, hi = zip(*(curve[str(n)][method] for n in ns))
+        ax.plot(ns, mean, marker="o", label=method)
+        ax.fill_between(ns, lo, hi, alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="N samples per question", ylabel="accuracy of the pick",
+           title="best-of-N (95% intervals over questions)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "bon_curve.png", dpi=100)
+    plt.close(fig)
+
+
+def answer_curve(source: ScoreInput, scores: list[float | None],
+                 chunk_rows: int = 4096) -> dict | None:
+    """Where every row carries its question's known `answer`: each solution graded against it
+    (its steps' text, `tasks.grading.grade`, its final answer extracted for the votes), and
+    `reward_model.evaluate.best_of_n_curve` over the questions at N = 1, 2, 4, ... up to the
+    largest question's samples (a row without a score ranks last). None without answers."""
+    from reward_model.evaluate import best_of_n_curve
+    from tasks.grading import extract_final_answer, grade
+
+    groups: dict[str, list] = {}
+    for start in range(0, len(source), chunk_rows):
+        stop = min(start + chunk_rows, len(source))
+        rows = table_rows(source.table, start, stop)
+        for i, (row, example) in enumerate(zip(rows, source.examples(start, stop)), start):
+            gold = row.get("answer")
+            if gold is None:
+                return None
+            text = source.separator.join(example.steps)
+            score = scores[i] if scores[i] is not None else float("-inf")
+            groups.setdefault(source.questions[i], []).append(
+                (grade(text, str(gold)), score, extract_final_answer(text)))
+    largest = max(map(len, groups.values()))
+    ns = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < largest] + [largest]
+    return {str(n): v for n, v in best_of_n_curve(list(groups.values()), ns).items()}

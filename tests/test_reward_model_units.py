@@ -10,7 +10,8 @@ from process_supervision.formats import (StepExample, example_from_row, read_ste
                                          parse_math_shepherd, to_math_shepherd,
                                          trl_to_math_shepherd, write_math_shepherd_jsonl)
 from reward_model.encoding import encode, fit_labels, orm_example, tag_tokens
-from reward_model.evaluate import auroc, best_of_n, first_error_metrics, step_metrics
+from reward_model.evaluate import (auroc, best_of_n, best_of_n_curve, first_error_metrics,
+                                   step_metrics)
 from reward_model.losses import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
 from runtime.tiny_model import STEP_TAG, build_tokenizer
@@ -275,6 +276,28 @@ def test_orm_example_reads_at_last_token(tok):
     batch = encode(tok, [orm_example("Q", "1+1=2\nThe answer is 2", 1.0)], tags, STEP_TAG, 256)
     last_real = int(batch.attention_mask[0].sum()) - 1
     assert batch.label_mask[0].nonzero().squeeze(-1).tolist() == [last_real]
+
+
+def test_best_of_n_curve_by_hand():
+    """rm@N, the reward-weighted vote and maj@N on two hand-built questions, each N's value a
+    question's expectation over every subset of N of its samples (ties: the first)."""
+    q1 = [(True, 0.9, "1"), (False, 0.8, "2"), (False, 0.7, "2")]
+    q2 = [(True, 0.2, "5"), (True, 0.3, "5"), (False, 0.95, "6")]
+    curve = best_of_n_curve([q1, q2], [1, 2, 3])
+    mean = {n: {m: v[0] for m, v in row.items()} for n, row in curve.items()}
+    assert mean[1] == pytest.approx({"rm": 0.5, "weighted_vote": 0.5, "majority": 0.5})
+    # q1: {0,1} and {0,2} pick right by every method, {1,2} by none; q2: rm and the vote pick
+    # right only in {0,1}, the vote of {0,2} and {1,2} ties 1-1 and takes the first, right
+    assert mean[2] == pytest.approx({"rm": (2 / 3 + 1 / 3) / 2,
+                                     "weighted_vote": (2 / 3 + 1 / 3) / 2,
+                                     "majority": (2 / 3 + 1) / 2})
+    # all three: q1's top score is right, "2" outvotes "1" both ways; q2's top score is wrong,
+    # "6" (0.95) outweighs "5" (0.5), "5" outnumbers "6"
+    assert mean[3] == pytest.approx({"rm": 0.5, "weighted_vote": 0.0, "majority": 0.5})
+    assert curve[3]["weighted_vote"][1:] == [0.0, 0.0]
+    sampled = best_of_n_curve([q1 * 4, q2 * 4], [6], draws=50, seed=1)  # C(12, 6) > 50: drawn
+    assert sampled == best_of_n_curve([q1 * 4, q2 * 4], [6], draws=50, seed=1)
+    assert all(0 <= v[0] <= 1 for v in sampled[6].values())
 
 
 def test_metrics_by_hand():

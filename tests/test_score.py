@@ -139,6 +139,47 @@ def test_each_layout_gets_the_scorers_own_step_scores_beside_its_fields(tmp_path
     assert not (tmp_path / "score" / "base").exists()  # nothing built: model.policy_path=''
 
 
+GOLD = {QUESTIONS[0]: "7", QUESTIONS[1]: "7", QUESTIONS[2]: "12"}
+RIGHT = [True, False, True]
+"""Each question's known answer, and which of its three solutions (right, wrong, longer) reach
+it."""
+
+
+def test_known_answers_give_best_of_n_curves_by_hand(tmp_path):
+    """Rows carrying their question's `answer`: each solution graded against it, and the
+    summary's best-of-N curve at N = 1, 2, 3 by hand from the scores the command wrote: at N = 1
+    every method's accuracy is the share of right solutions, 2/3; at N = 3, rm@3 is the accuracy
+    of the rows marked `best_of_n`, maj@3 is 1 (two of three solutions reach the answer) and the
+    weighted vote picks the answer whose solutions' scores sum highest; a table and a plot beside
+    the summary. Without answers there is no curve."""
+    rows = [dict(row, answer=GOLD[row["question"]]) for row in _plain_rows()]
+    data = _write(tmp_path / "known.jsonl", rows)
+    assert _score(tmp_path, data) == 0
+    folder = tmp_path / "score" / "score" / "known"
+    summary = json.loads((folder / "summary.json").read_text())
+    curve, out = summary["best_of_n_curve"], _read(folder / "scored.jsonl")
+    assert list(curve) == ["1", "2", "3"]
+    assert all(curve["1"][m][0] == pytest.approx(2 / 3) for m in ("rm", "weighted_vote",
+                                                                 "majority"))
+    right = RIGHT * 3
+    picked = [r for r, row in zip(right, out) if row["best_of_n"]]
+    assert curve["3"]["rm"][0] == pytest.approx(sum(picked) / 3)
+    assert curve["3"]["majority"] == [1.0, 1.0, 1.0]
+    votes = []
+    for q in range(3):
+        scores = [row["score"] for row in out[3 * q:3 * q + 3]]
+        votes.append(scores[0] + scores[2] >= scores[1])  # the right answer's sum wins
+    assert curve["3"]["weighted_vote"][0] == pytest.approx(sum(votes) / 3)
+    lo, hi = curve["2"]["rm"][1:]
+    assert lo <= curve["2"]["rm"][0] <= hi
+    assert (folder / "bon_curve.png").stat().st_size > 0
+    assert (folder / "bon_curve.md").read_text().startswith("| N | rm | weighted_vote |")
+    plain = _write(tmp_path / "plain.jsonl", _plain_rows())
+    assert _score(tmp_path, plain, name="plain") == 0
+    assert "best_of_n_curve" not in json.loads(
+        (tmp_path / "plain" / "score" / "plain" / "summary.json").read_text())
+
+
 def test_aggregate_prod_an_orm_and_the_best_of_n_pick_by_hand(tmp_path, scorer):
     rows = _plain_rows() + [{"question": QUESTIONS[0], "solution": "\n", "sample": 3}]
     data = _write(tmp_path / "plain.jsonl", rows)
