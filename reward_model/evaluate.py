@@ -54,17 +54,19 @@ def step_metrics(predicted: list[list[float]], labels: list[list[float]]) -> dic
     }
 
 
-def first_error(scores_or_labels: list[float]) -> int | None:
-    """Index of the first step judged wrong (< 0.5), None when all are right."""
-    return next((k for k, v in enumerate(scores_or_labels) if v < 0.5), None)
+def first_error(scores_or_labels: list[float], threshold: float = 0.5) -> int | None:
+    """Index of the first step judged wrong (< `threshold`), None when all are right."""
+    return next((k for k, v in enumerate(scores_or_labels) if v < threshold), None)
 
 
-def first_error_metrics(predicted: list[list[float]], labels: list[list[float]]) -> dict[str, float]:
+def first_error_metrics(predicted: list[list[float]], labels: list[list[float]],
+                        threshold: float = 0.5) -> dict[str, float]:
     """ProcessBench-style: accuracy of the first-error index on erroneous solutions, accuracy of
-    'no error' on correct ones, and their harmonic mean (F1)."""
+    'no error' on correct ones, and their harmonic mean (F1); a step predicted wrong when its
+    score is below `threshold` (the labels' own: 0.5)."""
     err_hit = err_n = ok_hit = ok_n = 0
     for pred, lab in zip(predicted, labels):
-        truth, guess = first_error(lab), first_error(pred)
+        truth, guess = first_error(lab), first_error(pred, threshold)
         if truth is None:
             ok_n += 1
             ok_hit += guess is None
@@ -111,6 +113,22 @@ def best_of_n(correct: list[list[bool]], scores: list[list[float]], answers: lis
             "random_draw": drawn / n,
             "group_auroc": sum(within) / len(within) if within else float("nan"),
             "per_question": per_question}
+
+
+def f1_threshold(predicted: list[list[float]], labels: list[list[float]],
+                 candidates: int = 201) -> float:
+    """The score threshold that maximises `first_error_metrics`' F1 on these rows (ProcessBench's
+    recipe for a scalar PRM: chosen on its GSM8K split, then applied to the others), among 0.5
+    and up to `candidates` quantiles of the predicted step scores (each taken as "wrong below
+    it", and one just above the largest score); ties go to the one nearest 0.5."""
+    values = sorted({v for row in predicted for v in row})
+    if not values:
+        return 0.5
+    count = min(candidates, len(values))
+    picks = {values[round(k * (len(values) - 1) / max(count - 1, 1))] for k in range(count)}
+    options = sorted(picks | {0.5, values[-1] + 1e-6})
+    return max(options, key=lambda t: (first_error_metrics(predicted, labels, t)
+                                       ["first_error_f1"], -abs(t - 0.5)))
 
 
 BON_METHODS = ("rm", "weighted_vote", "majority")

@@ -16,7 +16,8 @@ from process_supervision.formats import StepExample
 from runtime.steps import split_steps
 from reward_model.encoding import orm_example
 from process_supervision.benchmarks import BenchmarkRows
-from reward_model.evaluate import best_of_n, first_error_metrics, prm_score, step_metrics
+from reward_model.evaluate import (best_of_n, f1_threshold, first_error_metrics, prm_score,
+                                   step_metrics)
 from reward_model.losses import STEP_AGGREGATORS
 from reward_model.score import TagScorer, spread_score
 from runtime.data import MathRecord
@@ -33,10 +34,12 @@ def benchmark_report(scorer, bench: BenchmarkRows) -> dict[str, float]:
     the reward model's `max_length` get no score: their errors cannot be found. The scoring is
     spread over the ranks (every rank calls it)."""
     report: dict[str, float] = {}
+    scored = {}
     for split, examples in bench.splits.items():
         predicted = spread_score(scorer, examples)
         labels = [list(ex.labels) for ex in examples]
         if bench.name == "processbench":
+            scored[split] = (predicted, labels)
             found = first_error_metrics(predicted, labels)
             report.update({f"processbench/{split}/f1": found["first_error_f1"],
                            f"processbench/{split}/error_accuracy": found["first_error_accuracy"],
@@ -50,7 +53,24 @@ def benchmark_report(scorer, bench: BenchmarkRows) -> dict[str, float]:
     if bench.name == "processbench":
         f1s = [v for k, v in report.items() if k.endswith("/f1")]
         report["processbench/average_f1"] = sum(f1s) / len(f1s)
+        report.update(tuned_threshold_report(scored))
     return report
+
+
+def tuned_threshold_report(scored: dict[str, tuple[list, list]]) -> dict[str, float]:
+    """ProcessBench's threshold for a scalar PRM, beside the fixed 0.5: the one with the best F1
+    on its GSM8K split (`f1_threshold`), and each split's F1 under it
+    (`processbench/<split>/f1_tuned`, their average). Nothing without a gsm8k split."""
+    if "gsm8k" not in scored:
+        return {}
+    threshold = f1_threshold(*scored["gsm8k"])
+    out = {"processbench/threshold": threshold}
+    for split, (predicted, labels) in scored.items():
+        out[f"processbench/{split}/f1_tuned"] = first_error_metrics(
+            predicted, labels, threshold)["first_error_f1"]
+    tuned = [v for k, v in out.items() if k.endswith("/f1_tuned")]
+    out["processbench/average_f1_tuned"] = sum(tuned) / len(tuned)
+    return out
 
 
 def labelled_report(scorer: TagScorer, examples: list[StepExample]) -> dict[str, float]:

@@ -55,7 +55,7 @@ def _write_processbench(folder):
     return FixedScorer({row["problem"]: s for rows in PROCESSBENCH.values() for row, s in rows})
 
 
-def test_processbench_f1_per_split_and_average_by_hand(tmp_path):
+def test_processbench_f1_per_split_average_and_tuned_threshold_by_hand(tmp_path):
     scorer = _write_processbench(tmp_path / "pb")
     bench = read_benchmark(tmp_path / "pb")
     assert bench.name == "processbench" and sorted(bench.splits) == ["gsm8k", "math"]
@@ -69,6 +69,13 @@ def test_processbench_f1_per_split_and_average_by_hand(tmp_path):
     # math: m0's error predicted at step 1, not 2 (0.0); m1 kept (1.0): F1 0
     assert report["processbench/math/f1"] == 0.0
     assert report["processbench/average_f1"] == pytest.approx((2 / 3 + 0.0) / 2)
+    # The threshold by F1 on gsm8k (ProcessBench's recipe for a scalar PRM): "wrong below 0.4"
+    # keeps g1 (its 0.4) and still finds g0 and g2 (0.2, 0.3): F1 1; below 0.3 g2 is missed.
+    # Applied to math: m0's first error still found at step 1, F1 0.
+    assert report["processbench/threshold"] == 0.4
+    assert report["processbench/gsm8k/f1_tuned"] == 1.0
+    assert report["processbench/math/f1_tuned"] == 0.0
+    assert report["processbench/average_f1_tuned"] == 0.5
 
 
 def test_prmbench_prm_score_by_hand(tmp_path):
