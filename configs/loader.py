@@ -41,6 +41,7 @@ CHOICES = {
     "rollout.backend": ("hf", "vllm"),
     "rollout.lora_push": ("merged", "adapter"),
     "rm.truncation": ("end", "drop"),
+    "rm.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
     "iterate.refresh_from": ("previous", "base"),
     "watch.guard": ("off", "warn", "stop", "refresh"),
@@ -299,7 +300,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_algorithm_options(cfg.policy, cfg.grpo, where)
     _check_watch(cfg.watch, where)
     _check_loop_reward(cfg.policy.algorithm, cfg.policy.supervision, cfg.iterate.reward, where)
-    _check_reward_family(cfg.rm, where)
+    _check_reward_family(cfg.rm, cfg.ppo.critic_init, where)
     _check_online(cfg.rm, cfg.policy, cfg.grpo, where)
     _check_ensemble(cfg.rm, where)
     _check_adapters(cfg.model.lora, cfg.rm, cfg.policy, cfg.rollout, where)
@@ -419,8 +420,10 @@ def _check_mini_batches(g, token_budget_share: float, where: str) -> None:
                           f"{g.algorithm} / {token_budget_share}")
 
 
-def _check_reward_family(rm, where: str) -> None:
-    """The tag LM's own options on a classifier family are a mistake, not a no-op."""
+def _check_reward_family(rm, critic_init: str, where: str) -> None:
+    """The tag LM's own options on a classifier family are a mistake, not a no-op; and
+    `rm.backend`."""
+    _check_rm_backend(rm, critic_init, where)
     if rm.group_by_question and rm.group_by_length:
         raise ConfigError(f"{where}: rm.group_by_question and rm.group_by_length both set: a "
                           "batch keeps a question's solutions together, or rows of one length")
@@ -490,6 +493,21 @@ def _check_rm_lora(rm, where: str) -> None:
         raise ConfigError(f"{where}: rm.lora with rm.extra_layers_from: the added layers start "
                           "at a zero output and LoRA would freeze them there; use one or the "
                           "other")
+
+
+def _check_rm_backend(rm, critic_init: str, where: str) -> None:
+    """`rm.backend=vllm` scores a token-classification PRM that nothing trains in place."""
+    if rm.backend != "vllm":
+        return
+    if rm.family not in ("", "token_classification"):
+        raise ConfigError(f"{where}: rm.backend=vllm scores the token_classification family "
+                          f"(vLLM's pooling runner); rm.family={rm.family}")
+    if rm.online:
+        raise ConfigError(f"{where}: rm.backend=vllm with rm.online: the online reward model "
+                          "trains, and vLLM only scores; set rm.backend=hf")
+    if critic_init == "reward_model":
+        raise ConfigError(f"{where}: rm.backend=vllm with ppo.critic_init=reward_model: the "
+                          "critic starts from the reward model's weights; set rm.backend=hf")
 
 
 def _check_lora_push(rollout, lora, where: str) -> None:

@@ -445,6 +445,14 @@ class RewardModelConfig:
     epochs: float = 2.0
     max_length: int = 512
     """Tokens per input; longer inputs are cut at the end, dropping the tags past the cut."""
+    backend: str = "hf"
+    """Who runs a token-classification PRM's forward when it scores (GRPO's reward, `igrpo
+    score`, the reports, best-of-N): hf (transformers) or vllm (vLLM's pooling runner beside the
+    policy's engine, the head applied to the hidden states it returns; reward_model/
+    vllm_scorer.py). Training stays on transformers."""
+    vllm_kv_cache_gb: float = 1.0
+    """`rm.backend=vllm`: the pooling engine's KV cache in GB (a prefill-only engine: one batch's
+    tokens, `rm.score_batch_size` x `rm.max_length`)."""
     truncation: str = "end"
     """A training row longer than `max_length`: end (cut at the end, its steps past the cut
     untrained, as TRL's PRMTrainer cuts) or drop (not trained on at all). Either way the tags

@@ -112,7 +112,8 @@ def rm_spec(rm, model, deepspeed, seed: int, run_name: str) -> RMSpec:
     reports read, are tag LMs."""
     return RMSpec(rm, model, deepspeed, seed, run_name,
                   token_classifier=rm.family == "token_classification",
-                  trainable=rm.family in ("", "tag_lm", "token_classification", "implicit"))
+                  trainable=rm.family in ("", "tag_lm", "token_classification", "implicit"),
+                  pooled=rm.backend == "vllm")
 
 
 @dataclass(frozen=True)
@@ -199,8 +200,8 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
     against the frozen `online_reference` (the policy's warm start)."""
     from policy.rewards import RuleReward
     from process_supervision.oracle import StepOracleReward
-    from reward_model.families import load_reward_model
     from reward_model.score import ORMReward, PRMReward
+    from reward_model.vllm_scorer import load_scorer
 
     timeout = w.stage.evaluation.timeout_s
     if choice == "rule":
@@ -230,7 +231,7 @@ def make_reward(w: Resolved, policy_tokenizer, choice: str,
         return UpdatedFirst(learner) if rm.online_update == "before" else learner
     rm = w.rm.settings
     loaded = load_scorers([kind])[kind] if load_scorers is not None else \
-        load_reward_model(rm.path, rm, w.stage.model)
+        load_scorer(rm.path, rm, w.stage.model, w.rm.pooled)
 
     def reward_of(scorer):
         if w.per_step:

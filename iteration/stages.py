@@ -80,10 +80,11 @@ def rm_backbone(w: Resolved, warm_start: str | Path) -> str | Path:
 
 
 def load_scorer(w: Resolved, path: str | Path):
-    """The reward model in `path`, of any family (`reward_model/families.py`)."""
-    from reward_model.families import load_reward_model
+    """The reward model in `path`, of any family (`reward_model/families.py`), scored through
+    vLLM's pooling runner under `rm.backend=vllm`."""
+    from reward_model.vllm_scorer import load_scorer as load
 
-    return load_reward_model(path, w.rm.settings, w.stage.model)
+    return load(path, w.rm.settings, w.stage.model, w.rm.pooled)
 
 
 def evaluate(w: Resolved, model, tokenizer, records: list[MathRecord],

@@ -96,6 +96,8 @@ class RMSpec:
     token_classifier: bool = False
     trainable: bool = True
     """False for a family that is only read (a sequence classifier)."""
+    pooled: bool = False
+    """Scored through vLLM's pooling runner (`rm.backend=vllm`; reward_model/vllm_scorer.py)."""
 
 
 def train_reward_model(spec: RMSpec, out: Path, init: str | Path, examples: list[StepExample],

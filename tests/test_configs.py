@@ -254,3 +254,15 @@ def test_the_loops_reward_must_fit_the_supervision():
     assert cfg.iterate.reward == "step_oracle"
     dpo = load_config("configs/tiny.yaml", ["run.recipe=dpo"])
     assert (dpo.policy.supervision, dpo.iterate.reward) == ("process", "rule")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rm.backend=vllm", "rm.family=tag_lm"], "rm.backend=vllm scores the token_classification"),
+    (["rm.backend=vllm", "ppo.critic_init=reward_model"], "ppo.critic_init=reward_model"),
+    (["rm.backend=vllm", "rm.online=true", "policy.reward=rm"], "rm.backend=vllm with rm.online"),
+    (["rm.backend=onnx"], "'rm.backend' = 'onnx'"),
+])
+def test_rm_backend_vllm_is_refused_where_vllm_cannot_serve_it(overrides, message):
+    """`rm.backend=vllm` serves a token-classification PRM that nothing trains in place."""
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config("configs/tiny.yaml", overrides)

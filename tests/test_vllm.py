@@ -146,6 +146,73 @@ def test_a_lora_policy_pushed_as_an_adapter_samples_what_its_merged_weights_do(t
     assert got["grpo"]["moved"] and all(k.endswith("proj.weight") for k in got["grpo"]["moved"])
 
 
+POOLED = ["rm.family=token_classification", "rm.lm_weight=0", "rm.likelihood_feature=false",
+          "rm.extra_layers_from=[]", "rm.backend=vllm", "rm.vllm_kv_cache_gb=0.5"]
+
+
+def _token_classifier(folder, seed: int):
+    """A token-classification PRM over the warm start's backbone (its head and its last
+    layer's MLP drawn from `seed`, so two of them differ in backbone and head), saved."""
+    from configs.loader import BUNDLED
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(seed)
+    model = AutoModelForTokenClassification.from_pretrained(BUNDLED / "tiny_warm_start",
+                                                            num_labels=2)
+    with torch.no_grad():
+        model.score.weight.normal_(0, 0.5)
+        model.model.layers[-1].mlp.down_proj.weight.add_(0.05 * torch.randn_like(
+            model.model.layers[-1].mlp.down_proj.weight))
+    model.save_pretrained(folder)
+    load_tokenizer(BUNDLED / "tiny_warm_start").save_pretrained(folder)
+    return folder
+
+
+def test_a_token_classification_prm_scores_through_vllms_pooling_runner(setting, tmp_path):
+    """`rm.backend=vllm`: a token-classification PRM's backbone runs in vLLM's pooling runner
+    (a second engine in the process, beside the policy's) and its head on the hidden states
+    vLLM returns: every step's score equals the transformers forward's to 1e-4, for a second
+    checkpoint too (its weights reloaded into the same engine, as a refreshed PRM's are); the
+    policy's engine still generates as before; and a GRPO step sampled by vLLM is rewarded by
+    the pooled PRM, each rollout's reward its hf-scored minimum."""
+    from reward_model.examples import synthetic_step_examples
+    from reward_model.families import load_reward_model
+    from reward_model.vllm_scorer import load_scorer
+
+    cfg = load_config("configs/tiny.yaml", [*VLLM, *POOLED])
+    tokenizer, fmt, splits, prompts = _held_out_prompts(cfg)
+    examples = synthetic_step_examples(splits.eval[:12], 3)
+    engine = setting[1]
+    before = generate_groups(engine, tokenizer, prompts[:4], 1, max_new_tokens=40, greedy=True)
+    for seed in (0, 1):
+        prm = _token_classifier(tmp_path / f"prm{seed}", seed)
+        want = load_reward_model(prm, cfg.rm, cfg.model, family="token_classification"
+                                 ).score(examples)
+        got = load_scorer(prm, cfg.rm, cfg.model, pooled=True).score(examples)
+        assert [len(row) for row in got] == [len(row) for row in want]
+        assert max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w)) < 1e-4
+        assert len({round(v, 3) for row in got for v in row}) > 5  # (scores that differ)
+    after = generate_groups(engine, tokenizer, prompts[:4], 1, max_new_tokens=40, greedy=True)
+    assert after.completion_ids.tolist() == before.completion_ids.tolist()
+    # GRPO sampled by vLLM, rewarded by the pooled PRM (process supervision: its step scores)
+    from iteration.resolve import make_reward
+    from runtime.tracking import MetricsLogger, read_metrics
+
+    grpo = load_config("configs/tiny.yaml", [
+        *VLLM, *POOLED, f"rm.path={prm}", "policy.reward=rm", "policy.supervision=process",
+        f"run.root={tmp_path}", "policy.steps=1", "policy.questions_per_step=2",
+        "policy.group_size=4", "policy.eval_every=0", "run.wandb_mode=disabled",
+        "inspect.every=0"])
+    w = resolve(grpo)
+    reward = make_reward(w, tokenizer, "rm")
+    assert type(reward.scorer).__name__ == "VLLMTokenClassScorer"
+    logger = MetricsLogger(tmp_path / "m.jsonl", config={}, mode="disabled", project="", name="")
+    w.train_policy(tmp_path / "grpo", grpo.model.policy_path, reward, splits.rl, splits.eval,
+                   logger, "", evaluate_ends=False)
+    (row,) = [r for r in read_metrics(tmp_path / "m.jsonl") if "train/loss" in r]
+    assert 0 < row["reward/mean"] < 1
+
+
 @pytest.mark.parametrize("recipe", ["grpo", "gspo", "online_dpo", "grpo-lora-tis"])
 def test_grpo_on_vllm_logs_a_small_drift_and_learns_a_step(setting, tmp_path, recipe):
     """Two GRPO steps sampled by the engine: the loss's log-probs come from the training model,

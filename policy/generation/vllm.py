@@ -107,6 +107,28 @@ def _installed_vllm() -> tuple[str, object]:
     return vllm.__version__, reload_weights
 
 
+def colocated_llm_class(needed_by: str):
+    """vLLM's `LLM`, set up to run in this process beside training (V1 multiprocessing off, so
+    its worker is in this process and is handed this process's tensors; the CPU backend's
+    thread pinning off, so the training code keeps its threads), its version checked;
+    `needed_by` names the setting that asked for it where vLLM is missing."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+        warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is set to "
+                      f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r}; the colocated "
+                      "engine needs it 0 (the push hands it this process's tensors): set to 0")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # In-process on the CPU backend, vLLM would pin this process's OpenMP threads: the
+    # training code shares them, so the threads stay as run.threads set them.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    try:
+        from vllm import LLM
+    except ImportError as err:
+        raise ImportError(f"{needed_by} needs vLLM: pip install -e '.[vllm]' "
+                          "(README: Rollout on vLLM)") from err
+    check_vllm(*_installed_vllm())
+    return LLM
+
+
 class VLLMEngine:
     """A vLLM engine over `model_path` for sampling G completions per prompt."""
 
@@ -118,20 +140,7 @@ class VLLMEngine:
         `sleep()` frees the engine's memory for a training update; `cuda_graphs`: on a GPU,
         decoding runs captured CUDA graphs (vLLM's `enforce_eager=False`); `lora_rank` > 0:
         vLLM's LoRA support on, one adapter of that rank at a time (`push_adapter`)."""
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
-            warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is set to "
-                          f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r}; the colocated "
-                          "engine needs it 0 (the push hands it this process's tensors): set to 0")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # In-process on the CPU backend, vLLM would pin this process's OpenMP threads: the
-        # training code shares them, so the threads stay as run.threads set them.
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        try:
-            from vllm import LLM
-        except ImportError as err:
-            raise ImportError("rollout.backend=vllm needs vLLM: pip install -e '.[vllm]' "
-                              "(README: Rollout on vLLM)") from err
-        check_vllm(*_installed_vllm())
+        LLM = colocated_llm_class("rollout.backend=vllm")
         gpu = torch.cuda.is_available()
         # On the CPU backend the memory fraction is of the machine's RAM (despite its name).
         kwargs = dict(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed,
