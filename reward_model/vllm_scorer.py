@@ -160,7 +160,8 @@ class VLLMTokenClassScorer(TokenClassScorer):
             rows = [ids[mask.bool()].tolist()
                     for ids, mask in zip(batch.input_ids, batch.attention_mask)]
             for row, hidden in enumerate(self.pool.hidden(rows)):
-                margin = read_class(self.head(hidden.float()), self.reading)
+                self.head = self.head.to(hidden.device)  # (on a GPU, vLLM's device)
+                margin = read_class(self.head(hidden.float()), self.reading).cpu()
                 labelled = batch.label_mask[row][:len(rows[row])]
                 out.append(torch.sigmoid(margin[labelled]).tolist())
         self.pool.sleep()

@@ -45,7 +45,7 @@ class _VLLMLike:
 def _sampler(engine, vllm) -> Sampler:
     sampler = Sampler.__new__(Sampler)
     sampler.engine, sampler.trainer, sampler.vllm = engine, SimpleNamespace(step=0), vllm
-    sampler.start = None
+    sampler.start, sampler.settings, sampler.adapter = None, None, False
     return sampler
 
 
