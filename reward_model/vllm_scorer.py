@@ -140,6 +140,7 @@ def pooled_backbone(path: Path, *, dtype: str, max_model_len: int, kv_cache_gb: 
                            f"was made for {_POOL.made_for}")
     if _POOL.path != str(path):
         _POOL.load(path)
+        _POOL.sleep()  # (asleep until it scores)
     return _POOL
 
 

@@ -119,6 +119,41 @@ def test_a_grpo_stage_pushes_and_scores_with_the_pool_asleep(recorder, tmp_path,
     assert recording_vllm.LOGPROBS[:3] == [None, 0, 0] and recording_vllm.LOGPROBS[-1] is None
 
 
+def test_a_prm_scored_through_vllm_wakes_its_own_engine_only_to_score(recorder, tmp_path):
+    """`rm.backend=vllm`: the PRM's pooling engine, made beside the policy's, sleeps (level 1:
+    its weights kept) from its load to each scoring, and wakes only to encode that step's
+    rollouts while the policy's engine sleeps; it is asleep again before the update."""
+    from transformers import AutoModelForTokenClassification
+
+    import igrpo
+    from configs.loader import BUNDLED
+    from runtime.models import load_tokenizer
+
+    prm = tmp_path / "prm"
+    AutoModelForTokenClassification.from_pretrained(BUNDLED / "tiny_warm_start",
+                                                    num_labels=2).save_pretrained(prm)
+    load_tokenizer(BUNDLED / "tiny_warm_start").save_pretrained(prm)
+    assert igrpo.main(["grpo", "--config", "configs/tiny.yaml", f"run.root={tmp_path}", *VLLM,
+                       "rm.family=token_classification", "rm.lm_weight=0",
+                       "rm.likelihood_feature=false", "rm.extra_layers_from=[]",
+                       "rm.backend=vllm", f"rm.path={prm}", "policy.reward=rm",
+                       "policy.supervision=process", "policy.steps=2",
+                       "policy.questions_per_step=2", "policy.group_size=4",
+                       "policy.max_new_tokens=8", "eval.max_new_tokens=8", "eval.k=2",
+                       "data.eval_questions=2", "policy.eval_every=0"]) == 0
+    assert _beside_the_pool(recorder) == []
+    names = _names(recorder)
+    made = names.index("create:pooling")
+    assert names[made + 1:made + 3] == ["reload", "sleep:pooling"]  # loaded, then asleep
+    for step in range(2):  # each step's scoring, and nothing of the pooling engine beside
+        update = [i for i, name in enumerate(names) if name == "update"][step]
+        score = max(i for i in range(update) if names[i] == "score")
+        assert names[score - 1] == "sleep" and names[score + 1:update + 1] == [
+            "wake:weights:pooling", "wake:kv_cache:pooling", "encode", "sleep:pooling",
+            "update"]
+    assert names.count("encode") == 2
+
+
 def test_iterate_never_holds_the_pool_beside_training_scoring_or_a_gather(recorder, tmp_path):
     """Algorithm 1 end to end (two iterations, the reward models refreshed once): labelling,
     evaluation and the refresh check end with vLLM asleep, so reward-model training, the reward

@@ -23,14 +23,29 @@ LOGPROBS: list = []
 
 class LLM:
     current: "LLM | None" = None
+    made: list = []
+    """Every engine made: a policy's generation engine, and a PRM's pooling engine
+    (`runner="pooling"`: its backbone's hidden states, `encode`)."""
 
-    def __init__(self, model: str, seed: int = 0, **kwargs):
+    def __init__(self, model: str, seed: int = 0, runner: str = "generate", **kwargs):
         from runtime.models import load_causal_lm
 
-        self.model = load_causal_lm(model).eval()
+        self.model = load_causal_lm(model).eval()  # (a token classifier: its backbone + a head)
         self.weights = self.kv = True
-        LLM.current = self
-        record("create")
+        self.pooling = runner == "pooling"
+        LLM.made.append(self)
+        if not self.pooling:
+            LLM.current = self
+        record("create:pooling" if self.pooling else "create")
+
+    def encode(self, prompts, pooling_task=None, use_tqdm=False):
+        assert self.pooling and pooling_task == "token_embed"
+        assert self.weights and self.kv, "encode with the pooling engine's memory asleep"
+        record("encode")
+        with torch.no_grad():
+            return [SimpleNamespace(outputs=SimpleNamespace(data=self.model.model(
+                input_ids=torch.tensor([p["prompt_token_ids"]])).last_hidden_state[0]))
+                for p in prompts]
 
     def generate(self, prompts, params, use_tqdm=False, lora_request=None):
         from policy.generation.rollout import decode
@@ -70,14 +85,14 @@ class LLM:
         return self.adapter_model
 
     def sleep(self, level: int = 1):
-        assert level == 2
+        assert level == (1 if self.pooling else 2)  # (a pooling engine keeps its weights)
         self.weights = self.kv = False
-        record("sleep")
+        record("sleep:pooling" if self.pooling else "sleep")
 
     def wake_up(self, tags=None):
         for tag in tags or ["weights", "kv_cache"]:
             setattr(self, "weights" if tag == "weights" else "kv", True)
-            record(f"wake:{tag}")
+            record(f"wake:{tag}" + (":pooling" if self.pooling else ""))
 
     def collective_rpc(self, method, kwargs=None, **_):
         assert method == "reload_weights" and self.weights, "reload into unmapped weights"
@@ -93,6 +108,8 @@ class LLM:
 
 
 def record(event: str) -> None:
+    """`event` beside whether the policy's generation engine holds its KV pool and its weights
+    mapped (a pooling engine's own state is in its events: it maps its pool only to encode)."""
     llm = LLM.current
     EVENTS.append((event, bool(llm and llm.kv), bool(llm and llm.weights)))
 
@@ -128,6 +145,10 @@ def install(monkeypatch) -> None:
         lora_name=name, lora_int_id=lora_int_id, lora_path=lora_path)
     lora.request = request
     package.lora = lora
+    config = types.ModuleType("vllm.config")
+    config.PoolerConfig = lambda **kw: SimpleNamespace(**kw)
+    package.config = config
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
     monkeypatch.setitem(sys.modules, "vllm", package)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.setitem(sys.modules, "vllm.lora", lora)
@@ -139,3 +160,7 @@ def install(monkeypatch) -> None:
     EVENTS.clear()
     LOGPROBS.clear()
     LLM.current = None
+    LLM.made.clear()
+    from reward_model import vllm_scorer
+
+    monkeypatch.setattr(vllm_scorer, "_POOL", None)
