@@ -481,14 +481,14 @@ def _check_lora(lora, key: str, where: str) -> None:
 
 
 def _check_rm_lora(rm, where: str) -> None:
-    """`rm.lora` trains the offline families; an online or implicit reward model and added
+    """`rm.lora` trains the offline families and the online ORM; the implicit PRM and added
     layers (which would stay frozen at their zero output) are refused."""
     if not rm.lora.rank:
         return
-    if rm.online:
-        raise ConfigError(f"{where}: rm.lora with rm.online: the online reward model trains "
-                          "whole (LoRA is built for the reward models train-rm and the loop "
-                          "train); set rm.lora.rank=0")
+    if rm.family == "implicit":
+        raise ConfigError(f"{where}: rm.lora with rm.family=implicit: PRIME's implicit PRM "
+                          "trains whole (LoRA is built for the tag-LM and token-classification "
+                          "reward models, offline and the online ORM); set rm.lora.rank=0")
     if rm.extra_layers_from:
         raise ConfigError(f"{where}: rm.lora with rm.extra_layers_from: the added layers start "
                           "at a zero output and LoRA would freeze them there; use one or the "

@@ -266,3 +266,12 @@ def test_rm_backend_vllm_is_refused_where_vllm_cannot_serve_it(overrides, messag
     """`rm.backend=vllm` serves a token-classification PRM that nothing trains in place."""
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config("configs/tiny.yaml", overrides)
+
+
+def test_rm_lora_is_refused_for_prime_s_implicit_prm_naming_the_key():
+    """`rm.lora` trains the offline reward models and the online ORM; the implicit PRM, whose
+    reward is the policy-shaped model's log-ratio to its reference, trains whole."""
+    with pytest.raises(ConfigError, match=r"rm\.lora with rm\.family=implicit"):
+        load_config("configs/tiny.yaml", ["rm.lora.rank=4", "rm.family=implicit",
+                                          "rm.online=true", "policy.reward=rm",
+                                          "rm.extra_layers_from=[]"])

@@ -270,10 +270,11 @@ def test_grpo_credit_form_two_processes_equal_one(tmp_path, ranks, base, credit)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["grpo-online", "grpo-implicit", "grpo-prime"])
+@pytest.mark.parametrize("kind", ["grpo-online", "grpo-online-lora", "grpo-implicit",
+                                  "grpo-prime"])
 def test_online_reward_model_steps_on_two_processes_equal_one(tmp_path, ranks, base, kind):
     """GRPO rewarded by a reward model that learns from the step's samples (`rm.online`: the
-    ORM; PRIME's implicit PRM, two steps, the second rewarded by what it learned in the first;
+    ORM, whole or under a LoRA adapter (`rm.lora`); PRIME's implicit PRM, two steps, the second rewarded by what it learned in the first;
     PRIME's own order, the PRM stepping inside the scoring, and its gold term):
     on 2 processes under ZeRO-2 and under ZeRO-3 the last step equals one process's, the
     policy's update and the reward model's (its loss, gradient norm and exported weights), the
@@ -300,8 +301,14 @@ def test_online_reward_model_steps_on_two_processes_equal_one(tmp_path, ranks, b
     start = _weights(Path(base))
     for folder in ("final", "online-rm"):
         end = _weights(out1 / "grpo" / folder)
-        moved = torch.cat([(end[k] - start[k]).abs().flatten() for k in end])
+        adapted = kind.endswith("lora") and folder == "online-rm"  # (its adapter alone moved)
+        assert end.keys() == start.keys()  # a plain checkpoint, the adapter merged
+        moved = torch.cat([(end[k] - start[k]).abs().flatten() for k in end
+                           if not adapted or k.endswith("proj.weight")])
         assert moved.median() > 100 * TOL["atol"], folder
+        if adapted:
+            assert torch.equal(end["model.embed_tokens.weight"],
+                               start["model.embed_tokens.weight"])
 
 
 @pytest.mark.slow

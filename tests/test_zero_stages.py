@@ -130,10 +130,10 @@ def test_grpo_with_an_online_reward_model_resumes_under_every_zero_stage(tmp_pat
 def test_lora_stages_resume_under_every_zero_stage(tmp_path, base, ranks):
     """GRPO, SFT and PPO of a LoRA policy (`model.lora`: the adapter trains, the base is frozen,
     the reference is the base; PPO's critic trains whole) and a LoRA token-classification PRM
-    (`rm.lora`, its head trained whole), killed after step 1's state is saved under ZeRO-0, 1,
-    2 and 3 on 2 processes: step 2 then equals the uninterrupted run's bit for bit, every
+    (`rm.lora`, its head trained whole), and GRPO rewarded by a LoRA online ORM (`rm.online`,
+    `rm.lora`), killed after step 1's state is saved under ZeRO-0, 1, 2 and 3 on 2 processes: step 2 then equals the uninterrupted run's bit for bit, every
     logged number but wall-clock ones and the merged export."""
-    kinds = ("grpo_lora", "sft_lora", "ppo_lora", "rm_lora")
+    kinds = ("grpo_lora", "sft_lora", "ppo_lora", "rm_lora", "grpo_online_lora")
     ranks.launch(2, "zero_resume", tmp_path, base, ",".join(kinds), "fp32",
                  log=tmp_path / "zero_resume.log", timeout=600)
     for name in (f"{kind}-z{stage}" for kind in kinds for stage in (0, 1, 2, 3)):
@@ -141,8 +141,9 @@ def test_lora_stages_resume_under_every_zero_stage(tmp_path, base, ranks):
         straight, resumed = (tmp_path / "fp32" / f"{name}-{mode}" for mode in ("straight",
                                                                                  "resumed"))
         exports = sorted(p.relative_to(straight) for p in straight.rglob("model.safetensors"))
-        # (SFT: best and final; PPO: the policy and its critic, trained whole)
-        assert len(exports) == (2 if name.startswith(("sft", "ppo")) else 1), name
+        # (SFT: best and final; PPO: the policy and its critic, trained whole; GRPO with a LoRA
+        # online ORM: the policy and the ORM's merged export)
+        assert len(exports) == (2 if name.startswith(("sft", "ppo", "grpo_online")) else 1), name
         start = load_file(Path(base) / "model.safetensors")
         for rel in exports:
             a, b = load_file(straight / rel), load_file(resumed / rel)
@@ -155,6 +156,10 @@ def test_lora_stages_resume_under_every_zero_stage(tmp_path, base, ranks):
             start = {k: v for k, v in start.items() if k in final}
             assert "score.weight" in final, name
         assert any(not torch.equal(final[k], start[k]) for k in final), name  # it learnt
+        if name.startswith("grpo_online"):  # and so did the ORM, its adapter alone
+            orm = load_file(straight / "grpo" / "online-rm" / "model.safetensors")
+            moved = {k for k in orm if not torch.equal(orm[k], start[k])}
+            assert moved and all(k.endswith("proj.weight") for k in moved), name
 
 
 @pytest.fixture(scope="module")

@@ -417,14 +417,17 @@ def main() -> None:
                           recipe=kind)
         splits = load_splits(cfg.data, 0)
         resolve(cfg).train_policy(out, base, ChunkStepReward(), splits.rl, splits.eval, logger, "")
-    elif kind in ("grpo-online", "grpo-implicit", "grpo-prime"):  # learning from its samples
+    elif kind in ("grpo-online", "grpo-online-lora", "grpo-implicit", "grpo-prime"):
+        # learning from its samples (the ORM whole, or under a LoRA adapter)
         from iteration.resolve import make_reward, resolve
         from runtime.data import load_splits
         from runtime.models import load_tokenizer
 
         # Adam's eps bounds what a gradient's last bits can move a weight (see gspo above).
         cfg = load_config("configs/tiny.yaml", [*GRPO, *overrides, *ONLINE, *{
-            "grpo-implicit": IMPLICIT, "grpo-prime": PRIME}.get(kind, []), *sys.argv[5:]])
+            "grpo-implicit": IMPLICIT, "grpo-prime": PRIME,
+            "grpo-online-lora": ["rm.lora.rank=4", "rm.lora.alpha=8"]}.get(kind, []),
+                                                  *sys.argv[5:]])
         w = resolve(cfg)
         splits = load_splits(cfg.data, 0)
         w.train_policy(out, base, make_reward(w, load_tokenizer(base, w.stage.model), "rm",

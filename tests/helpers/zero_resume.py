@@ -47,6 +47,8 @@ STEPS = {  # overrides that make each stage 2 optimizer steps, saved after each
                  "sft.export_final=true", "sft.lr_decay=false", *LORA],
     "ppo_lora": ["policy.steps=2", "policy.save_every=1", "policy.mu=1", "ppo.critic_lr=1e-3",
                  *LORA],
+    "grpo_online_lora": ["policy.steps=2", "policy.save_every=1", *ONLINE, "rm.lora.rank=4",
+                         "rm.lora.alpha=8"],
     "rm_lora": ["rm.epochs=2", "rm.save_every=1", "rm.lm_weight=0", "rm.lr=1e-3",
                 "rm.family=token_classification", "rm.likelihood_feature=false",
                 "rm.extra_layers_from=[]", "rm.lora.rank=4", "rm.lora.alpha=8"],
@@ -83,7 +85,8 @@ def run_stage(kind: str, out: Path, base: str, overrides: list[str], logger) -> 
         return train_reward_model(resolve(cfg).rm, out / "rm", base, examples, logger, "")
     from iteration.resolve import make_reward, resolve
 
-    if kind in ("grpo_online", "grpo_implicit", "grpo_prime"):  # two engines resume
+    if kind in ("grpo_online", "grpo_online_lora", "grpo_implicit", "grpo_prime"):
+        # two engines resume
         from runtime.models import load_tokenizer
 
         w = resolve(load_config("configs/tiny.yaml", [*GRPO, *overrides]))
