@@ -217,8 +217,9 @@ def check_keys(keys: list[str], where: str) -> None:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else \
                 "; `igrpo config show` lists every key"
-            if key in TRL_KEYS:
-                hint = f"; that is TRL's PRMConfig name: here it is {TRL_KEYS[key]}"
+            trl = key.rsplit(".", 1)[-1]  # (also under a section: rm.learning_rate)
+            if trl in TRL_KEYS:
+                hint = f"; that is TRL's PRMConfig name: here it is {TRL_KEYS[trl]}"
             raise ConfigError(f"{where}: unknown config key {key!r}{hint}")
 
 
@@ -499,9 +500,10 @@ def _check_rm_backend(rm, critic_init: str, where: str) -> None:
     """`rm.backend=vllm` scores a token-classification PRM that nothing trains in place."""
     if rm.backend != "vllm":
         return
-    if rm.family not in ("", "token_classification"):
+    if rm.family != "token_classification":
         raise ConfigError(f"{where}: rm.backend=vllm scores the token_classification family "
-                          f"(vLLM's pooling runner); rm.family={rm.family}")
+                          f"(vLLM's pooling runner); set rm.family=token_classification (it "
+                          f"is {rm.family or 'unset: the loop would train tag LMs'})")
     if rm.online:
         raise ConfigError(f"{where}: rm.backend=vllm with rm.online: the online reward model "
                           "trains, and vLLM only scores; set rm.backend=hf")

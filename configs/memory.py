@@ -94,9 +94,10 @@ class Architecture:
         return max(self.vocab * self.hidden, self.hidden * self.intermediate)
 
     def push_module_params(self, lora: bool) -> int:
-        """The most values a push holds gathered at once: the largest module, or an adapted
-        linear layer's weight beside its merged copy (W and W + B A), whichever is larger."""
-        return max(self.largest_layer_params, 2 * self.hidden * self.intermediate * lora)
+        """The most values a push holds at once: the largest module gathered, or a fused
+        layer vLLM's reload buffers until its last piece arrives: gate and up (and under LoRA
+        the gathered W of the second beside both merged copies), whichever is larger."""
+        return max(self.largest_layer_params, (3 if lora else 2) * self.hidden * self.intermediate)
 
 
 KNOWN = {
@@ -218,7 +219,8 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
                           cfg.rm.online and cfg.rm.family == "implicit", cfg.rm.ensemble,
                           cfg.model.lora),
             PlanRow("whole policy", whole, f"{value_bytes * 8}-bit weights: a model loaded "
-                    "before ZeRO-3 partitions it, the policy gathered to generate (hf), vLLM's copy")]
+                    "before ZeRO-3 partitions it, the policy gathered to generate (hf), "
+                    "vLLM's copy")]
     if cfg.rollout.backend != "vllm":
         rows.append(PlanRow("rollout: KV cache", rollout_seqs * kv_per_seq,
                             f"{rollout_seqs:g} sequences x {tokens} tokens"))

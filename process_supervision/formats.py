@@ -99,7 +99,8 @@ def example_from_row(row: dict, where: str, tag: str = STEP_TAG,
                      use_soft: bool = False) -> StepExample:
     """A StepExample from a row of any layout the module reads (its docstring); with
     `use_soft`, a Math-Shepherd row's labels are its soft estimates."""
-    if row.get("value") is not None and not isinstance(row.get("label"), str):
+    if row.get("input") is not None and row.get("value") is not None \
+            and not isinstance(row.get("label"), str):
         return _value_example(row, where, tag)
     if row.get("conversations") is not None:
         return _chat_example(row, where)
@@ -188,7 +189,10 @@ def _chat_example(row: dict, where: str) -> StepExample:
     pieces, prompt = texts[0::2], row.get("prompt")
     question, steps = _question_and_steps(pieces)
     if isinstance(prompt, str) and prompt and pieces[0].startswith(prompt):
-        question, steps = prompt.strip(), (pieces[0][len(prompt):].strip(), *steps[1:])
+        first = pieces[0][len(prompt):].strip()
+        head, found, rest = first.partition("Step 1:")
+        question = prompt.strip()
+        steps = (rest.strip() if found and not head.strip() else first, *steps[1:])
     elif "Step 1:" not in pieces[0]:
         raise DataError(f"{where}: field 'conversations[0]': the question and the first step "
                         "cannot be told apart (no 'Step 1:' in it, and no 'prompt' field it "

@@ -85,7 +85,8 @@ def _trl(row: dict, where: str, tag: str, separator: str) -> StepExample:
 
 # name: (whether a first row is of it, its reader(row, where, tag, separator) -> StepExample)
 LAYOUTS: dict[str, tuple[Callable[[dict], bool], Callable[..., StepExample]]] = {
-    "openrlhf": (lambda row: "value" in row and not isinstance(row.get("label"), str),
+    "openrlhf": (lambda row: "input" in row and "value" in row
+                 and not isinstance(row.get("label"), str),
                  lambda row, where, tag, sep: example_from_row(row, where, tag)),
     "rlhflow": (lambda row: "conversations" in row,
                 lambda row, where, tag, sep: example_from_row(row, where, tag)),

@@ -8,10 +8,13 @@ vLLM returns. The engine is made once per process over the checkpoint's own conf
 architecture read as the matching causal LM, random weights: `load_format="dummy"`), and each
 checkpoint's backbone weights are streamed into it from its safetensors files (a later
 checkpoint of the same architecture, a refreshed PRM, reloads them in place), so no copy of the
-model is written. It lives beside the policy's generation engine in the same process, its
-KV cache `rm.vllm_kv_cache_gb` (a prefill-only engine needs one batch's tokens). On a GPU it
-sleeps at level 1 after each scoring (its weights kept in host memory) and wakes before the
-next, so its memory is free while the policy trains (not measured on a GPU here).
+model is written; scorers of other checkpoints (an ensemble's members, the ORM beside the PRM)
+share the engine, each reloading its own weights when another's are in it. It lives beside the
+policy's generation engine in the same process, its KV cache `rm.vllm_kv_cache_gb` (a
+prefill-only engine needs one batch's tokens), and stays resident: vLLM's sleep mode has one
+allocator per process, so its sleep and wake would move the policy engine's memory too. On a
+GPU its weights and KV cache are held beside training throughout (not measured on a GPU here,
+and not counted by `igrpo plan`).
 
 The read-out is the transformers scorer's own (`reward_model.families.read_class` at each
 step's separator): `tests/test_vllm.py` checks the scores equal the transformers forward's.
@@ -72,7 +75,7 @@ class PooledBackbone:
                  trust_remote_code: bool = False):
         from vllm.config import PoolerConfig
 
-        from policy.generation.vllm import colocated_llm_class, launch_settings, sleep_mode_supported
+        from policy.generation.vllm import colocated_llm_class, launch_settings
 
         LLM = colocated_llm_class("rm.backend=vllm")
         names = architectures(path)
@@ -80,21 +83,26 @@ class PooledBackbone:
             raise FamilyError(f"{path}: rm.backend=vllm scores a *ForTokenClassification PRM; "
                               f"its config names {names}")
         causal = names[0].replace("ForTokenClassification", "ForCausalLM")
-        self.can_sleep = sleep_mode_supported()
+        kv_bytes = int(kv_cache_gb * 2**30)
+        # Not in vLLM's sleep mode: its allocator is one per process, so a second engine's
+        # sleep and wake would move the policy engine's memory too. On a GPU the share of the
+        # card vLLM checks is free at start-up is this engine's own: weights, KV cache, 1 GiB.
+        share = {}
+        if torch.cuda.is_available():
+            weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+            share["gpu_memory_utilization"] = min(0.9, (weights + kv_bytes + 2**30) / torch.cuda
+                                                  .get_device_properties(0).total_memory)
         self.llm = LLM(model=str(path), runner="pooling", convert="embed", load_format="dummy",
                        hf_overrides={"architectures": [causal]}, dtype=dtype,
                        pooler_config=PoolerConfig(task="token_embed", use_activation=False),
                        max_model_len=max_model_len, enforce_eager=True, seed=0,
-                       trust_remote_code=trust_remote_code,
-                       kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
-                       **({"enable_sleep_mode": True} if self.can_sleep else {}),
-                       **launch_settings())
+                       trust_remote_code=trust_remote_code, kv_cache_memory_bytes=kv_bytes,
+                       **share, **launch_settings())
         self.made_for = (causal, dtype, max_model_len, kv_cache_gb)
-        self.path, self.asleep = None, False
+        self.path = None
 
     def load(self, path: Path) -> None:
         """Stream `path`'s backbone weights into the engine (in memory)."""
-        self.wake()
         self.llm.collective_rpc("reload_weights",
                                 kwargs={"weights_iterator": _backbone_tensors(path)})
         self.path = str(path)
@@ -103,21 +111,9 @@ class PooledBackbone:
         """[tokens, hidden] final hidden states of each row of token ids."""
         from vllm.inputs import TokensPrompt
 
-        self.wake()
         outputs = self.llm.encode([TokensPrompt(prompt_token_ids=r) for r in rows],
                                   pooling_task="token_embed", use_tqdm=False)
         return [out.outputs.data for out in outputs]
-
-    def sleep(self) -> None:
-        """On a GPU, after a scoring: vLLM's level 1 (weights to host memory, KV cache freed)."""
-        if self.can_sleep and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
-
-    def wake(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
 
 
 _POOL: PooledBackbone | None = None  # this process's pooling engine (one, as for generation)
@@ -140,7 +136,6 @@ def pooled_backbone(path: Path, *, dtype: str, max_model_len: int, kv_cache_gb: 
                            f"was made for {_POOL.made_for}")
     if _POOL.path != str(path):
         _POOL.load(path)
-        _POOL.sleep()  # (asleep until it scores)
     return _POOL
 
 
@@ -148,13 +143,15 @@ class VLLMTokenClassScorer(TokenClassScorer):
     """`TokenClassScorer` whose backbone runs in vLLM's pooling runner (module docstring); the
     head and the read-out are the transformers scorer's."""
 
-    def __init__(self, pool: PooledBackbone, head: torch.nn.Linear, tokenizer, max_length: int,
-                 reading: Reading, batch_size: int = 64):
+    def __init__(self, pool: PooledBackbone, path: Path, head: torch.nn.Linear, tokenizer,
+                 max_length: int, reading: Reading, batch_size: int = 64):
         super().__init__(None, tokenizer, max_length, reading, batch_size)
-        self.pool, self.head = pool, head
+        self.pool, self.path, self.head = pool, str(path), head
 
     @torch.no_grad()
     def score(self, examples: list[StepExample]) -> list[list[float]]:
+        if self.pool.path != self.path:  # (another scorer of the process loaded its own since)
+            self.pool.load(Path(self.path))
         out = []
         for start in range(0, len(examples), self.batch_size):
             batch = self.encode(examples[start:start + self.batch_size])
@@ -165,7 +162,6 @@ class VLLMTokenClassScorer(TokenClassScorer):
                 margin = read_class(self.head(hidden.float()), self.reading).cpu()
                 labelled = batch.label_mask[row][:len(rows[row])]
                 out.append(torch.sigmoid(margin[labelled]).tolist())
-        self.pool.sleep()
         return out
 
     def value_init(self):
@@ -179,7 +175,14 @@ def load_scorer(path, rm, model_cfg, pooled: bool, batch_size: int | None = None
     `VLLMTokenClassScorer`."""
     if not pooled:
         return load_reward_model(path, rm, model_cfg, batch_size)
+    from runtime.lora import is_adapter_folder, merge_adapter_folder
     from runtime.models import load_tokenizer
+
+    if is_adapter_folder(path):  # a peft adapter: merged onto its base once, then served
+        import tempfile
+
+        path = merge_adapter_folder(path, tempfile.mkdtemp(prefix="igrpo-merged-rm-"),
+                                    getattr(model_cfg, "trust_remote_code", False))
 
     tokenizer = load_tokenizer(path, model_cfg)
     tokenizer.padding_side = "right"
@@ -193,5 +196,5 @@ def vllm_token_scorer(path: Path, tokenizer, rm, model_cfg, batch_size: int):
     pool = pooled_backbone(path, dtype=getattr(model_cfg, "dtype", "float32") or "float32",
                            max_model_len=rm.max_length, kv_cache_gb=rm.vllm_kv_cache_gb,
                            trust_remote_code=getattr(model_cfg, "trust_remote_code", False))
-    return VLLMTokenClassScorer(pool, head, tokenizer, rm.max_length, Reading.of(rm),
+    return VLLMTokenClassScorer(pool, path, head, tokenizer, rm.max_length, Reading.of(rm),
                                 batch_size)

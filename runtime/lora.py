@@ -112,8 +112,11 @@ def iter_weights(model, gather=None):
     parameters whole while its tensors are taken: a LoRA layer's with its adapter, any other
     module's own. Under ZeRO-3 it gathers them, so at most one module is whole at a time, and
     every rank must draw the stream to its end together. Without it (or below ZeRO-3) call this
-    where the weights are whole. A tensor is valid until the next one is drawn: a consumer
-    copies it (vLLM's weight loaders do)."""
+    where the weights are whole. A tensor stays valid after its module is released (DeepSpeed
+    rebinds a released parameter's data rather than freeing what it held), so a consumer may
+    keep it: vLLM's reload holds a fused layer's pieces (q, k, v; gate, up) until the last
+    arrives, so a push holds up to three of a layer's weights at once (`igrpo plan` counts
+    it)."""
     from peft.tuners.lora import LoraLayer
 
     module = getattr(model, "module", model)

@@ -74,7 +74,8 @@ def test_a_typo_gets_a_suggestion_in_one_line(override, suggestion):
                                            ("learning_rate=1e-5", "rm.lr"),
                                            ("max_completion_length=256", "rm.max_length"),
                                            ("train_on_last_step_only=true",
-                                            "rm.train_on_last_step_only")])
+                                            "rm.train_on_last_step_only"),
+                                           ("rm.learning_rate=1e-5", "rm.lr")])
 def test_trls_prm_config_names_point_to_ours(override, ours):
     """A TRL PRMTrainer user's key (TRL 1.13's PRMConfig) is refused naming the key it is here."""
     with pytest.raises(ConfigError, match=rf"that is TRL's PRMConfig name: here it is {ours}"):

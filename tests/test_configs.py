@@ -256,10 +256,17 @@ def test_the_loops_reward_must_fit_the_supervision():
     assert (dpo.policy.supervision, dpo.iterate.reward) == ("process", "rule")
 
 
+CLASSIFIER = ["rm.family=token_classification", "rm.lm_weight=0", "rm.likelihood_feature=false",
+              "rm.extra_layers_from=[]"]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["rm.backend=vllm", "rm.family=tag_lm"], "rm.backend=vllm scores the token_classification"),
-    (["rm.backend=vllm", "ppo.critic_init=reward_model"], "ppo.critic_init=reward_model"),
-    (["rm.backend=vllm", "rm.online=true", "policy.reward=rm"], "rm.backend=vllm with rm.online"),
+    (["rm.backend=vllm"], "it is unset: the loop would train tag LMs"),
+    (["rm.backend=vllm", *CLASSIFIER, "ppo.critic_init=reward_model"],
+     "ppo.critic_init=reward_model"),
+    (["rm.backend=vllm", *CLASSIFIER, "rm.online=true", "policy.reward=rm"],
+     "rm.backend=vllm with rm.online"),
     (["rm.backend=onnx"], "'rm.backend' = 'onnx'"),
 ])
 def test_rm_backend_vllm_is_refused_where_vllm_cannot_serve_it(overrides, message):

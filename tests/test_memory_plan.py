@@ -237,13 +237,13 @@ def test_a_lora_policy_holds_a_frozen_base_and_the_adapters_states_and_no_refere
     by_item = {r.item: r.gpu_bytes for r in rows}
     assert by_item["reward model states"] == by_item["policy model states"]
     assert verdict(numbers, 80).startswith("fits: peak 58.4 GiB (rollout)")
-    # The push gathers a module at a time: here the embedding (102,400 x 4,096), larger than an
-    # adapted MLP weight beside its merged copy (2 x 4,096 x 11,008); on the tiny shape the
-    # merged copy is what counts.
+    # The push gathers a module at a time: here the embedding (102,400 x 4,096), larger than
+    # the fused gate and up vLLM buffers with, under LoRA, the gathered W beside both merged
+    # copies (3 x 4,096 x 11,008); on the tiny shape the buffered MLP pieces are what counts.
     assert by_item["push: one gathered module"] == 2 * 102_400 * 4_096
     tiny = Architecture(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=512, vocab=100)
     assert (tiny.push_module_params(False), tiny.push_module_params(True)) == \
-        (256 * 512, 2 * 256 * 512)
+        (2 * 256 * 512, 3 * 256 * 512)
 
 
 def test_the_qwen_recipe_with_lora_holds_a_tenth_of_its_full_states():

@@ -75,6 +75,9 @@ def test_trl_openrlhf_and_rlhflow_layouts_read_alike_and_keep_soft_labels(tmp_pa
     path.write_text(json.dumps(_chat(SOFT.question, SOFT.steps, ["+", "-", "-"])) + "\n")
     (chat,), _ = read_step_rows(str(path))
     assert (chat.question, chat.steps, chat.labels) == (SOFT.question, SOFT.steps, (1, 0, 0))
+    prompted = example_from_row({"prompt": SOFT.question, **_chat(SOFT.question, SOFT.steps,
+                                                                  ["+", "-", "-"])}, "x")
+    assert (prompted.question, prompted.steps) == (SOFT.question, SOFT.steps)  # (no "Step 1:")
     tags = tag_tokens(tok, STEP_TAG)
     batch = encode(tok, [SOFT], tags, STEP_TAG, max_length=256)
     assert batch.targets[0][batch.label_mask[0]].tolist() == [1.0, 0.25, 0.0]

@@ -231,6 +231,9 @@ def test_a_bad_row_is_named_by_file_row_and_field_before_any_model_loads(tmp_pat
     data = _write(tmp_path / f"{layout}.jsonl", rows)
     with pytest.raises(DataError, match=rf"{layout}.jsonl: row 3: field '{field}'"):
         _score(tmp_path, data)
+    # a plain file that happens to hold a `value` column stays plain (OpenRLHF's needs `input`)
+    assert score_file.detect_layout({"question": "q", "solution": "s", "value": [1]}, "x") == \
+        "plain"
     data = _write(tmp_path / "unknown.jsonl", [{"text": "no layout"}])
     with pytest.raises(DataError, match=r"unknown.jsonl: row 1: no 'input'/'label'"):
         _score(tmp_path, data, name="unknown")

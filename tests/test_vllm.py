@@ -172,7 +172,8 @@ def test_a_token_classification_prm_scores_through_vllms_pooling_runner(setting,
     """`rm.backend=vllm`: a token-classification PRM's backbone runs in vLLM's pooling runner
     (a second engine in the process, beside the policy's) and its head on the hidden states
     vLLM returns: every step's score equals the transformers forward's to 1e-4, for a second
-    checkpoint too (its weights reloaded into the same engine, as a refreshed PRM's are); the
+    checkpoint too (its weights reloaded into the same engine, as a refreshed PRM's are) and
+    for the first again after it (each scorer reloads its own weights); the
     policy's engine still generates as before; and a GRPO step sampled by vLLM is rewarded by
     the pooled PRM, each rollout's reward its hf-scored minimum."""
     from reward_model.examples import synthetic_step_examples
@@ -184,14 +185,19 @@ def test_a_token_classification_prm_scores_through_vllms_pooling_runner(setting,
     examples = synthetic_step_examples(splits.eval[:12], 3)
     engine = setting[1]
     before = generate_groups(engine, tokenizer, prompts[:4], 1, max_new_tokens=40, greedy=True)
+    scorers, wanted = [], []
     for seed in (0, 1):
         prm = _token_classifier(tmp_path / f"prm{seed}", seed)
-        want = load_reward_model(prm, cfg.rm, cfg.model, family="token_classification"
-                                 ).score(examples)
-        got = load_scorer(prm, cfg.rm, cfg.model, pooled=True).score(examples)
-        assert [len(row) for row in got] == [len(row) for row in want]
-        assert max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w)) < 1e-4
+        wanted.append(load_reward_model(prm, cfg.rm, cfg.model, family="token_classification"
+                                        ).score(examples))
+        scorers.append(load_scorer(prm, cfg.rm, cfg.model, pooled=True))
+        got = scorers[-1].score(examples)
+        assert [len(row) for row in got] == [len(row) for row in wanted[-1]]
+        assert max(abs(a - b) for g, w in zip(got, wanted[-1]) for a, b in zip(g, w)) < 1e-4
         assert len({round(v, 3) for row in got for v in row}) > 5  # (scores that differ)
+    # the first scorer again (an ensemble's member, the ORM beside the PRM): its own weights
+    got = scorers[0].score(examples)
+    assert max(abs(a - b) for g, w in zip(got, wanted[0]) for a, b in zip(g, w)) < 1e-4
     after = generate_groups(engine, tokenizer, prompts[:4], 1, max_new_tokens=40, greedy=True)
     assert after.completion_ids.tolist() == before.completion_ids.tolist()
     # GRPO sampled by vLLM, rewarded by the pooled PRM (process supervision: its step scores)

@@ -85,9 +85,9 @@ class LLM:
         return self.adapter_model
 
     def sleep(self, level: int = 1):
-        assert level == (1 if self.pooling else 2)  # (a pooling engine keeps its weights)
+        assert level == 2 and not self.pooling  # (a pooling engine never sleeps: one allocator)
         self.weights = self.kv = False
-        record("sleep:pooling" if self.pooling else "sleep")
+        record("sleep")
 
     def wake_up(self, tags=None):
         for tag in tags or ["weights", "kv_cache"]:
