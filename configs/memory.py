@@ -37,6 +37,10 @@ policy's states, the reference and the reward model it is rewarded by throughout
     labelling       vLLM's pool (the decoding loop: the policy + its KV cache)
     evaluation      sampling beside both reward models (best-of-N), then their scoring
 
+With `rm.backend=vllm` the PRM scores in a vLLM pooling engine of its own: its weights are the
+scorer's row, and its KV cache (`rm.vllm_kv_cache_gb`) is in every phase after start-up (the
+engine never sleeps).
+
 With `rollout.backend=vllm` (both GPU configs) a pool of `rollout.memory_fraction` of the GPU
 (or the weights plus `rollout.kv_cache_gb`) holds vLLM's weights and a paged KV cache that serves
 a question's G samples in waves, so the plan asks how many full-length sequences it holds at
@@ -228,6 +232,9 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
         rows.append(PlanRow("push: one gathered module", value_bytes * arch.push_module_params(
             bool(cfg.model.lora.rank)), "ZeRO-3: the largest module gathered for vLLM at a "
             "time (a LoRA layer with its merged copy)"))
+    if cfg.rm.backend == "vllm":  # (the weights: the "PRM (scoring)" row, in its engine)
+        rows.append(PlanRow(POOLING, cfg.rm.vllm_kv_cache_gb * GB, "rm.backend=vllm: "
+                            "rm.vllm_kv_cache_gb; the engine never sleeps"))
     recompute = cfg.model.gradient_checkpointing
     rows += [_scoring_row(cfg.rm, arch, value_bytes),
              *_update_rows(ds, recompute, arch, tokens, value_bytes),
@@ -249,6 +256,10 @@ def plan(cfg, gpus: int, nodes: int, prompt_tokens: int = 256) -> tuple[list[Pla
                            "kv_fixed": cfg.rollout.kv_cache_gb * GB,
                            "sleeps": cfg.rollout.sleep}
     return rows, numbers
+
+
+POOLING = "PRM pooling engine: KV cache"
+"""`rm.backend=vllm`: the pooling engine's KV cache, awake from the GRPO stage's start on."""
 
 
 def _lora_title(lora, arch: Architecture) -> str:
@@ -382,6 +393,8 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
                  or (k.endswith("(scoring)") and "online RM model states" not in t))
     scorer = next(b for k, b in t.items() if k.endswith("(scoring)"))
     online = "online RM model states" in t
+    # the pooling engine (rm.backend=vllm) stays awake after the GRPO stage starts it
+    pooling = ((POOLING, t[POOLING]),) if POOLING in t else ()
     whole = t["whole policy"]
     gathered = (("gathered policy", whole),) if numbers["zero3"] else ()
     both_rms = (("both reward models", 2 * scorer),)
@@ -397,7 +410,9 @@ def phases(numbers: dict, gpu_gb: float) -> list[Phase]:
         awake = () if v["sleeps"] else pool  # without sleep the pool stays in every phase
         module = t.get("push: one gathered module")
         push = Phase("push", (*held, *((("one gathered module", module),) if module else ()),
-                              ("vLLM weights", v["weights"]), *awake))
+                              ("vLLM weights", v["weights"]), *awake, *pooling))
+    awake = (*awake, *pooling)
+    rollout, label, sampling = (*rollout, *pooling), (*label, *pooling), (*sampling, *pooling)
     out = [Phase("start-up", (*held, *((("whole model, before partitioning", whole),)
                                        if numbers["zero3"] else ())))]
     out += [push] if push is not None else []

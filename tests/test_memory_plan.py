@@ -259,3 +259,23 @@ def test_the_qwen_recipe_with_lora_holds_a_tenth_of_its_full_states():
     assert lora["policy model states"] < full["policy model states"] / 9
     assert "reference model" in full and "reference model" not in lora
     assert verdict(numbers, 80).startswith("fits: peak 30.0 GiB (rollout)")
+
+
+def test_a_prm_scored_through_vllm_holds_its_pooling_engines_kv_cache_after_start_up():
+    """`rm.backend=vllm`: the PRM's pooling engine never sleeps, so its KV cache
+    (`rm.vllm_kv_cache_gb`) is in every phase of the 7B recipe but start-up, by exactly its
+    size; its weights are the scorer's row, counted as before."""
+    overrides = ["rm.family=token_classification", "rm.add_tag_token=false"]
+    base = load_config("configs/deepseekmath_7b.yaml", overrides)
+    pooled = load_config("configs/deepseekmath_7b.yaml",
+                         [*overrides, "rm.backend=vllm", "rm.vllm_kv_cache_gb=2"])
+    rows, numbers = plan(pooled, gpus=8, nodes=1, prompt_tokens=512)
+    t = {r.item: r.gpu_bytes for r in rows}
+    assert t["PRM pooling engine: KV cache"] == 2 * GIB
+    assert t["PRM (scoring)"] == {r.item: r.gpu_bytes for r in plan(base, 8, 1, 512)[0]}[
+        "PRM (scoring)"]
+    before = {p.name: p.peak for p in phases(plan(base, 8, 1, 512)[1], 80)}
+    after = {p.name: p.peak for p in phases(numbers, 80)}
+    assert after.keys() == before.keys()
+    assert {k: round((after[k] - before[k]) / GIB, 9) for k in after} == {
+        k: 0.0 if k == "start-up" else 2.0 for k in after}
