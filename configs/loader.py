@@ -40,7 +40,7 @@ CHOICES = {
     "rm.activation": ("softmax", "sigmoid"),
     "rollout.backend": ("hf", "vllm"),
     "rollout.lora_push": ("merged", "adapter"),
-    "rm.truncation": ("end", "drop"),
+    "rm.truncation": ("end", "steps", "drop"),
     "rm.backend": ("hf", "vllm"),
     "iterate.reward": ("rm", "rule", "step_oracle"),
     "iterate.refresh_from": ("previous", "base"),
@@ -225,8 +225,7 @@ def check_keys(keys: list[str], where: str) -> None:
 
 TRL_KEYS = {
     "max_length": "rm.max_length", "train_on_last_step_only": "rm.train_on_last_step_only",
-    "max_completion_length": "rm.max_length (no completion budget of its own: the question "
-                             "comes first, so the end of the row is what a cut takes)",
+    "max_completion_length": "rm.max_completion_length",
     "step_separator": "rm.separator (rm.family=token_classification; the tag LM's is "
                       "rm.step_tag)",
     "learning_rate": "rm.lr", "num_train_epochs": "rm.epochs",
@@ -425,6 +424,7 @@ def _check_reward_family(rm, critic_init: str, where: str) -> None:
     """The tag LM's own options on a classifier family are a mistake, not a no-op; and
     `rm.backend`."""
     _check_rm_backend(rm, critic_init, where)
+    _check_rm_truncation(rm, where)
     if rm.group_by_question and rm.group_by_length:
         raise ConfigError(f"{where}: rm.group_by_question and rm.group_by_length both set: a "
                           "batch keeps a question's solutions together, or rows of one length")
@@ -442,6 +442,19 @@ def _check_reward_family(rm, critic_init: str, where: str) -> None:
                           "or train a causal LM at its step tag (rm.family=tag_lm)")
     if rm.label_index < 0:
         raise ConfigError(f"{where}: rm.label_index={rm.label_index}; expected a class index")
+
+
+def _check_rm_truncation(rm, where: str) -> None:
+    """`rm.max_completion_length`: a budget of tokens after the question, on families with a
+    label per step."""
+    if rm.max_completion_length < 0:
+        raise ConfigError(f"{where}: rm.max_completion_length={rm.max_completion_length}; "
+                          "expected 0 (no budget) or a number of tokens")
+    if rm.max_completion_length and rm.family == "sequence_classification":
+        raise ConfigError(f"{where}: rm.max_completion_length with rm.family="
+                          "sequence_classification: that family reads its one label at the "
+                          "row's last token, which a budget would cut; bound it with "
+                          "rm.max_length")
 
 
 def _check_ensemble(rm, where: str) -> None:

@@ -453,11 +453,15 @@ class RewardModelConfig:
     vllm_kv_cache_gb: float = 1.0
     """`rm.backend=vllm`: the pooling engine's KV cache in GB (a prefill-only engine: one batch's
     tokens, `rm.score_batch_size` x `rm.max_length`)."""
+    max_completion_length: int = 0
+    """Training rows: at most this many tokens after the question (TRL's key; 0 = no budget
+    but `max_length`). Scoring and validation read every step within `max_length`."""
     truncation: str = "end"
-    """A training row longer than `max_length`: end (cut at the end, its steps past the cut
-    untrained, as TRL's PRMTrainer cuts) or drop (not trained on at all). Either way the tags
-    dropped are counted (`rm/tags_dropped`) and their share is reported at the end of training,
-    with a warning above 5%."""
+    """A training row cut by `max_length` or `max_completion_length`: end (its tokens up to
+    the cut kept, the steps past it untrained, as TRL's PRMTrainer cuts), steps (the question
+    kept, the row ends at its last whole step that fits) or drop (not trained on at all).
+    Either way the tags dropped are counted (`rm/tags_dropped`) and their share is reported at
+    the end of training, with a warning above 5%."""
     train_on_last_step_only: bool = False
     """Train on each row's last step's label alone (TRL's key; a row cut before its last step
     then trains on nothing); validation still reads every step."""

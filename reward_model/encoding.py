@@ -8,7 +8,7 @@ never shifted onto other tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -41,6 +41,9 @@ class TagBatch:
     reward model's own token log-likelihoods. Empty unless asked for."""
     steps_kept: list[int]
     """Per example: how many of its tags survived truncation."""
+    prompt_tokens: list[int] = field(default_factory=list)
+    """Per example: its tokens before the first step (the question as the family lays it out),
+    where `rm.max_completion_length`'s budget starts; empty where the encoder does not say."""
 
 
 TRUNCATION_WARN_SHARE = 0.05
@@ -48,29 +51,47 @@ TRUNCATION_WARN_SHARE = 0.05
 
 
 def fit_labels(batch: TagBatch, examples: list[StepExample], truncation: str,
-               last_step_only: bool) -> tuple[TagBatch, int, int]:
-    """(the batch as training reads it, step tags it dropped, its tags): rows cut by
-    `max_length` keep the labels before the cut (`truncation="end"`) or none
-    (`"drop"`); with `last_step_only` a row keeps only its last step's label, none if the cut
-    took it."""
-    label_mask, lm_mask = batch.label_mask.clone(), batch.lm_mask.clone()
+               last_step_only: bool, max_completion: int = 0) -> tuple[TagBatch, int, int]:
+    """(the batch as training reads it, step tags it dropped, its tags). A row is cut where
+    `max_length` cut it or, with `max_completion` > 0, that many tokens after its question
+    (`prompt_tokens`). A cut row keeps its tokens and labels up to the cut (`truncation="end"`,
+    TRL's), ends at its last whole step that fits, the question kept (`"steps"`), or trains on
+    nothing (`"drop"`); the tokens past a row's end are masked out as padding. With `last_step_only` a row
+    keeps only its last step's label, none if the cut took it."""
+    masks = {name: getattr(batch, name).clone() for name in
+             ("attention_mask", "label_mask", "lm_mask", "solution_mask")}
     tags = dropped = 0
-    for row, (ex, kept) in enumerate(zip(examples, batch.steps_kept)):
+    for row, ex in enumerate(examples):
+        length = int(masks["attention_mask"][row].sum())
+        limit = min(length, batch.prompt_tokens[row] + max_completion) if max_completion \
+            else length
+        positions = [p for p in masks["label_mask"][row].nonzero().flatten().tolist()
+                     if p < limit]
         tags += len(ex.steps)
-        cut = kept < len(ex.steps)
+        cut = len(positions) < len(ex.steps)
         if cut and truncation == "drop":
-            dropped += len(ex.steps)
-            label_mask[row] = False
-            if lm_mask.numel():
-                lm_mask[row] = False
-            continue
-        dropped += len(ex.steps) - kept
-        if last_step_only:
-            positions = label_mask[row].nonzero().flatten()
-            label_mask[row] = False
-            if not cut and len(positions):
-                label_mask[row, positions[-1]] = True
-    return replace(batch, label_mask=label_mask, lm_mask=lm_mask), dropped, tags
+            positions, end = [], length
+        elif cut and truncation == "steps":
+            end = positions[-1] + 1 if positions else min(batch.prompt_tokens[row], limit)
+        else:
+            end = limit
+        dropped += len(ex.steps) - len(positions)
+        _end_row(masks, row, end)
+        masks["label_mask"][row] = False
+        for p in positions[-1:] if last_step_only and not cut else \
+                [] if last_step_only else positions:
+            masks["label_mask"][row, p] = True
+        if not positions and masks["lm_mask"].numel():
+            masks["lm_mask"][row] = False
+    return replace(batch, **masks), dropped, tags
+
+
+def _end_row(masks: dict, row: int, end: int) -> None:
+    """Make row `row` of a right-padded batch end at token `end`: masked out after it."""
+    masks["attention_mask"][row, end:] = 0
+    for name in ("label_mask", "lm_mask", "solution_mask"):
+        if masks[name].numel():
+            masks[name][row, end:] = False
 
 
 def tag_tokens(tokenizer, tag: str) -> TagTokens:
@@ -138,7 +159,7 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
     """Tokenise Math-Shepherd texts and put each label on its tag token; with `lm_targets`, also
     mark the tokens of right steps for the auxiliary LM loss (scoring leaves `lm_mask` empty);
     with `solution_tokens`, the tokens of all steps (`solution_mask`)."""
-    rows, targets, masks, lm_masks, solution_masks, kept = [], [], [], [], [], []
+    rows, targets, masks, lm_masks, solution_masks, kept, prompts = [], [], [], [], [], [], []
     for ex in examples:
         text, _ = to_math_shepherd(ex.question, ex.steps, None, tag)
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -146,8 +167,7 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         # Where the first step starts: the tokens of the question alone (a BPE merge across the
         # boundary can move it by a token, which only matters to the auxiliary LM loss).
         question_end = len(tokenizer(ex.question.replace(tag, "").strip(),
-                                     add_special_tokens=True)["input_ids"]) \
-            if lm_targets or solution_tokens else 0
+                                     add_special_tokens=True)["input_ids"])
         if len(positions) != len(ex.steps):
             raise ValueError(f"reward model: found {len(positions)} tag tokens for "
                              f"{len(ex.steps)} steps in {ex.source_id or ex.question[:40]!r}: the tag "
@@ -171,6 +191,7 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         lm_masks.append(lm)
         solution_masks.append(solution)
         kept.append(len(positions))
+        prompts.append(question_end)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
 
@@ -181,4 +202,4 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
                     torch.tensor(padded([[1] * len(r) for r in rows], 0)),
                     torch.tensor(padded(targets, 0.0)),
                     torch.tensor(padded(masks, False)), torch.tensor(padded(lm_masks, False)),
-                    torch.tensor(padded(solution_masks, False)), kept)
+                    torch.tensor(padded(solution_masks, False)), kept, prompts)

@@ -107,9 +107,10 @@ def encode_separated(tokenizer, examples: list[StepExample], reading: Reading,
     separator = tokenizer(reading.separator, add_special_tokens=False)["input_ids"]
     if not separator:
         raise FamilyError(f"rm.separator={reading.separator!r} gives no token")
-    rows, targets, masks, kept = [], [], [], []
+    rows, targets, masks, kept, prompts = [], [], [], [], []
     for ex in examples:
         ids = prompt_ids(tokenizer, ex.question, reading)
+        prompts.append(len(ids))
         ends = []
         for step in ex.steps:
             ids = ids + tokenizer(step, add_special_tokens=False)["input_ids"] + separator
@@ -123,13 +124,14 @@ def encode_separated(tokenizer, examples: list[StepExample], reading: Reading,
         targets.append(target)
         masks.append(mask)
         kept.append(len(ends))
-    return _right_padded(tokenizer, rows, targets, masks, kept)
+    return _right_padded(tokenizer, rows, targets, masks, kept, prompts)
 
 
 def _right_padded(tokenizer, rows: list[list[int]], targets: list[list[float]],
-                  masks: list[list[bool]], kept: list[int]) -> TagBatch:
+                  masks: list[list[bool]], kept: list[int], prompts: list[int]) -> TagBatch:
     """Rows, their targets and label masks, right-padded into a `TagBatch` (no LM or solution
-    masks: the classifier families read labels only)."""
+    masks: the classifier families read labels only); `prompts`: each row's tokens before its
+    first step."""
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -138,7 +140,7 @@ def _right_padded(tokenizer, rows: list[list[int]], targets: list[list[float]],
 
     empty = torch.zeros(len(rows), width, dtype=torch.bool)
     return TagBatch(padded(rows, pad), padded([[1] * len(r) for r in rows], 0),
-                    padded(targets, 0.0), padded(masks, False), empty, empty, kept)
+                    padded(targets, 0.0), padded(masks, False), empty, empty, kept, prompts)
 
 
 def classifier_margins(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -257,15 +259,16 @@ def _encode_whole(tokenizer, examples: list[StepExample], reading: Reading,
     """Prompt and solution (on a new line after a plain prompt; the assistant's turn after a
     chat template's), labelled at the last real token, cut at `max_length` (the score is then
     read at the last token kept). Right-padded: the padding side cannot move the read-out."""
-    rows, masks = [], []
+    rows, masks, prompts = [], [], []
     for ex in examples:
         solution = ex.steps[0] if reading.chat_template else "\n" + ex.steps[0]
-        ids = (prompt_ids(tokenizer, ex.question, reading)
-               + tokenizer(solution, add_special_tokens=False)["input_ids"])[:max_length]
+        prompt = prompt_ids(tokenizer, ex.question, reading)
+        ids = (prompt + tokenizer(solution, add_special_tokens=False)["input_ids"])[:max_length]
         rows.append(ids)
         masks.append([False] * (len(ids) - 1) + [True])
+        prompts.append(len(prompt))
     return _right_padded(tokenizer, rows, [[0.0] * len(r) for r in rows], masks,
-                         [1] * len(rows))
+                         [1] * len(rows), prompts)
 
 
 def _merged_adapter(path: str | Path, model_cfg=None) -> Path:

@@ -72,7 +72,8 @@ def test_a_typo_gets_a_suggestion_in_one_line(override, suggestion):
 
 @pytest.mark.parametrize("override,ours", [("max_length=512", "rm.max_length"),
                                            ("learning_rate=1e-5", "rm.lr"),
-                                           ("max_completion_length=256", "rm.max_length"),
+                                           ("max_completion_length=256",
+                                            "rm.max_completion_length"),
                                            ("train_on_last_step_only=true",
                                             "rm.train_on_last_step_only"),
                                            ("rm.learning_rate=1e-5", "rm.lr")])
@@ -80,6 +81,17 @@ def test_trls_prm_config_names_point_to_ours(override, ours):
     """A TRL PRMTrainer user's key (TRL 1.13's PRMConfig) is refused naming the key it is here."""
     with pytest.raises(ConfigError, match=rf"that is TRL's PRMConfig name: here it is {ours}"):
         load_config("configs/tiny.yaml", [override])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rm.max_completion_length=-1"], r"rm.max_completion_length=-1; expected 0 \(no budget\)"),
+    (["rm.max_completion_length=64", "rm.family=sequence_classification"],
+     r"reads its one label at the row's last token"),
+    (["rm.truncation=middle"], r"rm.truncation"),
+])
+def test_a_completion_budget_it_cannot_apply_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/tiny.yaml", overrides)
 
 
 def test_a_typo_in_a_yaml_file_names_the_file(tmp_path):

@@ -8,13 +8,15 @@ import torch
 
 from process_supervision.formats import (StepExample, example_from_row, read_step_rows,
                                          parse_math_shepherd, to_math_shepherd,
-                                         trl_to_math_shepherd, write_math_shepherd_jsonl)
+                                         write_math_shepherd_jsonl)
 from reward_model.encoding import encode, fit_labels, orm_example, tag_tokens
 from reward_model.evaluate import (auroc, best_of_n, best_of_n_curve, first_error_metrics,
                                    step_metrics)
 from reward_model.losses import STEP_AGGREGATORS, lm_loss_sum, tag_logit_margin, tag_loss
 from runtime.data import DataError
 from runtime.tiny_model import STEP_TAG, build_tokenizer
+
+from by_hand import trl_to_math_shepherd
 
 
 @pytest.fixture(scope="module")
@@ -187,18 +189,49 @@ def test_truncation_and_last_step_only_choose_the_labels_training_reads(tok, tru
     assert torch.equal(batch.label_mask.sum(), torch.tensor(5))  # the batch itself untouched
 
 
+@pytest.mark.parametrize("truncation, budget, max_length, length, wanted, lost", [
+    ("end", 0, 75, 75, [1.0, 0.0], 1),      # cut mid-way through step 3: tokens up to the cut
+    ("steps", 0, 75, 72, [1.0, 0.0], 1),    # ... or the row ends at step 2's tag
+    ("drop", 0, 75, 75, [], 3),
+    ("end", 20, 512, 60, [1.0], 2),         # 20 tokens after the question's 40: step 1 fits
+    ("steps", 20, 512, 56, [1.0], 2),
+    ("drop", 20, 512, 88, [], 3),
+    ("steps", 10, 512, 40, [], 3),          # no step fits: the question alone
+])
+def test_a_cut_row_ends_where_the_truncation_policy_says(tok, truncation, budget, max_length,
+                                                         length, wanted, lost):
+    """A 40-token question and 3 steps, 88 tokens, the tags at tokens 55, 71 and 87 (one token
+    a character, the tag one token): cut by `max_length` or by a completion budget of
+    `max_completion` tokens after the question, the row keeps the tokens and labels before the
+    cut (end), ends after its last whole step (steps) or trains on nothing (drop); what it no
+    longer holds is masked out, the LM targets with it."""
+    tags = tag_tokens(tok, STEP_TAG)
+    ex = StepExample("Q" * 40, ("1+1=2", "2*3=6", "6-1=5"), (1.0, 0.0, 1.0))
+    text, _ = to_math_shepherd(ex.question, ex.steps)
+    assert _tag_token_positions(text) == [55, 71, 87] and len(text) - 3 == 88
+    batch = encode(tok, [ex], tags, STEP_TAG, max_length=max_length, lm_targets=True)
+    assert batch.prompt_tokens == [40]
+    fitted, dropped, seen = fit_labels(batch, [ex], truncation, False, budget)
+    assert int(fitted.attention_mask[0].sum()) == length
+    assert fitted.targets[0][fitted.label_mask[0]].tolist() == wanted
+    assert (dropped, seen) == (lost, 3)
+    assert not fitted.lm_mask[0, length:].any() and not fitted.label_mask[0, length:].any()
+    assert fitted.lm_mask[0].any() == bool(wanted)  # step 1 is right: its tokens are LM targets
+
+
 def test_train_rm_counts_the_tags_its_max_length_cut_and_warns(tmp_path):
     """`igrpo train-rm` (the shipped warm start, 32 synthetic solutions) with a `rm.max_length`
     that cuts some rows: every step logs the tags its rows lost (`rm/tags_dropped`), the run's
     count and share land in done.json; `rm.truncation=drop` loses every tag of a cut row, so
-    more, and above 5% of the tags seen a warning names the share."""
+    more, and above 5% of the tags seen a warning names the share. A completion budget
+    (`rm.max_completion_length`, the rows ending at their last whole step) cuts more again."""
     import warnings
 
     import igrpo
     from runtime.tracking import read_metrics
 
     done = {}
-    for policy in ("end", "drop"):
+    for policy, budget in (("end", 0), ("drop", 0), ("steps", 60)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert igrpo.main(["train-rm", "--config", "configs/tiny.yaml",
@@ -206,7 +239,8 @@ def test_train_rm_counts_the_tags_its_max_length_cut_and_warns(tmp_path):
                                "rm.synthetic_solutions=32", "rm.epochs=1", "rm.batch_size=16",
                                "deepspeed.micro_batch_size=16", "rm.val_fraction=0",
                                "rm.likelihood_feature=false", "rm.max_length=200",
-                               f"rm.truncation={policy}", "run.wandb_mode=disabled"]) == 0
+                               f"rm.truncation={policy}", f"rm.max_completion_length={budget}",
+                               "run.wandb_mode=disabled"]) == 0
         out = tmp_path / policy / "rm-prm"
         steps = [r["rm/tags_dropped"] for r in read_metrics(out / "metrics.jsonl")
                  if "rm/loss" in r]
@@ -218,6 +252,7 @@ def test_train_rm_counts_the_tags_its_max_length_cut_and_warns(tmp_path):
         assert bool(warned) == (done[policy]["tags_dropped_share"] > 0.05), policy
     assert done["drop"]["tags_dropped"] > done["end"]["tags_dropped"]
     assert done["drop"]["tags_dropped_share"] > 0.05  # (the warning was checked)
+    assert done["steps"]["tags_dropped"] > done["end"]["tags_dropped"]
 
 
 def test_lm_mask_covers_right_steps_only(tok):
