@@ -35,7 +35,7 @@ from reward_model.packing import (packed_class_margins, packed_tag_margins, ques
 from reward_model.losses import lm_loss_sum, pairwise_loss_sum, tag_logit_margin, tag_loss
 from reward_model.score import TagScorer, spread_score, spread_tag_values, tag_margins
 from runtime.batching import plan_batch
-from runtime.dist import broadcast_from_main, global_sum, is_main, world
+from runtime.dist import broadcast_from_main, global_sum, global_sums, is_main, world
 from runtime.engine import build_engine, current_lr, gathered_for_generation, rank_loss
 from runtime.lora import LoraSettings, with_adapter
 from runtime.models import load_causal_lm, load_tokenizer
@@ -168,26 +168,29 @@ def _training_batch(read, train, ids: list[int], rm: RewardModelConfig, state: d
     tags lost and seen is kept in `state["tags_cut"]` (saved and resumed with the stage)."""
     examples = [train[i] for i in ids]
     batch, dropped, tags = fit_labels(read.encode(examples), examples, rm.truncation,
-                                      rm.train_on_last_step_only)
-    cut = [global_sum(float(dropped)), global_sum(float(tags))]
+                                      rm.train_on_last_step_only, rm.max_completion_length)
+    cut = global_sums([float(dropped), float(tags)])
     state["tags_cut"] = [a + b for a, b in zip(state.get("tags_cut", [0.0, 0.0]), cut)]
     return examples, batch, cut[0]
 
 
 def truncation_report(out: Path, rm: RewardModelConfig, state: dict) -> dict:
-    """What `rm.max_length` cut from a training run (every step's rows, every rank's:
+    """What `rm.max_length` and `rm.max_completion_length` cut from a training run (every step's rows, every rank's:
     `state["tags_cut"]`), printed on the main rank, with a warning above
     `TRUNCATION_WARN_SHARE` of the tags."""
     dropped, tags = state.get("tags_cut", [0.0, 0.0])
     share = dropped / tags if tags else 0.0
     if is_main() and dropped:
-        print(f"[igrpo] {out.name}: rm.max_length={rm.max_length} (rm.truncation="
-              f"{rm.truncation}) left {int(dropped):,} of {int(tags):,} step tags untrained "
-              f"({100 * share:.1f}%)", flush=True)
+        limits = f"rm.max_length={rm.max_length}" + (
+            f", rm.max_completion_length={rm.max_completion_length}"
+            if rm.max_completion_length else "")
+        print(f"[igrpo] {out.name}: {limits} (rm.truncation={rm.truncation}) left "
+              f"{int(dropped):,} of {int(tags):,} step tags untrained ({100 * share:.1f}%)",
+              flush=True)
         if share > TRUNCATION_WARN_SHARE:
             warnings.warn(f"{out.name}: {100 * share:.1f}% of the step tags seen in training "
-                          f"were cut off by rm.max_length={rm.max_length}: raise it, or shorten "
-                          "the rows", stacklevel=2)
+                          f"were cut off by {limits}: raise it, or shorten the rows",
+                          stacklevel=2)
     return {"tags_dropped": int(dropped), "tags_dropped_share": share}
 
 

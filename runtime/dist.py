@@ -126,14 +126,21 @@ def collective_device():
 
 def global_sum(value: float) -> float:
     """Sum of a per-rank number over all ranks (the number itself on one process)."""
+    return global_sums([value])[0]
+
+
+def global_sums(values: list[float]) -> list[float]:
+    """Each per-rank number summed over all ranks, in one collective (the numbers themselves on
+    one process)."""
     import torch
     import torch.distributed as dist
 
     if world()[1] == 1:
-        return value
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=collective_device())
+        return list(values)
+    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64,
+                          device=collective_device())
     dist.all_reduce(tensor)
-    return float(tensor.item())
+    return tensor.tolist()
 
 
 def gather_rows(*tensors):
