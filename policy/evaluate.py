@@ -59,11 +59,6 @@ def majority_of(answers: list[str | None]) -> str | None:
     return None if best is None else next(a for k, a in zip(keys, answers) if k == best)
 
 
-def majority_answer(texts: list[str]) -> str | None:
-    """The most common final answer among `texts` (ties: the first seen); None if none has one."""
-    return majority_of([extract_final_answer(t) for t in texts])
-
-
 def _is_right(answer: str | None, gold: str, timeout_s: int) -> bool:
     return answer is not None and answers_match(answer, gold, timeout_s)
 

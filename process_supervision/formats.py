@@ -246,16 +246,6 @@ def _chosen_completion(step, where: str) -> tuple[str, int] | None:
     return wrong[0] if wrong else (rated[0] if len(rated) == 1 else None)
 
 
-def trl_to_math_shepherd(row: dict, tag: str = STEP_TAG) -> dict:
-    """Convert one TRL stepwise row to a Math-Shepherd row (its soft labels, where it has any,
-    as `soft_labels`)."""
-    example = example_from_row(row, "row", tag)
-    text, label = to_math_shepherd(example.question, example.steps, example.labels, tag)
-    soft = any(y not in (0.0, 1.0) for y in example.labels)
-    return {"input": text, "label": label, **({"soft_labels": list(example.labels)} if soft
-                                               else {})}
-
-
 class StepRows(Sequence):
     """The labelled rows of a stepwise file as a sequence of `StepExample`s, each parsed when it
     is read from the memory-mapped Arrow table `datasets` keeps of the file: every rank of a

@@ -12,9 +12,10 @@ from configs.loader import ConfigError
 from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step, compute_advantages
 from policy.math.advantages import (PROCESS_CREDIT, GroupNorm, min_form_values, outcome_advantages,
-                                    process_advantages, token_budget_mask, zero_group_correction)
+                                    token_budget_mask, zero_group_correction)
 from policy.rewards import Scores
 
+from by_hand import process_advantages
 from recipe_batch import LENGTHS, REWARDS, batch_rollout, recipe_config
 from seed_example import seed_inputs
 

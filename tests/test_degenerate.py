@@ -8,7 +8,7 @@ import torch
 
 from configs import load_config
 from configs.schema import DeepSpeedConfig
-from policy.math.advantages import outcome_advantages, process_advantages
+from policy.math.advantages import outcome_advantages
 from policy.scoring import drop_nonfinite
 from iteration.resolve import resolve
 from policy.math.losses import POLICY_LOSSES, k3_kl
@@ -18,6 +18,7 @@ from runtime.engine import build_engine, checked_backward, engine_step
 from runtime.tiny_model import build_model, build_tiny, build_tokenizer
 from runtime.models import load_causal_lm
 from runtime.tracking import MetricsLogger, read_metrics
+from by_hand import process_advantages
 from small_config import SMALL
 
 LOSS_KW = dict(clip_eps_low=0.2, clip_eps_high=0.2, beta=0.04, num_sequences=2.0,

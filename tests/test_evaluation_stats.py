@@ -105,7 +105,7 @@ def test_table_and_plot_show_the_intervals(tmp_path):
 
 
 def test_majority_vote():
-    from policy.evaluate import majority_answer
+    from by_hand import majority_answer
 
     texts = ["The answer is 4", "The answer is 4.0", "The answer is 5", "no answer", "#### 5",
              "The answer is 4"]

@@ -12,13 +12,13 @@ from iteration.resolve import resolve
 from policy.algorithms.grpo import advantage_step, refill_step
 from policy.generation.rollout import Rollout
 from policy.scoring import Sampled, score_step
-from policy.math.advantages import process_advantages
 from policy.rewards import RuleReward, Scores
 from runtime.data import load_splits
 from runtime.models import load_causal_lm
 from runtime.tiny_model import build_tiny
 from runtime.tracking import MetricsLogger, read_metrics
 
+from by_hand import process_advantages
 from recipe_batch import batch_rollout, recipe_config
 from small_config import SMALL as BASE
 from small_runs import RandomReward, weights_differ

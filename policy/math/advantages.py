@@ -83,26 +83,6 @@ def normalised_step_rewards(step_rewards: torch.Tensor, step_mask: torch.Tensor,
     return _normalise(grouped, valid, scale_by_std, unbiased, eps, min_std).view(n, s)
 
 
-def process_advantages(step_rewards: torch.Tensor, step_mask: torch.Tensor,
-                       step_end_index: torch.Tensor, num_tokens: int, group_size: int, *,
-                       scale_by_std: bool = True, unbiased: bool = False,
-                       eps: float = 1e-6, min_std: float = 0.0) -> torch.Tensor:
-    """Process-supervision advantages: a token gets the sum of the normalised rewards of its own
-    step and every later step.
-
-    step_rewards:   [Q*G, S] reward of each step (padding entries ignored).
-    step_mask:      [Q*G, S] bool, True for real steps.
-    step_end_index: [Q*G, S] completion-token index (0-based, inclusive) where each step ends.
-    num_tokens:     T, the completion length of the returned tensor.
-    All step rewards of a group (all its samples' steps together) are normalised by their mean
-    and std; token t of a sample then gets sum_j norm_j over its steps j with end_j >= t.
-    Tokens after a sample's last step end get 0. Returns [Q*G, T]. (The `sum` credit form that
-    GRPO runs, `sum_credit`, by keyword.)
-    """
-    norm = GroupNorm(group_size, scale_by_std, unbiased, eps, min_std)
-    return sum_credit(step_rewards, step_mask, step_end_index, None, num_tokens, norm)[0]
-
-
 def step_sums_to_tokens(normalised: torch.Tensor, step_mask: torch.Tensor,
                         step_end_index: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[N, S] normalised step rewards -> [N, T]: token t gets the sum over steps ending at or
