@@ -36,7 +36,10 @@ def shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     label_mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """[G] per group of rows (`group`: [B]), the longest prefix all its rows have in common,
     ending before any of them carries a label and leaving each row at least one token (0 where
-    a row's first token is labelled or alone: such a batch cannot be packed)."""
+    a row's first token is labelled or alone: such a batch cannot be packed). A group of one row
+    shares with no one: its prefix is its first token, and the rest of the row runs in the
+    packed pass, where no padding is computed (the prefix pass pads every group's prefix to the
+    longest)."""
     rows = torch.arange(len(group), device=group.device)
     groups = int(group.max()) + 1
     first = torch.full((groups,), len(group), device=group.device).scatter_reduce(
@@ -48,7 +51,8 @@ def shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     limit = torch.minimum(torch.minimum(common, first_label), attention_mask.sum(-1) - 1)
     shared = torch.full((groups,), input_ids.shape[1], device=group.device).scatter_reduce(
         0, group, limit, "amin")
-    return shared
+    alone = torch.bincount(group, minlength=groups) == 1
+    return torch.where(alone, shared.clamp(max=1), shared)
 
 
 def packed_tag_margins(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -74,8 +74,9 @@ def test_packed_reward_model_step_equals_the_padded_one(architecture, family, mo
     shared = shared_prefixes(batch.input_ids, batch.attention_mask, batch.label_mask, group)
     lengths = batch.attention_mask.sum(-1)
     # the three questions' prefixes: shorter than every row, at least the question's tokens
+    # where a question has several rows; the question alone (c) shares its first token only
     assert shared.shape == (3,) and bool((shared[group] < lengths).all())
-    assert bool((shared >= 8).all())
+    assert bool((shared[:2] >= 8).all()) and shared[2] == 1
     first_label = batch.label_mask.long().argmax(-1)
     assert bool((shared[group] <= first_label).all())
     out = {}
@@ -117,6 +118,9 @@ def test_a_label_on_the_first_token_leaves_no_prefix_to_share():
     labels[0, 3] = labels[1, 2] = labels[2, 0] = True
     shared = shared_prefixes(ids, mask, labels, torch.tensor([0, 0, 1]))
     assert shared.tolist() == [2, 0]  # rows 0 and 1 share [5, 6]; row 2's label is at 0
+    alone = torch.zeros_like(labels)
+    alone[0, 3] = alone[1, 2] = alone[2, 3] = True  # row 2 labelled late, but alone: 1 token
+    assert shared_prefixes(ids, mask, alone, torch.tensor([0, 0, 1])).tolist() == [2, 1]
 
 
 def test_a_deepened_reward_model_packs_every_layer():
