@@ -95,15 +95,15 @@ STAND_INS = {"deepseekmath_7b.yaml": "llama", "qwen25_math_1p5b.yaml": "qwen2"}
 
 
 def build_stand_in(out: str | Path, architecture: str, chat: bool = False, hidden: int = 32,
-                   heads: int = 2) -> Path:
-    """A 2-layer random model of `architecture` over the shipped GPT-2 tokenizer (with a chat
-    template when `chat`), saved in `out`: what a GPU config's model looks like to the code, in
-    seconds (the tests, scripts/gpu_check.py). vLLM's attention kernels need a head size of
-    32 or more (64: `hidden=128`)."""
+                   heads: int = 2, layers: int = 2, intermediate: int | None = None) -> Path:
+    """A random model of `architecture` (2 layers, an MLP twice the width unless told) over the
+    shipped GPT-2 tokenizer (with a chat template when `chat`), saved in `out`: what a GPU
+    config's model looks like to the code, in seconds (the tests, scripts/gpu_check.py). vLLM's
+    attention kernels need a head size of 32 or more (64: `hidden=128`)."""
     tokenizer = tiny_tokenizer("gpt2")
     if chat:
         tokenizer.chat_template = STAND_IN_CHAT
-    model = build_model(tokenizer, hidden, 2, heads, 2 * hidden, 2048, seed=0,
+    model = build_model(tokenizer, hidden, layers, heads, intermediate or 2 * hidden, 2048, seed=0,
                         architecture=architecture)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
