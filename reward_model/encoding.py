@@ -58,6 +58,9 @@ def fit_labels(batch: TagBatch, examples: list[StepExample], truncation: str,
     TRL's), ends at its last whole step that fits, the question kept (`"steps"`), or trains on
     nothing (`"drop"`); the tokens past a row's end are masked out as padding. With `last_step_only` a row
     keeps only its last step's label, none if the cut took it."""
+    if (max_completion or truncation == "steps") and not batch.prompt_tokens:
+        raise ValueError("fit_labels: a completion budget or truncation='steps' reads each "
+                         "row's question length; encode with prompt_tokens=True")
     masks = {name: getattr(batch, name).clone() for name in
              ("attention_mask", "label_mask", "lm_mask", "solution_mask")}
     tags = dropped = 0
@@ -155,10 +158,13 @@ def orm_example(question: str, solution: str, correct: float | None = None) -> S
 
 
 def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
-           max_length: int, lm_targets: bool = False, solution_tokens: bool = False) -> TagBatch:
+           max_length: int, lm_targets: bool = False, solution_tokens: bool = False,
+           prompt_tokens: bool = False) -> TagBatch:
     """Tokenise Math-Shepherd texts and put each label on its tag token; with `lm_targets`, also
     mark the tokens of right steps for the auxiliary LM loss (scoring leaves `lm_mask` empty);
-    with `solution_tokens`, the tokens of all steps (`solution_mask`)."""
+    with `solution_tokens`, the tokens of all steps (`solution_mask`); with `prompt_tokens`
+    (training: `fit_labels`), each question's token count (`TagBatch.prompt_tokens`). Scoring
+    asks for none of them and tokenises each text once."""
     rows, targets, masks, lm_masks, solution_masks, kept, prompts = [], [], [], [], [], [], []
     for ex in examples:
         text, _ = to_math_shepherd(ex.question, ex.steps, None, tag)
@@ -167,7 +173,8 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         # Where the first step starts: the tokens of the question alone (a BPE merge across the
         # boundary can move it by a token, which only matters to the auxiliary LM loss).
         question_end = len(tokenizer(ex.question.replace(tag, "").strip(),
-                                     add_special_tokens=True)["input_ids"])
+                                     add_special_tokens=True)["input_ids"]) \
+            if lm_targets or solution_tokens or prompt_tokens else 0
         if len(positions) != len(ex.steps):
             raise ValueError(f"reward model: found {len(positions)} tag tokens for "
                              f"{len(ex.steps)} steps in {ex.source_id or ex.question[:40]!r}: the tag "
@@ -191,7 +198,8 @@ def encode(tokenizer, examples: list[StepExample], tags: TagTokens, tag: str,
         lm_masks.append(lm)
         solution_masks.append(solution)
         kept.append(len(positions))
-        prompts.append(question_end)
+        if prompt_tokens:
+            prompts.append(question_end)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
 

@@ -268,7 +268,7 @@ def reward_model_engine(spec: RMSpec, out: Path, init: str | Path, plan,
     tags = tag_tokens(tokenizer, rm.step_tag)
     return tokenizer, engine, _Read(
         lambda examples: encode(tokenizer, examples, tags, rm.step_tag, rm.max_length,
-                                lm_targets=rm.lm_weight > 0),
+                                lm_targets=rm.lm_weight > 0, prompt_tokens=True),
         lambda model_, ids, mask: tag_margins(model_, ids, mask, tags),
         lambda module: TagScorer(module, tokenizer, rm.step_tag, rm.max_length),
         partial(packed_tag_margins, tags=tags), tags)

@@ -209,7 +209,8 @@ def test_a_cut_row_ends_where_the_truncation_policy_says(tok, truncation, budget
     ex = StepExample("Q" * 40, ("1+1=2", "2*3=6", "6-1=5"), (1.0, 0.0, 1.0))
     text, _ = to_math_shepherd(ex.question, ex.steps)
     assert _tag_token_positions(text) == [55, 71, 87] and len(text) - 3 == 88
-    batch = encode(tok, [ex], tags, STEP_TAG, max_length=max_length, lm_targets=True)
+    batch = encode(tok, [ex], tags, STEP_TAG, max_length=max_length, lm_targets=True,
+                   prompt_tokens=True)
     assert batch.prompt_tokens == [40]
     fitted, dropped, seen = fit_labels(batch, [ex], truncation, False, budget)
     assert int(fitted.attention_mask[0].sum()) == length
